@@ -1,0 +1,54 @@
+"""Random tiny target and a truncated-copy draft: every task runs in seconds on a CPU.
+
+    python -m specjax.run --config=configs/tiny.py
+    python -m specjax.run --config=configs/tiny.py --config.task=benchmark
+
+Prints each prompt's token ids and the generated ids, then tokens, target calls, tau and
+per-position acceptance alpha; benchmark also prints AR vs speculative tokens/s and writes
+results/tiny/benchmark.json. Greedy (temperature 0) outputs are identical in both modes.
+"""
+
+from ml_collections import config_dict
+
+
+def get_config():
+  c = config_dict.ConfigDict()
+  c.task = "generate"  # generate | benchmark
+  c.output_dir = "results/tiny"  # where benchmark.json goes
+
+  c.target = config_dict.ConfigDict()
+  c.target.source = "random"  # random tiny model (real checkpoints: see configs/demo.py)
+  c.target.name = "tiny-target"
+  c.target.seed = 0  # weight seed
+  c.target.vocab_size = 512
+  c.target.dim = 256
+  c.target.num_layers = 8
+  c.target.num_heads = 8
+  c.target.num_kv_heads = 2
+  c.target.ffn_dim = 1024
+  c.target.logit_std = 4.0  # spread of the output logits
+  c.target.residual_scale = 0.1  # < 1: later layers perturb the stream, so truncations agree
+
+  c.drafter = config_dict.ConfigDict()
+  c.drafter.name = "draft_model"  # none | draft_model
+  c.drafter.num_draft = 4  # K: draft tokens per step
+  c.drafter.source = "truncate"  # truncate: the target's first num_layers layers | random
+  c.drafter.num_layers = 1  # layers kept when source = truncate
+  c.drafter.model = c.target.copy_and_resolve_references()  # used when source = random
+  c.drafter.model.name = "tiny-draft"
+  c.drafter.model.seed = 1
+  c.drafter.model.num_layers = 1
+
+  c.prompts = ()  # token-id lists; empty = batch_size random prompts (seeded)
+  c.batch_size = 4
+  c.max_new_tokens = 64  # per row
+  c.max_len = 128  # prompt + new tokens, per row; fixes the compiled shapes
+  c.temperature = 0.0  # 0 = greedy
+  c.top_k = 0  # 0 = off
+  c.top_p = 1.0  # 1 = off
+  c.seed = 0  # sampling and prompt seed
+  c.eos_id = -1  # -1 = no EOS
+
+  c.benchmark = config_dict.ConfigDict()
+  c.benchmark.repeats = 3  # timed runs after the compiling one; the median is reported
+  return c

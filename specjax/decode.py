@@ -1,0 +1,258 @@
+"""generate(): prefill, then one lax.while_loop of propose -> verify -> accept -> commit.
+
+The whole generation is one jit (``_generate``) over fixed-shape buffers. Row b's newest
+token sits at ``tokens[b, L_b]`` with ``L_b = cache.lengths[b]``: it is not yet in the target
+cache. A step verifies ``[newest, draft_1..draft_K]`` in one target forward at slots
+``L_b .. L_b+K``, keeps ``n_b`` draft tokens plus one target token, and advances ``L_b`` by
+``n_b + 1``. Rejected slots are simply left past the length. A finished row (EOS or its
+budget) is frozen by ``done``; plain autoregression is the same loop with a K = 0 drafter.
+"""
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax import sampling, verify
+from specjax.drafters.base import Drafter, DraftContext, NoDraft
+from specjax.models import llama
+from specjax.models.cache import KVCache, gather_rows, write_rows
+from specjax.models.config import ModelConfig
+from specjax.sampling import SamplingParams
+
+# Python-side trace counter: the body of ``_generate`` runs once per compilation.
+TRACES: collections.Counter = collections.Counter()
+
+
+@struct.dataclass
+class Metrics:
+  target_calls: jax.Array  # [] batched target forwards, prefill included.
+  draft_calls: jax.Array  # [] batched draft forwards.
+  row_calls: jax.Array  # [B] target forwards in which the row was still generating.
+  accept_hist: jax.Array  # [K+1] how often a row accepted n draft tokens.
+  attempts: jax.Array  # [K] how often draft position i was verified (n >= i).
+  accepts: jax.Array  # [K] how often draft position i was accepted (n > i).
+  overlap: jax.Array  # [K] sum of 1 - TV(p_i, q_i) over the verified positions.
+
+  @classmethod
+  def zeros(cls, batch: int, k: int):
+    i32 = lambda *s: jnp.zeros(s, jnp.int32)
+    return cls(i32(), i32(), i32(batch), i32(k + 1), i32(k), i32(k), jnp.zeros((k,), jnp.float32))
+
+
+@struct.dataclass
+class DecodeState:
+  tokens: jax.Array  # [B, S] prompt, then generated tokens.
+  num_new: jax.Array  # [B] tokens generated so far.
+  done: jax.Array  # [B] bool.
+  cache: KVCache  # target cache; cache.lengths is the committed length L.
+  drafter_state: Any
+  key: jax.Array
+  metrics: Metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  target_cfg: ModelConfig
+  drafter: Drafter
+  max_len: int
+  verifier: Callable
+
+
+def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
+  """Runs the prompt through the target and samples the first new token (one target call)."""
+  b, p = prompt_BxP.shape
+  num_slots = st.max_len + st.drafter.num_draft + 1
+  cache = llama.init_cache(st.target_cfg, b, num_slots)
+  positions = jnp.broadcast_to(jnp.arange(p), (b, p))
+  logits_BxPxV, _, cache = llama.forward(
+      tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p)
+  )
+  last_BxV = jnp.take_along_axis(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
+  first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
+  tokens = jnp.zeros((b, num_slots), jnp.int32).at[:, :p].set(prompt_BxP)
+  tokens = write_rows(tokens, first_B[:, None], prompt_len_B)
+  return tokens, first_B, cache.replace(lengths=prompt_len_B)
+
+
+def _step(tparams, dparams, st: _Static, sp, eos_id, max_new_B, s: DecodeState) -> DecodeState:
+  k = st.drafter.num_draft
+  L_B = s.cache.lengths
+  key, key_draft, key_verify = jax.random.split(s.key, 3)
+  ctx = DraftContext(s.tokens, L_B, key_draft, sp, st.target_cfg.vocab_size)
+
+  # propose
+  draft, dstate = st.drafter.propose(dparams, s.drafter_state, ctx)
+  # verify: one target forward over [newest, draft_1..draft_K]
+  verify_BxK1 = jnp.concatenate([gather_rows(s.tokens, L_B[:, None]), draft.tokens], axis=1)
+  positions_BxK1 = L_B[:, None] + jnp.arange(k + 1)
+  logits, _, cache = llama.forward(
+      tparams, st.target_cfg, verify_BxK1, positions_BxK1, s.cache, llama.causal_mask(k + 1)
+  )
+  p_BxK1xV = sampling.probs(logits, sp)
+  # accept
+  n_B, next_B = st.verifier(key_verify, draft.tokens, draft.probs, p_BxK1xV)
+  tokens = write_rows(s.tokens, draft.tokens, L_B + 1)
+  tokens = write_rows(tokens, next_B[:, None], L_B + 1 + n_B)
+  emitted_BxK1 = gather_rows(tokens, L_B[:, None] + 1 + jnp.arange(k + 1))
+  j = jnp.arange(k + 1)
+  is_eos_BxK1 = (emitted_BxK1 == eos_id) & (j <= n_B[:, None])
+  eos_at_B = jnp.where(is_eos_BxK1.any(-1), jnp.argmax(is_eos_BxK1, axis=-1), k + 1)
+  count_B = jnp.minimum(jnp.minimum(n_B + 1, eos_at_B + 1), max_new_B - s.num_new)
+  # commit (finished rows are frozen)
+  live_B = ~s.done
+  count_B = jnp.where(live_B, count_B, 0)
+  num_new = s.num_new + count_B
+  cache = cache.replace(lengths=L_B + count_B)
+  done = s.done | (eos_at_B < count_B) | (num_new >= max_new_B)
+  done |= cache.lengths + k + 1 >= cache.num_slots  # Cache full (unreachable when validated).
+  ctx = ctx.replace(lengths=cache.lengths)
+  dstate = st.drafter.commit(dstate, n_B, ctx)
+
+  # metrics, over live rows only
+  m = s.metrics
+  i = jnp.arange(k)
+  tried_BxK = live_B[:, None] & (n_B[:, None] >= i)
+  overlap_BxK = jnp.sum(jnp.minimum(p_BxK1xV[:, :k], draft.probs), axis=-1)
+  metrics = m.replace(
+      target_calls=m.target_calls + 1,
+      draft_calls=m.draft_calls + st.drafter.draft_calls_per_step(),
+      row_calls=m.row_calls + live_B,
+      accept_hist=m.accept_hist + jnp.sum(live_B[:, None] & (n_B[:, None] == j), axis=0),
+      attempts=m.attempts + jnp.sum(tried_BxK, axis=0),
+      accepts=m.accepts + jnp.sum(tried_BxK & (n_B[:, None] > i), axis=0),
+      overlap=m.overlap + jnp.sum(jnp.where(tried_BxK, overlap_BxK, 0.0), axis=0),
+  )
+  tokens = jnp.where(live_B[:, None], tokens, s.tokens)
+  return DecodeState(tokens, num_new, done, cache, dstate, key, metrics)
+
+
+def _generate(tparams, dparams, prompt_BxP, prompt_len_B, max_new_B, sp, eos_id, key, *, st):
+  TRACES["generate"] += 1
+  b = prompt_BxP.shape[0]
+  key_prefill, key_loop = jax.random.split(key)
+  tokens, first_B, cache = _prefill(tparams, st, prompt_BxP, prompt_len_B, sp, key_prefill)
+  dstate = st.drafter.init(dparams, prompt_BxP, prompt_len_B, cache.num_slots)
+  metrics = Metrics.zeros(b, st.drafter.num_draft)
+  metrics = metrics.replace(target_calls=metrics.target_calls + 1, row_calls=metrics.row_calls + 1)
+  state = DecodeState(
+      tokens=tokens,
+      num_new=jnp.ones((b,), jnp.int32),
+      done=(first_B == eos_id) | (max_new_B <= 1),
+      cache=cache,
+      drafter_state=dstate,
+      key=key_loop,
+      metrics=metrics,
+  )
+  body = lambda s: _step(tparams, dparams, st, sp, eos_id, max_new_B, s)
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return state.tokens, state.num_new, state.metrics
+
+
+_generate_jit = jax.jit(_generate, static_argnames=("st",))
+
+
+@dataclasses.dataclass
+class Generation:
+  """Host-side result of ``generate``: per-row new tokens and the run's metrics."""
+
+  tokens: list[list[int]]
+  metrics: dict[str, Any]
+
+
+def prompt_width(longest: int, max_len: int) -> int:
+  """Prompts are padded to a power-of-two bucket (>= 16) so most batches share one compile."""
+  return min(max_len, max(16, 1 << (longest - 1).bit_length()))
+
+
+def generate(
+    target_params,
+    target_cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    *,
+    drafter: Drafter = NoDraft(),
+    drafter_params: Any = None,
+    max_new_tokens: int | Sequence[int] = 32,
+    max_len: int = 256,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | jax.Array = 0,
+    eos_id: int | None = None,
+    verifier: Callable = verify.rejection_sample_chain,
+) -> Generation:
+  """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
+
+  Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
+  tokens per row and, with the batch size, the drafter and the model, fixes the compiled
+  shapes; prompts, budgets, sampling knobs, seed and EOS are traced.
+  """
+  sp = SamplingParams.create(temperature, top_k, top_p)
+  drafter.check_target(target_cfg)
+  b = len(prompts)
+  if b == 0:
+    raise ValueError("prompts is empty: pass at least one prompt (a list of token ids).")
+  budgets = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
+  if len(budgets) != b:
+    raise ValueError(f"max_new_tokens has {len(budgets)} entries for {b} prompts.")
+  for r, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+    if len(prompt) == 0:
+      raise ValueError(f"prompts[{r}] is empty: every prompt needs at least one token (e.g. BOS).")
+    if budget < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {budget} for prompt {r}.")
+    if len(prompt) + budget > max_len:
+      raise ValueError(
+          f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
+          "raise max_len or shorten the prompt."
+      )
+    if min(prompt) < 0 or max(prompt) >= target_cfg.vocab_size:
+      raise ValueError(f"prompts[{r}] has token ids outside [0, {target_cfg.vocab_size}).")
+
+  width = prompt_width(max(map(len, prompts)), max_len)
+  prompt_BxP = np.zeros((b, width), np.int32)
+  for r, prompt in enumerate(prompts):
+    prompt_BxP[r, : len(prompt)] = prompt
+  key = jax.random.key(seed) if isinstance(seed, int) else seed
+  st = _Static(target_cfg, drafter, max_len, verifier)
+  tokens, num_new, metrics = _generate_jit(
+      target_params,
+      drafter_params,
+      jnp.asarray(prompt_BxP),
+      jnp.asarray([len(p) for p in prompts], jnp.int32),
+      jnp.asarray(budgets, jnp.int32),
+      sp,
+      jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32),
+      key,
+      st=st,
+  )
+  tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+  rows = [
+      tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)
+  ]
+  return Generation(tokens=rows, metrics=summarize(jax.device_get(metrics), num_new))
+
+
+def summarize(m: Metrics, num_new_B: np.ndarray) -> dict[str, Any]:
+  """The metrics researchers report, as plain Python numbers."""
+  tokens = int(np.sum(num_new_B))
+  row_calls = int(np.sum(m.row_calls))
+  attempts = np.maximum(np.asarray(m.attempts), 1)
+  return {
+      "tokens": tokens,
+      "tokens_per_row": [int(x) for x in num_new_B],
+      "target_calls": int(m.target_calls),
+      "draft_calls": int(m.draft_calls),
+      "row_target_calls": row_calls,
+      "row_calls": [int(x) for x in m.row_calls],
+      "tau": tokens / max(row_calls, 1),
+      "target_calls_per_token": row_calls / max(tokens, 1),
+      "accept_hist": [int(x) for x in m.accept_hist],
+      "alpha": (np.asarray(m.accepts) / attempts).tolist(),
+      "alpha_analytic": (np.asarray(m.overlap) / attempts).tolist(),
+      "position_attempts": [int(x) for x in m.attempts],
+  }

@@ -1,0 +1,86 @@
+"""The draft-model drafter: an independent smaller LM with its own KV cache.
+
+Each step feeds the draft model the two newest committed tokens (slots L-1, L), then its own
+samples one at a time, K forwards in all. Re-feeding slot L-1 makes the cache right whatever
+the last step accepted: after a full acceptance the draft never saw its K-th token, and
+otherwise the rewrite is identical to what is there. So the draft cache needs no commit:
+like the target's, it is rolled back by lengths alone (it borrows the target's).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax import sampling
+from specjax.drafters.base import Draft, DraftContext, check_num_draft
+from specjax.models import llama
+from specjax.models.cache import KVCache, gather_rows
+from specjax.models.config import ModelConfig
+
+
+@struct.dataclass
+class DraftModelState:
+  cache: KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+  cfg: ModelConfig
+  num_draft: int
+  name: str = "draft_model"
+
+  def __post_init__(self):
+    check_num_draft(self.num_draft)
+    if self.num_draft == 0:
+      raise ValueError("num_draft must be >= 1 for the draft_model drafter; use drafter='none'.")
+
+  def check_target(self, target_cfg: ModelConfig) -> None:
+    if target_cfg.vocab_size != self.cfg.vocab_size:
+      raise ValueError(
+          f"draft vocab_size ({self.cfg.vocab_size}) != target vocab_size "
+          f"({target_cfg.vocab_size}): a draft model must share the target's tokenizer."
+      )
+
+  def draft_calls_per_step(self) -> int:
+    return self.num_draft
+
+  def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
+    b, p = prompt_BxP.shape
+    cache = llama.init_cache(self.cfg, b, num_slots)
+    positions = jnp.broadcast_to(jnp.arange(p), (b, p))
+    _, _, cache = llama.forward(params, self.cfg, prompt_BxP, positions, cache,
+                                llama.causal_mask(p))
+    return DraftModelState(cache=cache.replace(lengths=prompt_lengths_B))
+
+  def _step(self, params, cache, tokens_BxT, positions_BxT, key, sp):
+    """One draft forward: returns (q of the last token [B, V], its sample [B], cache)."""
+    t = tokens_BxT.shape[1]
+    logits, _, cache = llama.forward(params, self.cfg, tokens_BxT, positions_BxT, cache,
+                                     llama.causal_mask(t))
+    q_BxV = sampling.probs(logits[:, -1], sp)
+    return q_BxV, sampling.sample(key, q_BxV), cache.replace(lengths=cache.lengths + t)
+
+  def propose(self, params, state, ctx: DraftContext):
+    keys = jax.random.split(ctx.key, self.num_draft)
+    last2_Bx2 = ctx.lengths[:, None] + jnp.array([-1, 0])
+    cache = state.cache.replace(lengths=ctx.lengths - 1)
+    q_BxV, x_B, cache = self._step(
+        params, cache, gather_rows(ctx.tokens, last2_Bx2), last2_Bx2, keys[0], ctx.sampling
+    )
+
+    def body(carry, key):
+      x_B, cache = carry
+      q_BxV, nxt_B, cache = self._step(
+          params, cache, x_B[:, None], cache.lengths[:, None], key, ctx.sampling
+      )
+      return (nxt_B, cache), (nxt_B, q_BxV)
+
+    (_, cache), (xs_KxB, qs_KxBxV) = jax.lax.scan(body, (x_B, cache), keys[1:])
+    tokens_BxK = jnp.concatenate([x_B[:, None], xs_KxB.T], axis=1)
+    probs_BxKxV = jnp.concatenate([q_BxV[:, None], jnp.moveaxis(qs_KxBxV, 0, 1)], axis=1)
+    return Draft(tokens=tokens_BxK, probs=probs_BxKxV), DraftModelState(cache=cache)
+
+  def commit(self, state, num_accepted_B, ctx):
+    return state

@@ -1,0 +1,33 @@
+"""Writing results: JSON records (atomically) and plain-text tables."""
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: str | Path, record: Any) -> Path:
+  """Writes ``record`` to ``path`` via a temp file and rename: never a half-written file."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(record, f, indent=2, sort_keys=False)
+      f.write("\n")
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+  return path
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+  """A fixed-width text table; floats get 3 significant decimals."""
+  fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
+  cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+  widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+  line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths, strict=True))
+  return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])

@@ -1,0 +1,76 @@
+"""The one place logits become probabilities: temperature, top-k, top-p.
+
+Draft and target both pass through ``probs``; if they didn't, the output distribution would
+not be the target's. All three knobs are traced arrays (changing them never recompiles).
+Temperature 0 is greedy: the distribution is one-hot on the argmax, so greedy decoding is the
+sampling algorithm run on one-hot distributions and needs no separate code path.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class SamplingParams:
+  """Traced sampling knobs, shared by every row of a batch."""
+
+  temperature: jax.Array  # float32 scalar; 0 = greedy.
+  top_k: jax.Array  # int32 scalar; 0 = off.
+  top_p: jax.Array  # float32 scalar in (0, 1]; 1 = off.
+
+  @classmethod
+  def create(cls, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    validate(temperature, top_k, top_p)
+    return cls(
+        temperature=jnp.asarray(temperature, jnp.float32),
+        top_k=jnp.asarray(top_k, jnp.int32),
+        top_p=jnp.asarray(top_p, jnp.float32),
+    )
+
+
+def validate(temperature: float, top_k: int, top_p: float) -> None:
+  """Raises a ValueError naming the bad field and the fix."""
+  if not temperature >= 0:
+    raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+  if int(top_k) != top_k or top_k < 0:
+    raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k}.")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}.")
+
+
+def _filter(logits_xV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Sets logits outside the top-k / top-p (nucleus) set to -inf; ties at the edge are kept."""
+  v = logits_xV.shape[-1]
+  sorted_desc = -jnp.sort(-logits_xV, axis=-1)
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+  kth = jnp.take(sorted_desc, k - 1, axis=-1)[..., None]
+  sorted_desc = jnp.where(jnp.arange(v) < k, sorted_desc, -jnp.inf)
+  # Nucleus over what top-k kept: keep the smallest prefix whose mass reaches top_p.
+  sorted_probs = jax.nn.softmax(sorted_desc, axis=-1)
+  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+  keep = (mass_before < top_p) & (jnp.arange(v) < k)
+  last = jnp.sum(keep, axis=-1, keepdims=True) - 1
+  pth = jnp.take_along_axis(sorted_desc, last, axis=-1)
+  threshold = jnp.maximum(kth, pth)
+  return jnp.where(logits_xV >= threshold, logits_xV, -jnp.inf)
+
+
+def probs(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
+  """Logits ``[..., V]`` -> the distribution to sample from, ``[..., V]`` float32."""
+  logits_xV = logits_xV.astype(jnp.float32)
+  greedy = params.temperature <= 0
+  scaled = logits_xV / jnp.where(greedy, 1.0, params.temperature)
+  filtering = (params.top_k > 0) | (params.top_p < 1)
+  # A real branch (the knobs are batch-shared scalars): the sort is skipped when unused.
+  scaled = jax.lax.cond(
+      filtering & ~greedy, lambda x: _filter(x, params.top_k, params.top_p), lambda x: x, scaled
+  )
+  one_hot = jax.nn.one_hot(jnp.argmax(logits_xV, axis=-1), logits_xV.shape[-1])
+  return jnp.where(greedy, one_hot, jax.nn.softmax(scaled, axis=-1))
+
+
+def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
+  """Draws one token per leading index from ``probs`` (rows may hold zeros)."""
+  return jax.random.categorical(key, jnp.log(probs_xV), axis=-1).astype(jnp.int32)
+

@@ -1,0 +1,1 @@
+"""Tasks that ``python -m specjax.run`` dispatches to, by ``config.task``."""

@@ -1,0 +1,132 @@
+"""decode.py: greedy exactness, per-row batching, EOS, no retrace, and input checks."""
+
+import jax
+import pytest
+
+from specjax import decode, testing
+from specjax.decode import generate
+from specjax.drafters.draft_model import DraftModel
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [10], [3, 9, 3, 7, 20]]
+GEN = dict(max_new_tokens=24, max_len=48)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(small_target):
+  cfg, params = small_target
+  return generate(params, cfg, PROMPTS, **GEN).tokens
+
+
+@pytest.fixture(scope="module")
+def drafts(small_target):
+  return {
+      "truncated": testing.truncated(*small_target, num_layers=1),
+      "independent": testing.tiny_model(seed=1, vocab_size=64, dim=32, num_layers=1),
+  }
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("which", ["truncated", "independent"])
+def test_greedy_speculative_equals_autoregressive(small_target, drafts, ar_tokens, k, which):
+  cfg, params = small_target
+  dcfg, dparams = drafts[which]
+  out = generate(params, cfg, PROMPTS, drafter=DraftModel(dcfg, k), drafter_params=dparams, **GEN)
+  assert out.tokens == ar_tokens
+  assert out.metrics["tokens"] == 4 * GEN["max_new_tokens"]
+
+
+def test_rows_accept_different_counts_and_match_solo_runs(small_target, drafts):
+  cfg, params = small_target
+  dcfg, dparams = drafts["truncated"]
+  drafter = DraftModel(dcfg, 3)
+  batch = generate(params, cfg, PROMPTS, drafter=drafter, drafter_params=dparams, **GEN)
+  # Every row generated the same number of tokens; if their target-call counts differ, some
+  # step had rows accepting different counts.
+  calls = batch.metrics["row_calls"]
+  assert len(set(calls)) > 1, calls
+  hist = batch.metrics["accept_hist"]
+  assert sum(1 for c in hist if c) > 1, hist
+  for prompt, row in zip(PROMPTS, batch.tokens, strict=True):
+    solo = generate(params, cfg, [prompt], drafter=drafter, drafter_params=dparams, **GEN)
+    assert solo.tokens[0] == row
+
+
+def test_eos_and_budget_stop_rows(small_target, drafts, ar_tokens):
+  cfg, params = small_target
+  dcfg, dparams = drafts["truncated"]
+  eos = ar_tokens[2][5]  # appears in row 2 at index 5 (maybe earlier elsewhere)
+  budgets = [24, 10, 24, 3]
+  out = generate(params, cfg, PROMPTS, drafter=DraftModel(dcfg, 3), drafter_params=dparams,
+                 max_new_tokens=budgets, max_len=48, eos_id=eos)
+  for row, ref, budget in zip(out.tokens, ar_tokens, budgets, strict=True):
+    ref = ref[:budget]
+    if eos in ref:
+      ref = ref[: ref.index(eos) + 1]
+    assert row == ref
+
+
+def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
+  cfg, params = small_target
+  dcfg, dparams = drafts["truncated"]
+  drafter = DraftModel(dcfg, 2)
+  common = dict(drafter=drafter, drafter_params=dparams, max_len=48)
+  generate(params, cfg, [[1, 2], [3, 4, 5]], max_new_tokens=8, **common)
+  before = decode.TRACES["generate"]
+  generate(params, cfg, [[7, 7, 7, 1], [9]], max_new_tokens=[5, 12], temperature=0.8,
+           top_k=5, top_p=0.9, seed=123, eos_id=3, **common)
+  generate(params, cfg, [[2], [5, 6]], max_new_tokens=8, temperature=1.3, seed=9, **common)
+  assert decode.TRACES["generate"] == before
+
+
+def test_same_result_without_jit(small_target, drafts):
+  cfg, params = small_target
+  dcfg, dparams = drafts["truncated"]
+  kw = dict(drafter=DraftModel(dcfg, 2), drafter_params=dparams, max_new_tokens=6, max_len=16,
+            temperature=1.0, seed=4)
+  jitted = generate(params, cfg, PROMPTS[:2], **kw)
+  with jax.disable_jit():
+    eager = generate(params, cfg, PROMPTS[:2], **kw)
+  assert jitted.tokens == eager.tokens
+
+
+def test_autoregressive_tau_is_one(small_target, ar_tokens):
+  cfg, params = small_target
+  m = generate(params, cfg, PROMPTS, **GEN).metrics
+  assert m["tau"] == 1.0 and m["target_calls"] == GEN["max_new_tokens"]
+
+
+BAD = {
+    "temperature": dict(temperature=-1.0),
+    "top_p": dict(top_p=0.0),
+    "top_k": dict(top_k=-2),
+    "max_len": dict(max_new_tokens=40, max_len=42),
+    "empty": dict(prompts=[[1, 2], []]),
+    "vocab_size": dict(drafter="other_vocab"),
+    "num_draft": dict(drafter="negative_k"),
+}
+
+
+@pytest.mark.parametrize("field", BAD.keys())
+def test_bad_input_raises_before_compiling(small_target, drafts, field):
+  cfg, params = small_target
+  kw = dict(BAD[field])
+  prompts = kw.pop("prompts", PROMPTS)
+  drafter, dparams = None, None
+  match = field
+  if kw.get("drafter") == "other_vocab":
+    dcfg, dparams = testing.tiny_model(seed=1, vocab_size=32)
+    kw["drafter"] = DraftModel(dcfg, 2)
+  elif kw.get("drafter") == "negative_k":
+    with pytest.raises(ValueError, match="num_draft"):
+      DraftModel(drafts["truncated"][0], -1)
+    return
+  if "drafter" in kw:
+    drafter = kw.pop("drafter")
+    kw.update(drafter=drafter, drafter_params=dparams)
+  kw = dict(max_new_tokens=8, max_len=48) | kw
+  if field == "empty":
+    match = "empty"
+  before = decode.TRACES["generate"]
+  with pytest.raises(ValueError, match=match):
+    generate(params, cfg, prompts, **kw)
+  assert decode.TRACES["generate"] == before

@@ -1,0 +1,65 @@
+"""sampling.py: temperature, top-k, top-p produce the distributions their definitions say."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import sampling
+
+LOGITS = jnp.log(jnp.array([0.05, 0.4, 0.1, 0.3, 0.15]))
+
+
+def _p(**kw):
+  return np.asarray(sampling.probs(LOGITS, sampling.SamplingParams.create(**kw)))
+
+
+def test_temperature_one_is_softmax():
+  np.testing.assert_allclose(_p(temperature=1.0), [0.05, 0.4, 0.1, 0.3, 0.15], rtol=1e-5)
+
+
+def test_temperature_zero_is_one_hot_argmax():
+  np.testing.assert_array_equal(_p(temperature=0.0), [0, 1, 0, 0, 0])
+
+
+def test_temperature_scales_logits():
+  expect = np.array([0.05, 0.4, 0.1, 0.3, 0.15]) ** 2
+  np.testing.assert_allclose(_p(temperature=0.5), expect / expect.sum(), rtol=1e-5)
+
+
+def test_top_k_keeps_k_largest():
+  np.testing.assert_allclose(_p(temperature=1.0, top_k=2), [0, 4 / 7, 0, 3 / 7, 0], rtol=1e-5)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_mass():
+  # sorted: .4, .3, .15, .1, .05; mass before each: 0, .4, .7, .85, .95
+  np.testing.assert_allclose(_p(top_p=0.7), [0, 4 / 7, 0, 3 / 7, 0], rtol=1e-5)
+  np.testing.assert_allclose(_p(top_p=0.71), [0, 0.4, 0, 0.3, 0.15] / np.float32(0.85), rtol=1e-5)
+
+
+def test_top_k_then_top_p():
+  # top_k=3 renormalises .4,.3,.15 to .47,.35,.18; top_p .5 keeps the first two.
+  np.testing.assert_allclose(_p(top_k=3, top_p=0.5), [0, 4 / 7, 0, 3 / 7, 0], rtol=1e-5)
+
+
+def test_knobs_are_traced_not_static():
+  traces = []
+
+  @jax.jit
+  def f(logits, sp):
+    traces.append(1)
+    return sampling.probs(logits, sp)
+
+  for t, k, p in [(1.0, 0, 1.0), (0.5, 2, 0.9), (0.0, 3, 0.5)]:
+    f(LOGITS, sampling.SamplingParams.create(t, k, p))
+  assert len(traces) == 1
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [(dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"),
+     (dict(top_p=1.5), "top_p"), (dict(top_k=1.5), "top_k")],
+)
+def test_bad_knobs_name_the_field(kw, field):
+  with pytest.raises(ValueError, match=field):
+    sampling.SamplingParams.create(**kw)
