@@ -19,11 +19,13 @@ import numpy as np
 from flax import struct
 
 from specjax import sampling, verify
-from specjax.drafters.base import Drafter, DraftContext, NoDraft
+from specjax.drafters.base import DraftContext, Drafter, NoDraft
 from specjax.models import llama
 from specjax.models.cache import KVCache, gather_rows, write_rows
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
+
+AUTOREGRESSIVE = NoDraft()
 
 # Python-side trace counter: the body of ``_generate`` runs once per compilation.
 TRACES: collections.Counter = collections.Counter()
@@ -175,7 +177,7 @@ def generate(
     target_cfg: ModelConfig,
     prompts: Sequence[Sequence[int]],
     *,
-    drafter: Drafter = NoDraft(),
+    drafter: Drafter = AUTOREGRESSIVE,
     drafter_params: Any = None,
     max_new_tokens: int | Sequence[int] = 32,
     max_len: int = 256,

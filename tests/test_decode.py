@@ -95,38 +95,29 @@ def test_autoregressive_tau_is_one(small_target, ar_tokens):
   assert m["tau"] == 1.0 and m["target_calls"] == GEN["max_new_tokens"]
 
 
-BAD = {
-    "temperature": dict(temperature=-1.0),
-    "top_p": dict(top_p=0.0),
-    "top_k": dict(top_k=-2),
-    "max_len": dict(max_new_tokens=40, max_len=42),
-    "empty": dict(prompts=[[1, 2], []]),
-    "vocab_size": dict(drafter="other_vocab"),
-    "num_draft": dict(drafter="negative_k"),
-}
-
-
-@pytest.mark.parametrize("field", BAD.keys())
-def test_bad_input_raises_before_compiling(small_target, drafts, field):
+def _bad_calls(small_target, drafts):
+  """Each case: (field the error must name, a call that must raise)."""
   cfg, params = small_target
-  kw = dict(BAD[field])
-  prompts = kw.pop("prompts", PROMPTS)
-  drafter, dparams = None, None
-  match = field
-  if kw.get("drafter") == "other_vocab":
-    dcfg, dparams = testing.tiny_model(seed=1, vocab_size=32)
-    kw["drafter"] = DraftModel(dcfg, 2)
-  elif kw.get("drafter") == "negative_k":
-    with pytest.raises(ValueError, match="num_draft"):
-      DraftModel(drafts["truncated"][0], -1)
-    return
-  if "drafter" in kw:
-    drafter = kw.pop("drafter")
-    kw.update(drafter=drafter, drafter_params=dparams)
-  kw = dict(max_new_tokens=8, max_len=48) | kw
-  if field == "empty":
-    match = "empty"
+  dcfg, dparams = drafts["truncated"]
+  ocfg, oparams = testing.tiny_model(seed=1, vocab_size=32)
+  run = lambda prompts=PROMPTS, **kw: generate(params, cfg, prompts, **(GEN | kw))
+  return {
+      "temperature": lambda: run(temperature=-1.0),
+      "top_p": lambda: run(top_p=0.0),
+      "top_k": lambda: run(top_k=-2),
+      "max_len": lambda: run(max_new_tokens=40, max_len=42),
+      "empty": lambda: run(prompts=[[1, 2], []]),
+      "vocab_size": lambda: run(drafter=DraftModel(ocfg, 2), drafter_params=oparams),
+      "num_draft": lambda: run(drafter=DraftModel(dcfg, -1), drafter_params=dparams),
+  }
+
+
+@pytest.mark.parametrize(
+    "field", ["temperature", "top_p", "top_k", "max_len", "empty", "vocab_size", "num_draft"]
+)
+def test_bad_input_raises_before_compiling(small_target, drafts, field):
+  call = _bad_calls(small_target, drafts)[field]
   before = decode.TRACES["generate"]
-  with pytest.raises(ValueError, match=match):
-    generate(params, cfg, prompts, **kw)
+  with pytest.raises(ValueError, match=field):
+    call()
   assert decode.TRACES["generate"] == before

@@ -1,0 +1,69 @@
+"""The entry point: python -m specjax.run, its tasks, and its config errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from ml_collections import config_dict
+
+from configs import tiny
+from specjax import build
+from specjax.tasks import benchmark
+
+
+def _run(*overrides, cwd):
+  cmd = [sys.executable, "-m", "specjax.run", "--config=configs/tiny.py", *overrides]
+  return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture
+def small_config():
+  c = tiny.get_config()
+  c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  c.update(max_new_tokens=12, max_len=40, batch_size=2)
+  c.drafter.num_draft = 2
+  c.benchmark.repeats = 1
+  return c
+
+
+def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
+  small_config.output_dir = str(tmp_path)
+  record = benchmark.run(small_config)
+  saved = json.loads((tmp_path / "benchmark.json").read_text())
+  assert saved["summary"]["greedy_outputs_identical"] is True
+  for mode in ("ar", "speculative", "draft_ar"):
+    m = saved["modes"][mode]
+    for key in ("tokens", "target_calls", "tau", "alpha", "compile_s", "steady_s", "tokens_per_s",
+                "speedup", "accept_hist"):
+      assert key in m, (mode, key)
+  assert record["modes"]["ar"]["tau"] == 1.0
+  assert "speculative" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("--config.drafter.name=medusa", "drafter.name='medusa' is unknown"),
+     ("--config.task=train", "config.task='train' is unknown"),
+     ("--config.tempreature=0.5", "did you mean 'temperature'"),
+     ("--config.top_p=1.5", "top_p must be in (0, 1]"),
+     ("--config.drafter.num_draft=-1", "num_draft (K) must be an integer >= 0")],
+)
+def test_cli_rejects_bad_config(override, message, request):
+  proc = _run(override, cwd=request.config.rootpath)
+  assert proc.returncode != 0
+  assert message in proc.stderr + proc.stdout
+
+
+def test_check_runs_before_loading(small_config):
+  small_config.drafter.num_layers = 5  # deeper than the 2-layer target
+  with pytest.raises(ValueError, match="drafter.num_layers"):
+    build.drafter(small_config, build.target(small_config))
+
+
+def test_locked_config_rejects_new_keys():
+  c = tiny.get_config()
+  c.lock()
+  with pytest.raises(AttributeError, match="temperature"):
+    c.tempreature = 1.0
+  assert isinstance(c, config_dict.ConfigDict)
