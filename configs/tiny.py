@@ -17,7 +17,7 @@ def get_config():
   c.output_dir = "results/tiny"  # where benchmark.json goes
 
   c.target = config_dict.ConfigDict()
-  c.target.source = "random"  # random tiny model (real checkpoints: see configs/demo.py)
+  c.target.source = "random"  # random | registry | gguf | safetensors (see specjax/build.py)
   c.target.name = "tiny-target"
   c.target.seed = 0  # weight seed
   c.target.vocab_size = 512
@@ -32,14 +32,16 @@ def get_config():
   c.drafter = config_dict.ConfigDict()
   c.drafter.name = "draft_model"  # none | draft_model
   c.drafter.num_draft = 4  # K: draft tokens per step
-  c.drafter.source = "truncate"  # truncate: the target's first num_layers layers | random
+  c.drafter.source = "truncate"  # truncate: the target's first num_layers layers | model
   c.drafter.num_layers = 1  # layers kept when source = truncate
-  c.drafter.model = c.target.copy_and_resolve_references()  # used when source = random
+  c.drafter.model = c.target.copy_and_resolve_references()  # used when source = model
   c.drafter.model.name = "tiny-draft"
   c.drafter.model.seed = 1
   c.drafter.model.num_layers = 1
 
   c.prompts = ()  # token-id lists; empty = batch_size random prompts (seeded)
+  c.chat = False  # (models with a tokenizer) wrap each prompt in the chat template
+  c.stop_at_eos = False  # (models with a tokenizer) stop a row at the tokenizer's end ids
   c.batch_size = 4
   c.max_new_tokens = 64  # per row
   c.max_len = 128  # prompt + new tokens, per row; fixes the compiled shapes
@@ -47,8 +49,9 @@ def get_config():
   c.top_k = 0  # 0 = off
   c.top_p = 1.0  # 1 = off
   c.seed = 0  # sampling and prompt seed
-  c.eos_id = -1  # -1 = no EOS
 
   c.benchmark = config_dict.ConfigDict()
   c.benchmark.repeats = 3  # timed runs after the compiling one; the median is reported
+  c.benchmark.bandwidth_floor = False  # measure memory bandwidth: the AR floor, as a ratio
+  c.benchmark.hf_baseline = False  # time HF transformers generate too (registry target, B=1)
   return c

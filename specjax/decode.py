@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax import metrics as metrics_lib
 from specjax import sampling, verify
 from specjax.drafters.base import DraftContext, Drafter, NoDraft
+from specjax.metrics import Metrics
 from specjax.models import llama
 from specjax.models.cache import KVCache, gather_rows, write_rows
 from specjax.models.config import ModelConfig
@@ -29,22 +31,6 @@ AUTOREGRESSIVE = NoDraft()
 
 # Python-side trace counter: the body of ``_generate`` runs once per compilation.
 TRACES: collections.Counter = collections.Counter()
-
-
-@struct.dataclass
-class Metrics:
-  target_calls: jax.Array  # [] batched target forwards, prefill included.
-  draft_calls: jax.Array  # [] batched draft forwards.
-  row_calls: jax.Array  # [B] target forwards in which the row was still generating.
-  accept_hist: jax.Array  # [K+1] how often a row accepted n draft tokens.
-  attempts: jax.Array  # [K] how often draft position i was verified (n >= i).
-  accepts: jax.Array  # [K] how often draft position i was accepted (n > i).
-  overlap: jax.Array  # [K] sum of 1 - TV(p_i, q_i) over the verified positions.
-
-  @classmethod
-  def zeros(cls, batch: int, k: int):
-    i32 = lambda *s: jnp.zeros(s, jnp.int32)
-    return cls(i32(), i32(), i32(batch), i32(k + 1), i32(k), i32(k), jnp.zeros((k,), jnp.float32))
 
 
 @struct.dataclass
@@ -82,7 +68,7 @@ def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   return tokens, first_B, cache.replace(lengths=prompt_len_B)
 
 
-def _step(tparams, dparams, st: _Static, sp, eos_id, max_new_B, s: DecodeState) -> DecodeState:
+def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState) -> DecodeState:
   k = st.drafter.num_draft
   L_B = s.cache.lengths
   key, key_draft, key_verify = jax.random.split(s.key, 3)
@@ -103,7 +89,7 @@ def _step(tparams, dparams, st: _Static, sp, eos_id, max_new_B, s: DecodeState) 
   tokens = write_rows(tokens, next_B[:, None], L_B + 1 + n_B)
   emitted_BxK1 = gather_rows(tokens, L_B[:, None] + 1 + jnp.arange(k + 1))
   j = jnp.arange(k + 1)
-  is_eos_BxK1 = (emitted_BxK1 == eos_id) & (j <= n_B[:, None])
+  is_eos_BxK1 = jnp.isin(emitted_BxK1, stop_ids) & (j <= n_B[:, None])
   eos_at_B = jnp.where(is_eos_BxK1.any(-1), jnp.argmax(is_eos_BxK1, axis=-1), k + 1)
   count_B = jnp.minimum(jnp.minimum(n_B + 1, eos_at_B + 1), max_new_B - s.num_new)
   # commit (finished rows are frozen)
@@ -134,7 +120,7 @@ def _step(tparams, dparams, st: _Static, sp, eos_id, max_new_B, s: DecodeState) 
   return DecodeState(tokens, num_new, done, cache, dstate, key, metrics)
 
 
-def _generate(tparams, dparams, prompt_BxP, prompt_len_B, max_new_B, sp, eos_id, key, *, st):
+def _generate(tparams, dparams, prompt_BxP, prompt_len_B, max_new_B, sp, stop_ids, key, *, st):
   TRACES["generate"] += 1
   b = prompt_BxP.shape[0]
   key_prefill, key_loop = jax.random.split(key)
@@ -145,13 +131,13 @@ def _generate(tparams, dparams, prompt_BxP, prompt_len_B, max_new_B, sp, eos_id,
   state = DecodeState(
       tokens=tokens,
       num_new=jnp.ones((b,), jnp.int32),
-      done=(first_B == eos_id) | (max_new_B <= 1),
+      done=jnp.isin(first_B, stop_ids) | (max_new_B <= 1),
       cache=cache,
       drafter_state=dstate,
       key=key_loop,
       metrics=metrics,
   )
-  body = lambda s: _step(tparams, dparams, st, sp, eos_id, max_new_B, s)
+  body = lambda s: _step(tparams, dparams, st, sp, stop_ids, max_new_B, s)
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return state.tokens, state.num_new, state.metrics
 
@@ -164,7 +150,8 @@ class Generation:
   """Host-side result of ``generate``: per-row new tokens and the run's metrics."""
 
   tokens: list[list[int]]
-  metrics: dict[str, Any]
+  counts: dict[str, np.ndarray]  # raw metric counts: merge runs with metrics.merge
+  metrics: dict[str, Any]  # derived: tau, alpha, ...
 
 
 def prompt_width(longest: int, max_len: int) -> int:
@@ -185,14 +172,15 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int | jax.Array = 0,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     verifier: Callable = verify.rejection_sample_chain,
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
   Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
   tokens per row and, with the batch size, the drafter and the model, fixes the compiled
-  shapes; prompts, budgets, sampling knobs, seed and EOS are traced.
+  shapes; prompts, budgets, sampling knobs, seed and EOS are traced. ``eos_id`` may be one id
+  or several (an instruct model may end a turn with either of two markers).
   """
   sp = SamplingParams.create(temperature, top_k, top_p)
   drafter.check_target(target_cfg)
@@ -228,7 +216,7 @@ def generate(
       jnp.asarray([len(p) for p in prompts], jnp.int32),
       jnp.asarray(budgets, jnp.int32),
       sp,
-      jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32),
+      _stop_ids(eos_id),
       key,
       st=st,
   )
@@ -236,25 +224,16 @@ def generate(
   rows = [
       tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)
   ]
-  return Generation(tokens=rows, metrics=summarize(jax.device_get(metrics), num_new))
+  counts = metrics_lib.counts(jax.device_get(metrics), num_new)
+  return Generation(tokens=rows, counts=counts, metrics=metrics_lib.summarize(counts))
 
 
-def summarize(m: Metrics, num_new_B: np.ndarray) -> dict[str, Any]:
-  """The metrics researchers report, as plain Python numbers."""
-  tokens = int(np.sum(num_new_B))
-  row_calls = int(np.sum(m.row_calls))
-  attempts = np.maximum(np.asarray(m.attempts), 1)
-  return {
-      "tokens": tokens,
-      "tokens_per_row": [int(x) for x in num_new_B],
-      "target_calls": int(m.target_calls),
-      "draft_calls": int(m.draft_calls),
-      "row_target_calls": row_calls,
-      "row_calls": [int(x) for x in m.row_calls],
-      "tau": tokens / max(row_calls, 1),
-      "target_calls_per_token": row_calls / max(tokens, 1),
-      "accept_hist": [int(x) for x in m.accept_hist],
-      "alpha": (np.asarray(m.accepts) / attempts).tolist(),
-      "alpha_analytic": (np.asarray(m.overlap) / attempts).tolist(),
-      "position_attempts": [int(x) for x in m.attempts],
-  }
+MAX_STOP_IDS = 8
+
+
+def _stop_ids(eos_id) -> jax.Array:
+  """Stop ids as a fixed-size array (padded with -1), so changing them never recompiles."""
+  ids = [] if eos_id is None else [eos_id] if isinstance(eos_id, int) else sorted(set(eos_id))
+  if len(ids) > MAX_STOP_IDS:
+    raise ValueError(f"eos_id has {len(ids)} stop ids; at most {MAX_STOP_IDS} are supported.")
+  return jnp.asarray(ids + [-1] * (MAX_STOP_IDS - len(ids)), jnp.int32)

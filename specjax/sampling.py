@@ -71,6 +71,15 @@ def probs(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
-  """Draws one token per leading index from ``probs`` (rows may hold zeros)."""
-  return jax.random.categorical(key, jnp.log(probs_xV), axis=-1).astype(jnp.int32)
+  """Draws one token per leading index from ``probs`` (unnormalised; may hold zeros).
+
+  Inverse-CDF sampling: one uniform per draw instead of V Gumbel variates, which matters
+  when V is 150k and a step draws a few tokens. Never returns a zero-probability token.
+  """
+  cdf_xV = jnp.cumsum(probs_xV, axis=-1)
+  u_x1 = jax.random.uniform(key, probs_xV.shape[:-1] + (1,)) * cdf_xV[..., -1:]
+  idx = jnp.sum(cdf_xV <= u_x1, axis=-1)  # first index whose cdf exceeds u
+  v = probs_xV.shape[-1]
+  last_nonzero = v - 1 - jnp.argmax(jnp.flip(probs_xV > 0, axis=-1), axis=-1)
+  return jnp.minimum(idx, last_nonzero).astype(jnp.int32)
 

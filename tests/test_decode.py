@@ -51,18 +51,19 @@ def test_rows_accept_different_counts_and_match_solo_runs(small_target, drafts):
     assert solo.tokens[0] == row
 
 
-def test_eos_and_budget_stop_rows(small_target, drafts, ar_tokens):
+@pytest.mark.parametrize("two_stop_ids", [False, True])
+def test_eos_and_budget_stop_rows(small_target, drafts, ar_tokens, two_stop_ids):
   cfg, params = small_target
   dcfg, dparams = drafts["truncated"]
-  eos = ar_tokens[2][5]  # appears in row 2 at index 5 (maybe earlier elsewhere)
+  stops = {ar_tokens[2][5]} | ({ar_tokens[0][7]} if two_stop_ids else set())
   budgets = [24, 10, 24, 3]
   out = generate(params, cfg, PROMPTS, drafter=DraftModel(dcfg, 3), drafter_params=dparams,
-                 max_new_tokens=budgets, max_len=48, eos_id=eos)
+                 max_new_tokens=budgets, max_len=48, eos_id=sorted(stops))
   for row, ref, budget in zip(out.tokens, ar_tokens, budgets, strict=True):
     ref = ref[:budget]
-    if eos in ref:
-      ref = ref[: ref.index(eos) + 1]
-    assert row == ref
+    ends = [i for i, t in enumerate(ref) if t in stops]
+    assert row == (ref[: ends[0] + 1] if ends else ref)
+  assert out.tokens[2][-1] in stops
 
 
 def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):

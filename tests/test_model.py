@@ -65,11 +65,11 @@ def test_tree_mask_equals_separate_branches(model):
 def test_compact_moves_an_accepted_path_into_contiguous_slots(model):
   cfg, params = model
   cache = llama.init_cache(cfg, 2, 8)
-  marks = jnp.arange(8, dtype=jnp.float32)[None, :, None, None]
+  marks = jnp.arange(8, dtype=jnp.float32)[None, None, :, None]
   cache = cache.replace(k=tuple(jnp.broadcast_to(marks, c.shape) for c in cache.k))
   out = kv.compact(cache, jnp.array([[4, 6], [2, 3]]), jnp.array([2, 2]))
-  np.testing.assert_array_equal(out.k[0][0, :5, 0, 0], [0, 1, 4, 6, 4])
-  np.testing.assert_array_equal(out.k[0][1, :5, 0, 0], [0, 1, 2, 3, 4])
+  np.testing.assert_array_equal(out.k[0][0, 0, :5, 0], [0, 1, 4, 6, 4])
+  np.testing.assert_array_equal(out.k[0][1, 0, :5, 0], [0, 1, 2, 3, 4])
 
 
 def test_capture_layers_returns_residual_stream(model):

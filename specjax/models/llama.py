@@ -7,12 +7,15 @@ triangle for a chain, an ancestor mask for a tree. Every token also sees the row
 cache prefix ``[0, cache.lengths[b])``. New keys/values are written at slots
 ``cache.lengths[b] + t``; ``lengths`` itself is left for the caller to commit.
 
-Params layout (per-layer dicts in a tuple, so each layer's weights stay separate buffers):
+Params layout (per-layer dicts in a tuple, so each layer's weights stay separate buffers).
+Matrices are ``[out, in]``, as checkpoints store them: a one-token forward then reads each
+weight row by row, which streams at full memory bandwidth on a CPU (``[in, out]`` ran ~25%
+slower in a measured matrix-vector chain).
 
-    embed [V, D], final_norm [D], lm_head [D, V] (untied only),
-    layers: L x {attn_norm [D], wq [D, H*Dh], wk [D, G*Dh], wv [D, G*Dh], wo [H*Dh, D],
+    embed [V, D], final_norm [D], lm_head [V, D] (untied only),
+    layers: L x {attn_norm [D], wq [H*Dh, D], wk [G*Dh, D], wv [G*Dh, D], wo [D, H*Dh],
                  (bq [H*Dh], bk [G*Dh], bv [G*Dh] with qkv_bias), mlp_norm [D],
-                 w_gate [D, F], w_up [D, F], w_down [F, D]}
+                 w_gate [F, D], w_up [F, D], w_down [D, F]}
 """
 
 import jax
@@ -48,7 +51,7 @@ def init_params(
   keys = iter(jax.random.split(key, 16 * cfg.num_layers + 4))
 
   def dense(fan_in, fan_out, scale=1.0):
-    w = jax.random.normal(next(keys), (fan_in, fan_out)) * scale / jnp.sqrt(fan_in)
+    w = jax.random.normal(next(keys), (fan_out, fan_in)) * scale / jnp.sqrt(fan_in)
     return w.astype(dtype)
 
   def bias(n):
@@ -76,8 +79,13 @@ def init_params(
       "final_norm": jnp.ones((d,), dtype),
   }
   if not cfg.tie_embeddings:
-    params["lm_head"] = dense(d, cfg.vocab_size) * embed_std * jnp.sqrt(d)
+    params["lm_head"] = dense(d, cfg.vocab_size, embed_std * d**0.5)
   return params
+
+
+def linear(x_xI: jax.Array, w_OxI: jax.Array) -> jax.Array:
+  """``x @ w.T`` for a weight stored ``[out, in]``."""
+  return jnp.einsum("...i,oi->...o", x_xI, w_OxI)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -112,22 +120,28 @@ def attention_mask(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) 
 def _attend(cfg, p, x_BxTxD, positions_BxT, k_cache, v_cache, lengths_B, visible_BxTxS):
   b, t, _ = x_BxTxD.shape
   hd, g = cfg.head_dim, cfg.num_kv_heads
-  q = x_BxTxD @ p["wq"]
-  k = x_BxTxD @ p["wk"]
-  v = x_BxTxD @ p["wv"]
+  q = linear(x_BxTxD, p["wq"])
+  k = linear(x_BxTxD, p["wk"])
+  v = linear(x_BxTxD, p["wv"])
   if cfg.qkv_bias:
     q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
   q_BxTxHxDh = rope(q.reshape(b, t, cfg.num_heads, hd), positions_BxT, cfg.rope_theta)
   k_BxTxGxDh = rope(k.reshape(b, t, g, hd), positions_BxT, cfg.rope_theta)
-  k_cache = write_rows(k_cache, k_BxTxGxDh, lengths_B)
-  v_cache = write_rows(v_cache, v.reshape(b, t, g, hd), lengths_B)
+  v_BxTxGxDh = v.reshape(b, t, g, hd)
+  k_cache = write_rows(k_cache, k_BxTxGxDh.transpose(0, 2, 1, 3), lengths_B, axis=1)
+  v_cache = write_rows(v_cache, v_BxTxGxDh.transpose(0, 2, 1, 3), lengths_B, axis=1)
 
-  q_BxTxGxRxDh = q_BxTxHxDh.reshape(b, t, g, cfg.groups, hd)
-  scores = jnp.einsum("btgrd,bsgd->bgrts", q_BxTxGxRxDh, k_cache) / jnp.sqrt(hd).astype(q.dtype)
-  scores = jnp.where(visible_BxTxS[:, None, None], scores, jnp.finfo(scores.dtype).min)
+  # Queries grouped per kv head: [B, G, R*T, Dh] against the cache's [B, G, S, Dh].
+  q_BxGxRTxDh = q_BxTxHxDh.reshape(b, t, g, cfg.groups, hd).transpose(0, 2, 3, 1, 4)
+  q_BxGxRTxDh = q_BxGxRTxDh.reshape(b, g, cfg.groups * t, hd)
+  scores = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k_cache) / jnp.sqrt(hd).astype(q.dtype)
+  visible_Bx1xRTxS = jnp.tile(visible_BxTxS, (1, cfg.groups, 1))[:, None]
+  scores = jnp.where(visible_Bx1xRTxS, scores, jnp.finfo(scores.dtype).min)
   weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v_cache.dtype)
-  out = jnp.einsum("bgrts,bsgd->btgrd", weights, v_cache).reshape(b, t, cfg.num_heads * hd)
-  return out @ p["wo"], k_cache, v_cache
+  out_BxGxRTxDh = jnp.einsum("bgqs,bgsd->bgqd", weights, v_cache)
+  out = out_BxGxRTxDh.reshape(b, g, cfg.groups, t, hd).transpose(0, 3, 1, 2, 4)
+  out = out.reshape(b, t, cfg.num_heads * hd)
+  return linear(out, p["wo"]), k_cache, v_cache
 
 
 def forward(
@@ -153,15 +167,15 @@ def forward(
     )
     x = x + attn
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    x = x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+    x = x + linear(jax.nn.silu(linear(h, p["w_gate"])) * linear(h, p["w_up"]), p["w_down"])
     new_k.append(k_i)
     new_v.append(v_i)
     if i in capture_layers:
       captured.append(x)
 
   final = rms_norm(x, params["final_norm"], cfg.norm_eps)
-  head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-  logits_BxTxV = (final @ head).astype(jnp.float32)
+  head_VxD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
+  logits_BxTxV = linear(final, head_VxD).astype(jnp.float32)
   cache = cache.replace(k=tuple(new_k), v=tuple(new_v))
   return logits_BxTxV, Hidden(final=final, layers=tuple(captured)), cache
 

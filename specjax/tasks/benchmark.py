@@ -13,25 +13,27 @@ import time
 import jax
 import ml_collections
 
-from specjax import build, results
+from specjax import baselines, build, metrics, results
 from specjax.decode import generate
+from specjax.models import registry
 
 COLUMNS = ("mode", "tokens", "target_calls", "tau", "calls_per_token", "compile_s", "steady_s",
            "tokens_per_s", "speedup")
 
 
-def _time(fn, repeats: int):
+def _time(batches, fn, repeats: int):
+  """Runs every batch once to compile and warm up, then ``repeats`` timed passes."""
   t0 = time.perf_counter()
-  out = fn()
+  outs = [fn(b) for b in batches]
   first = time.perf_counter() - t0
   steady = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    out = fn()
+    outs = [fn(b) for b in batches]
     steady.append(time.perf_counter() - t0)
   med = statistics.median(steady)
-  return out, {"first_call_s": first, "compile_s": max(first - med, 0.0), "steady_s": med,
-               "steady_all_s": steady}
+  return outs, {"first_pass_s": first, "compile_s": max(first - med, 0.0), "steady_s": med,
+                "steady_all_s": steady}
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
@@ -39,23 +41,22 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = build.target(config)
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
-  common = dict(max_new_tokens=req.max_new_tokens, max_len=req.max_len,
-                temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
-                eos_id=req.eos_id)
+  common = req.generate_kwargs()
   modes = {
-      "ar": lambda: generate(target.params, target.cfg, req.prompts, **common),
-      "speculative": lambda: generate(target.params, target.cfg, req.prompts, drafter=drafter,
-                                      drafter_params=dparams, **common),
+      "ar": lambda b: generate(target.params, target.cfg, b, **common),
+      "speculative": lambda b: generate(target.params, target.cfg, b, drafter=drafter,
+                                        drafter_params=dparams, **common),
   }
   if drafter.name == "draft_model":
-    modes["draft_ar"] = lambda: generate(dparams, drafter.cfg, req.prompts, **common)
+    modes["draft_ar"] = lambda b: generate(dparams, drafter.cfg, b, **common)
 
   record = {"config": config.to_dict(), "machine": _machine(), "modes": {}}
   outputs = {}
+  batches = req.batches()
   for mode, fn in modes.items():
-    out, timing = _time(fn, config.benchmark.repeats)
-    outputs[mode] = out
-    m = out.metrics
+    outs, timing = _time(batches, fn, config.benchmark.repeats)
+    outputs[mode] = [row for out in outs for row in out.tokens]
+    m = metrics.summarize(metrics.merge([out.counts for out in outs]))
     record["modes"][mode] = m | timing | {"tokens_per_s": m["tokens"] / timing["steady_s"]}
 
   ar, spec = record["modes"]["ar"], record["modes"]["speculative"]
@@ -63,14 +64,15 @@ def run(config: ml_collections.ConfigDict) -> dict:
   ar["speedup"] = 1.0
   summary = {"speedup": spec["speedup"], "tau": spec["tau"], "alpha": spec["alpha"]}
   if req.temperature == 0:
-    summary["greedy_outputs_identical"] = outputs["ar"].tokens == outputs["speculative"].tokens
+    summary["greedy_outputs_identical"] = outputs["ar"] == outputs["speculative"]
   if "draft_ar" in record["modes"]:
     d = record["modes"]["draft_ar"]
     d["speedup"] = d["tokens_per_s"] / ar["tokens_per_s"]
     summary["cost_ratio_c"] = ar["tokens_per_s"] / d["tokens_per_s"]
+  _baselines(config, target, req, ar, summary)
   record["summary"] = summary
 
-  first = outputs["speculative"].tokens[0]
+  first = outputs["speculative"][0]
   shown = target.tokenizer.decode(first) if target.tokenizer else first
   print(f"speculative output, row 0: {shown!r}")
   rows = [{"mode": k, **v, "calls_per_token": v["target_calls_per_token"]}
@@ -80,6 +82,24 @@ def run(config: ml_collections.ConfigDict) -> dict:
   path = results.write_json(f"{config.output_dir}/benchmark.json", record)
   print(f"wrote {path}")
   return record
+
+
+def _baselines(config, target, req, ar: dict, summary: dict) -> None:
+  """The memory-bandwidth floor and HF transformers, measured here, as ratios to specjax AR."""
+  if config.benchmark.bandwidth_floor:
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(target.params))
+    gbs = baselines.streaming_bandwidth_gbs()
+    floor_tok_s = gbs * 1e9 / weight_bytes
+    summary |= {"weight_mb": weight_bytes / 1e6, "bandwidth_gbs": gbs,
+                "floor_tokens_per_s": floor_tok_s,
+                "ar_fraction_of_floor": ar["tokens_per_s"] / floor_tok_s}
+  if config.benchmark.hf_baseline:
+    if config.target.source != "registry" or config.batch_size != 1:
+      raise ValueError("config.benchmark.hf_baseline needs target.source='registry' and "
+                       "batch_size=1.")
+    hf = baselines.hf_tokens_per_s(registry.resolve(config.target.name), req.prompts,
+                                   req.max_new_tokens, repeats=config.benchmark.repeats)
+    summary |= {"hf": hf, "ar_vs_hf": ar["tokens_per_s"] / hf["tokens_per_s"]}
 
 
 def _machine() -> dict:

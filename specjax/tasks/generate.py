@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from specjax import build
+from specjax import build, metrics
 from specjax.decode import generate
 
 
@@ -11,17 +11,15 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = build.target(config)
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
-  out = generate(
-      target.params, target.cfg, req.prompts, drafter=drafter, drafter_params=dparams,
-      max_new_tokens=req.max_new_tokens, max_len=req.max_len, temperature=req.temperature,
-      top_k=req.top_k, top_p=req.top_p, seed=req.seed, eos_id=req.eos_id,
-  )
-  for i, (prompt, row) in enumerate(zip(req.prompts, out.tokens, strict=True)):
+  outs = [generate(target.params, target.cfg, batch, drafter=drafter, drafter_params=dparams,
+                   **req.generate_kwargs()) for batch in req.batches()]
+  rows = [row for out in outs for row in out.tokens]
+  for i, (prompt, row) in enumerate(zip(req.prompts, rows, strict=False)):
     if target.tokenizer is None:
       print(f"[{i}] prompt ids {prompt}\n    -> {row}")
     else:
       print(f"[{i}] {req.prompt_texts[i]!r}\n    -> {target.tokenizer.decode(row)!r}")
-  m = out.metrics
+  m = metrics.summarize(metrics.merge([o.counts for o in outs]))
   print(f"tokens {m['tokens']}  target calls {m['target_calls']}  tau {m['tau']:.3f}  "
         f"alpha {[round(a, 3) for a in m['alpha']]}")
   return m

