@@ -2,10 +2,11 @@
 
     bash scripts/install_models.sh smollm2 && python -m specjax.run --config=configs/demo.py
 
-Generates with a draft model (the target's first layers sharing its embeddings and head) and
-with plain autoregression on the same prompts in one process; prints the text, τ, α per draft
-position and the speedup, and writes results/demo/benchmark.json. Greedy outputs are
-identical in both modes (the run checks it).
+Generates with prompt lookup (n-gram drafts from the prompt and the text so far: no draft
+model) and with plain autoregression on the same prompts in one process; prints the text, τ,
+α per draft position and the speedup, and writes results/demo/benchmark.json. Greedy outputs
+are identical in both modes (the run checks it). Swap the drafter with
+``--config.drafter.name=draft_model`` (the target's first ``drafter.num_layers`` layers).
 """
 
 from configs import tiny
@@ -16,7 +17,8 @@ def get_config():
   c.task = "benchmark"
   c.output_dir = "results/demo"
   c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
-  c.drafter.source = "truncate"
+  c.drafter.name = "prompt_lookup"
+  c.drafter.source = "truncate"  # for drafter.name = draft_model
   c.drafter.num_layers = 8  # of 30
   c.drafter.num_draft = 3
   c.prompts = (

@@ -30,7 +30,7 @@ def get_config():
   c.target.residual_scale = 0.1  # < 1: later layers perturb the stream, so truncations agree
 
   c.drafter = config_dict.ConfigDict()
-  c.drafter.name = "draft_model"  # none | draft_model
+  c.drafter.name = "draft_model"  # none | draft_model | prompt_lookup
   c.drafter.num_draft = 4  # K: draft tokens per step
   c.drafter.source = "truncate"  # truncate: the target's first num_layers layers | model
   c.drafter.num_layers = 1  # layers kept when source = truncate
@@ -38,6 +38,8 @@ def get_config():
   c.drafter.model.name = "tiny-draft"
   c.drafter.model.seed = 1
   c.drafter.model.num_layers = 1
+  c.drafter.max_ngram = 3  # prompt_lookup: longest suffix n-gram searched for
+  c.drafter.min_ngram = 1  # prompt_lookup: shortest
 
   c.prompts = ()  # token-id lists; empty = batch_size random prompts (seeded)
   c.chat = False  # (models with a tokenizer) wrap each prompt in the chat template

@@ -21,11 +21,12 @@ import numpy as np
 from specjax import sampling, testing
 from specjax.drafters.base import NoDraft, check_num_draft
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import checkpoint, registry
 from specjax.models.config import ModelConfig
 from specjax.models.tokenizer import Tokenizer
 
-DRAFTERS = ("none", "draft_model")
+DRAFTERS = ("none", "draft_model", "prompt_lookup")
 MODEL_SOURCES = ("random", "registry", "gguf", "safetensors")
 
 
@@ -87,11 +88,14 @@ def check(config: ml_collections.ConfigDict) -> None:
   _check_source(config.target, "target")
   _choice(config.drafter.name, DRAFTERS, "drafter.name")
   check_num_draft(config.drafter.num_draft)
+  if config.drafter.name != "none" and config.drafter.num_draft == 0:
+    raise ValueError(f"config.drafter.num_draft must be >= 1 for drafter.name="
+                     f"{config.drafter.name!r}; use drafter.name='none' for K = 0.")
+  if config.drafter.name == "prompt_lookup":
+    PromptLookup(config.drafter.num_draft, config.drafter.max_ngram, config.drafter.min_ngram)
   if config.drafter.name == "draft_model":
-    if config.drafter.num_draft == 0:
-      raise ValueError("config.drafter.num_draft must be >= 1 for drafter.name='draft_model'.")
-    if config.drafter.source != "truncate":
-      _choice(config.drafter.source, ("truncate", "model"), "drafter.source")
+    _choice(config.drafter.source, ("truncate", "model"), "drafter.source")
+    if config.drafter.source == "model":
       _check_source(config.drafter.model, "drafter.model")
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
@@ -124,6 +128,8 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   c = config.drafter
   if c.name == "none":
     return NoDraft(), None
+  if c.name == "prompt_lookup":
+    return PromptLookup(c.num_draft, c.max_ngram, c.min_ngram), None
   if c.source == "truncate":
     if not 1 <= c.num_layers < target.cfg.num_layers:
       raise ValueError(

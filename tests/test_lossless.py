@@ -21,18 +21,20 @@ ROWS, CALLS = 4000, 5  # 20,000 samples
 P_PASS, P_FAIL = 1e-3, 1e-6
 
 
-def _chi2_pvalue(target, draft, k, knobs, verifier=verify.rejection_sample_chain, seed=0):
-  (tcfg, tparams), (dcfg, dparams) = target, draft
+def chi2_pvalue(target, drafter, dparams, knobs, verifier=verify.rejection_sample_chain,
+                prompt=PROMPT):
+  """Samples ROWS * CALLS continuations with ``drafter``; chi-square p-value vs the target."""
+  tcfg, tparams = target
   counts = np.zeros([tcfg.vocab_size] * NUM_NEW)
   for call in range(CALLS):
     out = generate(
-        tparams, tcfg, [PROMPT] * ROWS, drafter=DraftModel(dcfg, k), drafter_params=dparams,
-        max_new_tokens=NUM_NEW, max_len=8, seed=1000 * seed + call, verifier=verifier, **knobs,
+        tparams, tcfg, [prompt] * ROWS, drafter=drafter, drafter_params=dparams,
+        max_new_tokens=NUM_NEW, max_len=16, seed=call, verifier=verifier, **knobs,
     )
     for row in out.tokens:
       counts[tuple(row)] += 1
   expected = testing.sequence_probs(
-      tparams, tcfg, PROMPT, NUM_NEW, sampling.SamplingParams.create(**knobs)
+      tparams, tcfg, prompt, NUM_NEW, sampling.SamplingParams.create(**knobs)
   ).ravel() * counts.sum()
   observed = counts.ravel()
   assert observed[expected == 0].sum() == 0, "sampled a sequence the target gives probability 0"
@@ -41,6 +43,11 @@ def _chi2_pvalue(target, draft, k, knobs, verifier=verify.rejection_sample_chain
   exp = np.append(expected[~small], expected[small].sum())
   keep = exp > 0
   return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+
+def _chi2_pvalue(target, draft, k, knobs, verifier=verify.rejection_sample_chain):
+  dcfg, dparams = draft
+  return chi2_pvalue(target, DraftModel(dcfg, k), dparams, knobs, verifier)
 
 
 KNOBS = {

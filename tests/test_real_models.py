@@ -7,6 +7,7 @@ import pytest
 from specjax import build
 from specjax.decode import generate
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import registry
 from specjax.models.tokenizer import Tokenizer
 
@@ -50,6 +51,9 @@ def test_smollm2_greedy_speculative_equals_autoregressive(smol):
     assert spec.tokens == ar.tokens
     assert sum(spec.metrics["accept_hist"][1:]) > 0  # some drafts were accepted
   assert "Paris" in tok.decode(ar.tokens[0])
+  lookup = generate(params, cfg, prompts, drafter=PromptLookup(4), **kw)
+  assert lookup.tokens == ar.tokens
+  assert sum(lookup.metrics["accept_hist"][1:]) > 0
 
 
 def test_tokenizer_mismatch_is_refused():
