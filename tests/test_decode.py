@@ -20,8 +20,8 @@ def ar_tokens(small_target):
 @pytest.fixture(scope="module")
 def drafts(small_target):
   return {
-      "truncated": testing.truncated(*small_target, num_layers=1),
-      "independent": testing.tiny_model(seed=1, vocab_size=64, dim=32, num_layers=1),
+    "truncated": testing.truncated(*small_target, num_layers=1),
+    "independent": testing.tiny_model(seed=1, vocab_size=64, dim=32, num_layers=1),
   }
 
 
@@ -57,8 +57,16 @@ def test_eos_and_budget_stop_rows(small_target, drafts, ar_tokens, two_stop_ids)
   dcfg, dparams = drafts["truncated"]
   stops = {ar_tokens[2][5]} | ({ar_tokens[0][7]} if two_stop_ids else set())
   budgets = [24, 10, 24, 3]
-  out = generate(params, cfg, PROMPTS, drafter=DraftModel(dcfg, 3), drafter_params=dparams,
-                 max_new_tokens=budgets, max_len=48, eos_id=sorted(stops))
+  out = generate(
+    params,
+    cfg,
+    PROMPTS,
+    drafter=DraftModel(dcfg, 3),
+    drafter_params=dparams,
+    max_new_tokens=budgets,
+    max_len=48,
+    eos_id=sorted(stops),
+  )
   for row, ref, budget in zip(out.tokens, ar_tokens, budgets, strict=True):
     ref = ref[:budget]
     ends = [i for i, t in enumerate(ref) if t in stops]
@@ -73,8 +81,18 @@ def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
   common = dict(drafter=drafter, drafter_params=dparams, max_len=48)
   generate(params, cfg, [[1, 2], [3, 4, 5]], max_new_tokens=8, **common)
   before = decode.TRACES["generate"]
-  generate(params, cfg, [[7, 7, 7, 1], [9]], max_new_tokens=[5, 12], temperature=0.8,
-           top_k=5, top_p=0.9, seed=123, eos_id=3, **common)
+  generate(
+    params,
+    cfg,
+    [[7, 7, 7, 1], [9]],
+    max_new_tokens=[5, 12],
+    temperature=0.8,
+    top_k=5,
+    top_p=0.9,
+    seed=123,
+    eos_id=3,
+    **common,
+  )
   generate(params, cfg, [[2], [5, 6]], max_new_tokens=8, temperature=1.3, seed=9, **common)
   assert decode.TRACES["generate"] == before
 
@@ -82,8 +100,14 @@ def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
 def test_same_result_without_jit(small_target, drafts):
   cfg, params = small_target
   dcfg, dparams = drafts["truncated"]
-  kw = dict(drafter=DraftModel(dcfg, 2), drafter_params=dparams, max_new_tokens=6, max_len=16,
-            temperature=1.0, seed=4)
+  kw = dict(
+    drafter=DraftModel(dcfg, 2),
+    drafter_params=dparams,
+    max_new_tokens=6,
+    max_len=16,
+    temperature=1.0,
+    seed=4,
+  )
   jitted = generate(params, cfg, PROMPTS[:2], **kw)
   with jax.disable_jit():
     eager = generate(params, cfg, PROMPTS[:2], **kw)
@@ -103,18 +127,18 @@ def _bad_calls(small_target, drafts):
   ocfg, oparams = testing.tiny_model(seed=1, vocab_size=32)
   run = lambda prompts=PROMPTS, **kw: generate(params, cfg, prompts, **(GEN | kw))
   return {
-      "temperature": lambda: run(temperature=-1.0),
-      "top_p": lambda: run(top_p=0.0),
-      "top_k": lambda: run(top_k=-2),
-      "max_len": lambda: run(max_new_tokens=40, max_len=42),
-      "empty": lambda: run(prompts=[[1, 2], []]),
-      "vocab_size": lambda: run(drafter=DraftModel(ocfg, 2), drafter_params=oparams),
-      "num_draft": lambda: run(drafter=DraftModel(dcfg, -1), drafter_params=dparams),
+    "temperature": lambda: run(temperature=-1.0),
+    "top_p": lambda: run(top_p=0.0),
+    "top_k": lambda: run(top_k=-2),
+    "max_len": lambda: run(max_new_tokens=40, max_len=42),
+    "empty": lambda: run(prompts=[[1, 2], []]),
+    "vocab_size": lambda: run(drafter=DraftModel(ocfg, 2), drafter_params=oparams),
+    "num_draft": lambda: run(drafter=DraftModel(dcfg, -1), drafter_params=dparams),
   }
 
 
 @pytest.mark.parametrize(
-    "field", ["temperature", "top_p", "top_k", "max_len", "empty", "vocab_size", "num_draft"]
+  "field", ["temperature", "top_p", "top_k", "max_len", "empty", "vocab_size", "num_draft"]
 )
 def test_bad_input_raises_before_compiling(small_target, drafts, field):
   call = _bad_calls(small_target, drafts)[field]

@@ -21,21 +21,33 @@ ROWS, CALLS = 4000, 5  # 20,000 samples
 P_PASS, P_FAIL = 1e-3, 1e-6
 
 
-def chi2_pvalue(target, drafter, dparams, knobs, verifier=verify.rejection_sample_chain,
-                prompt=PROMPT):
+def chi2_pvalue(
+  target, drafter, dparams, knobs, verifier=verify.rejection_sample_chain, prompt=PROMPT
+):
   """Samples ROWS * CALLS continuations with ``drafter``; chi-square p-value vs the target."""
   tcfg, tparams = target
   counts = np.zeros([tcfg.vocab_size] * NUM_NEW)
   for call in range(CALLS):
     out = generate(
-        tparams, tcfg, [prompt] * ROWS, drafter=drafter, drafter_params=dparams,
-        max_new_tokens=NUM_NEW, max_len=16, seed=call, verifier=verifier, **knobs,
+      tparams,
+      tcfg,
+      [prompt] * ROWS,
+      drafter=drafter,
+      drafter_params=dparams,
+      max_new_tokens=NUM_NEW,
+      max_len=16,
+      seed=call,
+      verifier=verifier,
+      **knobs,
     )
     for row in out.tokens:
       counts[tuple(row)] += 1
-  expected = testing.sequence_probs(
+  expected = (
+    testing.sequence_probs(
       tparams, tcfg, prompt, NUM_NEW, sampling.SamplingParams.create(**knobs)
-  ).ravel() * counts.sum()
+    ).ravel()
+    * counts.sum()
+  )
   observed = counts.ravel()
   assert observed[expected == 0].sum() == 0, "sampled a sequence the target gives probability 0"
   small = expected < 5
@@ -51,9 +63,9 @@ def _chi2_pvalue(target, draft, k, knobs, verifier=verify.rejection_sample_chain
 
 
 KNOBS = {
-    "t1": dict(temperature=1.0),
-    "t0.7_topk3": dict(temperature=0.7, top_k=3),
-    "t1_topp0.8": dict(temperature=1.0, top_p=0.8),
+  "t1": dict(temperature=1.0),
+  "t0.7_topk3": dict(temperature=0.7, top_k=3),
+  "t1_topp0.8": dict(temperature=1.0, top_p=0.8),
 }
 
 
@@ -75,12 +87,17 @@ def test_autoregressive_exact_distribution(tiny_pair):
   target, _ = tiny_pair
   (tcfg, tparams) = target
   counts = np.zeros([tcfg.vocab_size] * NUM_NEW)
-  out = generate(tparams, tcfg, [PROMPT] * 20000, max_new_tokens=NUM_NEW, max_len=8,
-                 temperature=1.0, seed=7)
+  out = generate(
+    tparams, tcfg, [PROMPT] * 20000, max_new_tokens=NUM_NEW, max_len=8, temperature=1.0, seed=7
+  )
   for row in out.tokens:
     counts[tuple(row)] += 1
-  expected = testing.sequence_probs(tparams, tcfg, PROMPT, NUM_NEW,
-                                    sampling.SamplingParams.create(1.0)).ravel() * 20000
+  expected = (
+    testing.sequence_probs(
+      tparams, tcfg, PROMPT, NUM_NEW, sampling.SamplingParams.create(1.0)
+    ).ravel()
+    * 20000
+  )
   small = expected < 5
   obs = np.append(counts.ravel()[~small], counts.ravel()[small].sum())
   exp = np.append(expected[~small], expected[small].sum())
@@ -88,8 +105,8 @@ def test_autoregressive_exact_distribution(tiny_pair):
 
 
 BROKEN = {
-    "resample_from_target": testing.resample_from_target,
-    "accept_with_target_prob": testing.accept_with_target_prob,
+  "resample_from_target": testing.resample_from_target,
+  "accept_with_target_prob": testing.accept_with_target_prob,
 }
 
 

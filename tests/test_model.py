@@ -15,15 +15,17 @@ from specjax.models.config import ModelConfig
 def model(request):
   if request.param == "tied":
     return testing.tiny_model(seed=0, vocab_size=32, dim=32, tie_embeddings=True)
-  return testing.tiny_model(seed=0, vocab_size=32, dim=32, num_heads=4, num_kv_heads=2,
-                            qkv_bias=True, rope_theta=1e6)
+  return testing.tiny_model(
+    seed=0, vocab_size=32, dim=32, num_heads=4, num_kv_heads=2, qkv_bias=True, rope_theta=1e6
+  )
 
 
 def _full(params, cfg, tokens_BxT):
   b, t = tokens_BxT.shape
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-  return llama.forward(params, cfg, tokens_BxT, pos, llama.init_cache(cfg, b, t + 8),
-                       llama.causal_mask(t))
+  return llama.forward(
+    params, cfg, tokens_BxT, pos, llama.init_cache(cfg, b, t + 8), llama.causal_mask(t)
+  )
 
 
 def test_incremental_equals_full_with_per_row_lengths(model):
@@ -55,8 +57,7 @@ def test_tree_mask_equals_separate_branches(model):
   _, _, cache = llama.forward(params, cfg, prefix, pos, cache, llama.causal_mask(3))
   cache = cache.replace(lengths=jnp.array([3]))
   nodes = jnp.array([a + b])
-  tree_logits, _, _ = llama.forward(params, cfg, nodes, jnp.array([[3, 4, 3, 4]]), cache,
-                                    tree_mask)
+  tree_logits, _, _ = llama.forward(params, cfg, nodes, jnp.array([[3, 4, 3, 4]]), cache, tree_mask)
   for branch, sl in ((a, slice(0, 2)), (b, slice(2, 4))):
     chain, _, _ = _full(params, cfg, jnp.concatenate([prefix, jnp.array([branch])], axis=1))
     np.testing.assert_allclose(tree_logits[0, sl], chain[0, 3:5], atol=1e-5)
@@ -75,18 +76,27 @@ def test_compact_moves_an_accepted_path_into_contiguous_slots(model):
 def test_capture_layers_returns_residual_stream(model):
   cfg, params = model
   tokens = jnp.array([[1, 2, 3]])
-  _, hidden, _ = llama.forward(params, cfg, tokens, jnp.arange(3)[None],
-                               llama.init_cache(cfg, 1, 4), llama.causal_mask(3),
-                               capture_layers=(0, cfg.num_layers - 1))
+  _, hidden, _ = llama.forward(
+    params,
+    cfg,
+    tokens,
+    jnp.arange(3)[None],
+    llama.init_cache(cfg, 1, 4),
+    llama.causal_mask(3),
+    capture_layers=(0, cfg.num_layers - 1),
+  )
   assert len(hidden.layers) == 2 and hidden.final.shape == (1, 3, cfg.dim)
   expect = llama.rms_norm(hidden.layers[-1], params["final_norm"], cfg.norm_eps)
   np.testing.assert_allclose(hidden.final, expect, atol=1e-6)
 
 
 @pytest.mark.parametrize(
-    "kw, field",
-    [(dict(num_heads=3, num_kv_heads=2), "num_kv_heads"), (dict(dim=0), "dim"),
-     (dict(dim=30, num_heads=4, num_kv_heads=4), "head_dim")],
+  "kw, field",
+  [
+    (dict(num_heads=3, num_kv_heads=2), "num_kv_heads"),
+    (dict(dim=0), "dim"),
+    (dict(dim=30, num_heads=4, num_kv_heads=4), "head_dim"),
+  ],
 )
 def test_bad_model_config(kw, field):
   base = dict(vocab_size=8, dim=16, num_layers=1, num_heads=2, num_kv_heads=1, ffn_dim=8)

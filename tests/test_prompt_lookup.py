@@ -29,15 +29,18 @@ def test_greedy_prompt_lookup_equals_autoregressive(small_target, k):
   assert sum(spec.metrics["accept_hist"][1:]) > 0
 
 
-@pytest.mark.parametrize("knobs", [dict(temperature=1.0), dict(temperature=1.0, top_p=0.8)],
-                         ids=["t1", "t1_topp0.8"])
+@pytest.mark.parametrize(
+  "knobs", [dict(temperature=1.0), dict(temperature=1.0, top_p=0.8)], ids=["t1", "t1_topp0.8"]
+)
 def test_prompt_lookup_exact_distribution(tiny_pair, knobs):
   target, _ = tiny_pair
   assert chi2_pvalue(target, PromptLookup(2), None, knobs, prompt=[1, 2, 1, 2, 1]) > P_PASS
 
 
-@pytest.mark.parametrize("kw, field", [(dict(num_draft=0), "num_draft"),
-                                       (dict(num_draft=2, min_ngram=3, max_ngram=2), "min_ngram")])
+@pytest.mark.parametrize(
+  "kw, field",
+  [(dict(num_draft=0), "num_draft"), (dict(num_draft=2, min_ngram=3, max_ngram=2), "min_ngram")],
+)
 def test_bad_prompt_lookup_config(kw, field):
   with pytest.raises(ValueError, match=field):
     PromptLookup(**kw)

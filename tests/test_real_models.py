@@ -15,14 +15,14 @@ SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 
 PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about autumn leaves.",
-    "def fibonacci(n):",
-    "Explain photosynthesis to a child in two sentences.",
-    "List three prime numbers greater than 10.",
-    "Translate 'good morning' into Spanish.",
-    "Summarise: The cat sat on the mat. It was warm. The cat fell asleep.",
-    "import numpy as np\n\n# compute the mean of an array\n",
+  "What is the capital of France?",
+  "Write a haiku about autumn leaves.",
+  "def fibonacci(n):",
+  "Explain photosynthesis to a child in two sentences.",
+  "List three prime numbers greater than 10.",
+  "Translate 'good morning' into Spanish.",
+  "Summarise: The cat sat on the mat. It was warm. The cat fell asleep.",
+  "import numpy as np\n\n# compute the mean of an array\n",
 ]
 
 
@@ -39,15 +39,13 @@ def smol():
 
 def test_smollm2_greedy_speculative_equals_autoregressive(smol):
   cfg, params, tok = smol
-  prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
-             for p in PROMPTS]
+  prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
   kw = dict(max_new_tokens=32, max_len=128)
   ar = generate(params, cfg, prompts, **kw)
   for layers in ([0, 1, 2, 3, 4, 5, 6, 7], list(range(10)) + list(range(20, 30))):
     dcfg = dataclasses.replace(cfg, num_layers=len(layers))
     dparams = dict(params, layers=tuple(params["layers"][i] for i in layers))
-    spec = generate(params, cfg, prompts, drafter=DraftModel(dcfg, 3), drafter_params=dparams,
-                    **kw)
+    spec = generate(params, cfg, prompts, drafter=DraftModel(dcfg, 3), drafter_params=dparams, **kw)
     assert spec.tokens == ar.tokens
     assert sum(spec.metrics["accept_hist"][1:]) > 0  # some drafts were accepted
   assert "Paris" in tok.decode(ar.tokens[0])
@@ -61,8 +59,9 @@ def test_tokenizer_mismatch_is_refused():
   _needs(QWEN)
   smol_tok = Tokenizer.from_gguf(registry.resolve(SMOL))
   qwen_tok = Tokenizer.from_gguf(registry.resolve(QWEN))
-  fake = lambda name, tok: build.Model(cfg=type("C", (), {"name": name})(), params=None,
-                                       tokenizer=tok)
+  fake = lambda name, tok: build.Model(
+    cfg=type("C", (), {"name": name})(), params=None, tokenizer=tok
+  )
   with pytest.raises(ValueError, match="different tokenizers"):
     build.check_same_tokenizer(fake("qwen", qwen_tok), fake("smol", smol_tok))
   build.check_same_tokenizer(fake("smol", smol_tok), fake("smol-draft", smol_tok))

@@ -34,20 +34,31 @@ def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
   assert saved["summary"]["greedy_outputs_identical"] is True
   for mode in ("ar", "speculative", "draft_ar"):
     m = saved["modes"][mode]
-    for key in ("tokens", "target_calls", "tau", "alpha", "compile_s", "steady_s", "tokens_per_s",
-                "speedup", "accept_hist"):
+    for key in (
+      "tokens",
+      "target_calls",
+      "tau",
+      "alpha",
+      "compile_s",
+      "steady_s",
+      "tokens_per_s",
+      "speedup",
+      "accept_hist",
+    ):
       assert key in m, (mode, key)
   assert record["modes"]["ar"]["tau"] == 1.0
   assert "speculative" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
-    "override, message",
-    [("--config.drafter.name=medusa", "drafter.name='medusa' is unknown"),
-     ("--config.task=train", "config.task='train' is unknown"),
-     ("--config.tempreature=0.5", "did you mean 'temperature'"),
-     ("--config.top_p=1.5", "top_p must be in (0, 1]"),
-     ("--config.drafter.num_draft=-1", "num_draft (K) must be an integer >= 0")],
+  "override, message",
+  [
+    ("--config.drafter.name=medusa", "drafter.name='medusa' is unknown"),
+    ("--config.task=train", "config.task='train' is unknown"),
+    ("--config.tempreature=0.5", "did you mean 'temperature'"),
+    ("--config.top_p=1.5", "top_p must be in (0, 1]"),
+    ("--config.drafter.num_draft=-1", "num_draft (K) must be an integer >= 0"),
+  ],
 )
 def test_cli_rejects_bad_config(override, message, request):
   proc = _run(override, cwd=request.config.rootpath)

@@ -56,9 +56,14 @@ def test_knobs_are_traced_not_static():
 
 
 @pytest.mark.parametrize(
-    "kw, field",
-    [(dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"),
-     (dict(top_p=1.5), "top_p"), (dict(top_k=1.5), "top_k")],
+  "kw, field",
+  [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=1.5), "top_k"),
+  ],
 )
 def test_bad_knobs_name_the_field(kw, field):
   with pytest.raises(ValueError, match=field):

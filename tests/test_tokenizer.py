@@ -14,35 +14,135 @@ from specjax.models.tokenizer import Tokenizer
 _HF = importlib.util.find_spec("transformers") is not None
 
 _SEEDS = [
-    "Hello world", "hello, World!", "  leading spaces", "trailing spaces   ", "", " ", "   ",
-    "\n", "\n\n\n", "\t\tindented\ttabs", "a\r\nb\rc", "x  \n  y", " \n \n", "    \n",
-    "I'm you're they'll we'd she's it'd", "DON'T SHOUT", "I'M", "o'clock", "rock'n'roll",
-    "3.14159", "1,000,000", "-42", "0x1F", "1e-9", "2024-11-29T12:00:00Z", "$19.99", "12345678901",
-    "a  123", "x   4567 y", "\t 7", "\n\n 8", "v1.2.3", "ü1", "日本123",
-    "naïve café résumé", "e\u0301 combining", "Å vs A\u030a", "ﬁ ligature", "Straße", "ǅ",
-    "日本語のテキスト", "中文分词测试", "한국어 문장", "Русский текст", "Ελληνικά", "עברית",
-    "العربية",
-    "हिन्दी", "ไทย", "😀", "👍🏽", "👨‍👩‍👧‍👦 family", "🇫🇷🇯🇵", "emoji😀in😀words", "♥♦♣♠", "∑∫√∞≠",
-    "def f(x):\n    return x ** 2  # square\n",
-    "for (int i = 0; i < n; ++i) { sum += a[i]; }",
-    "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)\n",
-    "SELECT * FROM users WHERE id = 42;", "<div class=\"x\">hi</div>",
-    "{\"key\": [1, 2, {\"a\": null}]}",
-    "https://example.com/path?q=1&r=two#frag", "user@example.com", "C:\\Users\\me\\file.txt",
-    "#!/usr/bin/env bash\nset -euo pipefail\n", "λx. x + 1", "a\u200bb", "\u00a0nbsp\u00a0",
-    "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>", "text<|im_end|>more",
-    "<tool_call>{}</tool_call>",
-    "<|fim_prefix|>def <|fim_suffix|>\n<|fim_middle|>", "<repo_name>x", "<|im_start|",
-    "ALLCAPS lowercase MiXeD", "snake_case camelCase PascalCase kebab-case", "...!!!???",
-    "-- -- --",
-    "''\"\"``", "a" * 50, "ab" * 30, " " * 17 + "x", "\t" * 5, "1" * 25,
+  "Hello world",
+  "hello, World!",
+  "  leading spaces",
+  "trailing spaces   ",
+  "",
+  " ",
+  "   ",
+  "\n",
+  "\n\n\n",
+  "\t\tindented\ttabs",
+  "a\r\nb\rc",
+  "x  \n  y",
+  " \n \n",
+  "    \n",
+  "I'm you're they'll we'd she's it'd",
+  "DON'T SHOUT",
+  "I'M",
+  "o'clock",
+  "rock'n'roll",
+  "3.14159",
+  "1,000,000",
+  "-42",
+  "0x1F",
+  "1e-9",
+  "2024-11-29T12:00:00Z",
+  "$19.99",
+  "12345678901",
+  "a  123",
+  "x   4567 y",
+  "\t 7",
+  "\n\n 8",
+  "v1.2.3",
+  "ü1",
+  "日本123",
+  "naïve café résumé",
+  "e\u0301 combining",
+  "Å vs A\u030a",
+  "ﬁ ligature",
+  "Straße",
+  "ǅ",
+  "日本語のテキスト",
+  "中文分词测试",
+  "한국어 문장",
+  "Русский текст",
+  "Ελληνικά",
+  "עברית",
+  "العربية",
+  "हिन्दी",
+  "ไทย",
+  "😀",
+  "👍🏽",
+  "👨‍👩‍👧‍👦 family",
+  "🇫🇷🇯🇵",
+  "emoji😀in😀words",
+  "♥♦♣♠",
+  "∑∫√∞≠",
+  "def f(x):\n    return x ** 2  # square\n",
+  "for (int i = 0; i < n; ++i) { sum += a[i]; }",
+  "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)\n",
+  "SELECT * FROM users WHERE id = 42;",
+  '<div class="x">hi</div>',
+  '{"key": [1, 2, {"a": null}]}',
+  "https://example.com/path?q=1&r=two#frag",
+  "user@example.com",
+  "C:\\Users\\me\\file.txt",
+  "#!/usr/bin/env bash\nset -euo pipefail\n",
+  "λx. x + 1",
+  "a\u200bb",
+  "\u00a0nbsp\u00a0",
+  "<|im_start|>user\nhi<|im_end|>\n",
+  "<|endoftext|>",
+  "text<|im_end|>more",
+  "<tool_call>{}</tool_call>",
+  "<|fim_prefix|>def <|fim_suffix|>\n<|fim_middle|>",
+  "<repo_name>x",
+  "<|im_start|",
+  "ALLCAPS lowercase MiXeD",
+  "snake_case camelCase PascalCase kebab-case",
+  "...!!!???",
+  "-- -- --",
+  "''\"\"``",
+  "a" * 50,
+  "ab" * 30,
+  " " * 17 + "x",
+  "\t" * 5,
+  "1" * 25,
 ]
 
 _PIECES = [
-    "the", " quick", " brown", "fox", "42", " 7", "  ", "   ", "\n", "\t", "😀", "日本", "é",
-    "e\u0301",
-    "'s", "'LL", "(", ")", "{", "}", "==", "->", " ", "x1", "2.5", "__init__", "ß", "Ω", "\r\n",
-    "<|im_end|>", "über", "ñ", "  9", "#", "//", "**", "100", "·", "—", "…",
+  "the",
+  " quick",
+  " brown",
+  "fox",
+  "42",
+  " 7",
+  "  ",
+  "   ",
+  "\n",
+  "\t",
+  "😀",
+  "日本",
+  "é",
+  "e\u0301",
+  "'s",
+  "'LL",
+  "(",
+  ")",
+  "{",
+  "}",
+  "==",
+  "->",
+  " ",
+  "x1",
+  "2.5",
+  "__init__",
+  "ß",
+  "Ω",
+  "\r\n",
+  "<|im_end|>",
+  "über",
+  "ñ",
+  "  9",
+  "#",
+  "//",
+  "**",
+  "100",
+  "·",
+  "—",
+  "…",
 ]
 
 
@@ -96,11 +196,11 @@ def _copy(backend):
 
 # The pre-tokenizer in SmolLM2's own tokenizer.json (llama.cpp calls it "smollm").
 _SMOLLM2_PRE = {
-    "type": "Sequence",
-    "pretokenizers": [
-        {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-    ],
+  "type": "Sequence",
+  "pretokenizers": [
+    {"type": "Digits", "individual_digits": True},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+  ],
 }
 
 
@@ -127,9 +227,11 @@ def test_smollm2_ids_match_hf(smollm2):
   as_json = json.loads(backend.to_str())
   backend = tokenizers.Tokenizer.from_str(json.dumps({**as_json, "pre_tokenizer": _SMOLLM2_PRE}))
   assert _mismatches(tok, backend, STRINGS) == []
-  print(f"\nsmollm2: {len(STRINGS)}/{len(STRINGS)} identical to HF with SmolLM2's pre-tokenizer; "
-        f"{len(plain)}/{len(plain)} identical to transformers' GGUF tokenizer on strings without "
-        f"whitespace runs before digits")
+  print(
+    f"\nsmollm2: {len(STRINGS)}/{len(STRINGS)} identical to HF with SmolLM2's pre-tokenizer; "
+    f"{len(plain)}/{len(plain)} identical to transformers' GGUF tokenizer on strings without "
+    f"whitespace runs before digits"
+  )
 
 
 def test_qwen_ids_match_hf(qwen):
@@ -143,13 +245,17 @@ def test_qwen_ids_match_hf(qwen):
   assert _mismatches(tok, backend, nfc) == []
   backend.normalizer = tokenizers.normalizers.NFC()
   assert _mismatches(tok, backend, STRINGS) == []
-  print(f"\nqwen: {len(STRINGS)}/{len(STRINGS)} identical to HF with Qwen2's NFC normalizer; "
-        f"{len(nfc)}/{len(nfc)} identical to transformers' GGUF tokenizer on NFC strings")
+  print(
+    f"\nqwen: {len(STRINGS)}/{len(STRINGS)} identical to HF with Qwen2's NFC normalizer; "
+    f"{len(nfc)}/{len(nfc)} identical to transformers' GGUF tokenizer on NFC strings"
+  )
 
 
 def test_decode_round_trip(smollm2, qwen):
-  for (_, tok), normalize in ((smollm2, lambda s: s),
-                              (qwen, lambda s: unicodedata.normalize("NFC", s))):
+  for (_, tok), normalize in (
+    (smollm2, lambda s: s),
+    (qwen, lambda s: unicodedata.normalize("NFC", s)),
+  ):
     bad = [s for s in STRINGS if tok.decode(tok.encode(s)) != normalize(s)]
     assert bad == []
 
@@ -167,9 +273,13 @@ def test_special_ids(smollm2, qwen):
 
 
 _CONVERSATIONS = [
-    [{"role": "user", "content": "Write a haiku about JAX."}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}],
+  [{"role": "user", "content": "Write a haiku about JAX."}],
+  [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "2+2?"},
+  ],
 ]
 
 
@@ -187,7 +297,8 @@ def test_chatml_fallback_without_template(smollm2):
   _, tok = smollm2
   bare = Tokenizer(tok.backend, eos_id=tok.eos_id, fingerprint=tok.fingerprint())
   assert bare.apply_chat_template([{"role": "user", "content": "hi"}]) == (
-      "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+  )
 
 
 def test_fingerprints(smollm2, qwen):

@@ -36,8 +36,17 @@ def test_rejection_rate_equals_total_variation():
 def test_rejection_rate_in_decode_matches_analytic_overlap(tiny_pair):
   """Through generate(): measured alpha_1 agrees with the analytic mean of 1 - TV(p, q)."""
   (tcfg, tparams), (dcfg, dparams) = tiny_pair
-  out = generate(tparams, tcfg, [[1, 2, 3]] * 20000, drafter=DraftModel(dcfg, 1),
-                 drafter_params=dparams, max_new_tokens=2, max_len=8, temperature=1.0, seed=5)
+  out = generate(
+    tparams,
+    tcfg,
+    [[1, 2, 3]] * 20000,
+    drafter=DraftModel(dcfg, 1),
+    drafter_params=dparams,
+    max_new_tokens=2,
+    max_len=8,
+    temperature=1.0,
+    seed=5,
+  )
   m = out.metrics
   n = m["position_attempts"][0]
   alpha, analytic = m["alpha"][0], m["alpha_analytic"][0]

@@ -74,7 +74,7 @@ class NoDraft:
   def propose(self, params, state, ctx):
     b = ctx.tokens.shape[0]
     empty = Draft(
-        tokens=jnp.zeros((b, 0), jnp.int32), probs=jnp.zeros((b, 0, ctx.vocab_size), jnp.float32)
+      tokens=jnp.zeros((b, 0), jnp.int32), probs=jnp.zeros((b, 0, ctx.vocab_size), jnp.float32)
     )
     return empty, state
 
@@ -85,6 +85,6 @@ class NoDraft:
 def check_num_draft(num_draft: int) -> None:
   if int(num_draft) != num_draft or num_draft < 0:
     raise ValueError(
-        f"num_draft (K) must be an integer >= 0, got {num_draft}; use K = 0 for autoregressive "
-        "decoding."
+      f"num_draft (K) must be an integer >= 0, got {num_draft}; use K = 0 for autoregressive "
+      "decoding."
     )

@@ -39,8 +39,8 @@ class DraftModel:
   def check_target(self, target_cfg: ModelConfig) -> None:
     if target_cfg.vocab_size != self.cfg.vocab_size:
       raise ValueError(
-          f"draft vocab_size ({self.cfg.vocab_size}) != target vocab_size "
-          f"({target_cfg.vocab_size}): a draft model must share the target's tokenizer."
+        f"draft vocab_size ({self.cfg.vocab_size}) != target vocab_size "
+        f"({target_cfg.vocab_size}): a draft model must share the target's tokenizer."
       )
 
   def draft_calls_per_step(self) -> int:
@@ -50,15 +50,17 @@ class DraftModel:
     b, p = prompt_BxP.shape
     cache = llama.init_cache(self.cfg, b, num_slots)
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
-    _, _, cache = llama.forward(params, self.cfg, prompt_BxP, positions, cache,
-                                llama.causal_mask(p))
+    _, _, cache = llama.forward(
+      params, self.cfg, prompt_BxP, positions, cache, llama.causal_mask(p)
+    )
     return DraftModelState(cache=cache.replace(lengths=prompt_lengths_B))
 
   def _step(self, params, cache, tokens_BxT, positions_BxT, key, sp):
     """One draft forward: returns (q of the last token [B, V], its sample [B], cache)."""
     t = tokens_BxT.shape[1]
-    logits, _, cache = llama.forward(params, self.cfg, tokens_BxT, positions_BxT, cache,
-                                     llama.causal_mask(t))
+    logits, _, cache = llama.forward(
+      params, self.cfg, tokens_BxT, positions_BxT, cache, llama.causal_mask(t)
+    )
     q_BxV = sampling.probs(logits[:, -1], sp)
     return q_BxV, sampling.sample(key, q_BxV), cache.replace(lengths=cache.lengths + t)
 
@@ -67,13 +69,13 @@ class DraftModel:
     last2_Bx2 = ctx.lengths[:, None] + jnp.array([-1, 0])
     cache = state.cache.replace(lengths=ctx.lengths - 1)
     q_BxV, x_B, cache = self._step(
-        params, cache, gather_rows(ctx.tokens, last2_Bx2), last2_Bx2, keys[0], ctx.sampling
+      params, cache, gather_rows(ctx.tokens, last2_Bx2), last2_Bx2, keys[0], ctx.sampling
     )
 
     def body(carry, key):
       x_B, cache = carry
       q_BxV, nxt_B, cache = self._step(
-          params, cache, x_B[:, None], cache.lengths[:, None], key, ctx.sampling
+        params, cache, x_B[:, None], cache.lengths[:, None], key, ctx.sampling
       )
       return (nxt_B, cache), (nxt_B, q_BxV)
 

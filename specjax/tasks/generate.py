@@ -11,8 +11,17 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = build.target(config)
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
-  outs = [generate(target.params, target.cfg, batch, drafter=drafter, drafter_params=dparams,
-                   **req.generate_kwargs()) for batch in req.batches()]
+  outs = [
+    generate(
+      target.params,
+      target.cfg,
+      batch,
+      drafter=drafter,
+      drafter_params=dparams,
+      **req.generate_kwargs(),
+    )
+    for batch in req.batches()
+  ]
   rows = [row for out in outs for row in out.tokens]
   for i, (prompt, row) in enumerate(zip(req.prompts, rows, strict=False)):
     if target.tokenizer is None:
@@ -20,6 +29,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
     else:
       print(f"[{i}] {req.prompt_texts[i]!r}\n    -> {target.tokenizer.decode(row)!r}")
   m = metrics.summarize(metrics.merge([o.counts for o in outs]))
-  print(f"tokens {m['tokens']}  target calls {m['target_calls']}  tau {m['tau']:.3f}  "
-        f"alpha {[round(a, 3) for a in m['alpha']]}")
+  print(
+    f"tokens {m['tokens']}  target calls {m['target_calls']}  tau {m['tau']:.3f}  "
+    f"alpha {[round(a, 3) for a in m['alpha']]}"
+  )
   return m
