@@ -20,8 +20,12 @@ def get_config():
   c.drafter.name = "prompt_lookup"
   c.drafter.source = "truncate"  # for drafter.name = draft_model
   c.drafter.num_layers = 8  # of 30
-  c.drafter.num_draft = 3
+  c.drafter.num_draft = 4
   c.prompts = (
+    "Fix the spelling in this paragraph and repeat it in full: The larch is a deciduous "
+    "conifer. Its needels turn golden in autum and fall before winter. Larches grow in the "
+    "cool northern forrests of Europe, Asia and North America, where they are valued for "
+    "there tough, waterproof timber.",
     "Summarise in one sentence: The quick brown fox jumps over the lazy dog. The dog does "
     "not react. The fox runs away into the forest.",
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -86,9 +86,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
   _baselines(config, target, req, ar, summary)
   record["summary"] = summary
 
-  first = outputs["speculative"][0]
-  shown = target.tokenizer.decode(first) if target.tokenizer else first
-  print(f"speculative output, row 0: {shown!r}")
+  for i, row in enumerate(outputs["speculative"][: len(req.prompts)]):
+    shown = target.tokenizer.decode(row) if target.tokenizer else row
+    print(f"[{i}] {shown!r}")
   rows = [
     {"mode": k, **v, "calls_per_token": v["target_calls_per_token"]}
     for k, v in record["modes"].items()
