@@ -55,12 +55,8 @@ class Drafter(Protocol):
   def commit(self, state: Any, num_accepted_B: jax.Array, ctx: DraftContext) -> Any: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class NoDraft:
-  """Proposes nothing: the decode loop becomes plain autoregressive decoding (K = 0)."""
-
-  name: str = "none"
-  num_draft: int = 0
+class Stateless:
+  """Defaults for a drafter with no model and no state (it reads only the token buffer)."""
 
   def check_target(self, target_cfg: ModelConfig) -> None:
     del target_cfg
@@ -71,15 +67,23 @@ class NoDraft:
   def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
     return ()
 
+  def commit(self, state, num_accepted_B, ctx):
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDraft(Stateless):
+  """Proposes nothing: the decode loop becomes plain autoregressive decoding (K = 0)."""
+
+  name: str = "none"
+  num_draft: int = 0
+
   def propose(self, params, state, ctx):
     b = ctx.tokens.shape[0]
     empty = Draft(
       tokens=jnp.zeros((b, 0), jnp.int32), probs=jnp.zeros((b, 0, ctx.vocab_size), jnp.float32)
     )
     return empty, state
-
-  def commit(self, state, num_accepted_B, ctx):
-    return state
 
 
 def check_num_draft(num_draft: int) -> None:

@@ -14,13 +14,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters.base import Draft, DraftContext, check_num_draft
+from specjax.drafters.base import Draft, DraftContext, Stateless, check_num_draft
 from specjax.models.cache import gather_rows
-from specjax.models.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup:
+class PromptLookup(Stateless):
   num_draft: int
   max_ngram: int = 3
   min_ngram: int = 1
@@ -35,15 +34,6 @@ class PromptLookup:
         f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
         f"max_ngram={self.max_ngram}."
       )
-
-  def check_target(self, target_cfg: ModelConfig) -> None:
-    del target_cfg
-
-  def draft_calls_per_step(self) -> int:
-    return 0
-
-  def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
-    return ()
 
   def match_end(self, tokens_BxS: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """Per row, the slot right after the latest earlier match of the longest matching suffix
@@ -72,6 +62,3 @@ class PromptLookup:
     tokens_BxK = gather_rows(ctx.tokens, idx_BxK)
     probs_BxKxV = jax.nn.one_hot(tokens_BxK, ctx.vocab_size, dtype=jnp.float32)
     return Draft(tokens=tokens_BxK, probs=probs_BxKxV), state
-
-  def commit(self, state, num_accepted_B, ctx):
-    return state
