@@ -30,7 +30,7 @@ def get_config():
   c.target.residual_scale = 0.1  # < 1: later layers perturb the stream, so truncations agree
 
   c.drafter = config_dict.ConfigDict()
-  c.drafter.name = "draft_model"  # none | draft_model | prompt_lookup
+  c.drafter.name = "draft_model"  # none | draft_model | prompt_lookup | lookahead
   c.drafter.num_draft = 4  # K: draft tokens per step
   c.drafter.source = "truncate"  # truncate: the target's first num_layers layers | model
   c.drafter.num_layers = 1  # layers kept when source = truncate
@@ -40,6 +40,19 @@ def get_config():
   c.drafter.model.num_layers = 1
   c.drafter.max_ngram = 3  # prompt_lookup: longest suffix n-gram searched for
   c.drafter.min_ngram = 1  # prompt_lookup: shortest
+  c.drafter.num_branches = 1  # prompt_lookup: > 1 = a tree of the best distinct matches
+  c.drafter.lookahead = config_dict.ConfigDict()
+  c.drafter.lookahead.window = 5  # W: Jacobi window columns
+  c.drafter.lookahead.ngram = 4  # N: n-gram size (window levels = N - 1; draft depth N - 1)
+  c.drafter.lookahead.num_candidates = 5  # G: pool n-grams verified per step
+  c.drafter.lookahead.pool_size = 256  # n-grams kept per row
+  c.drafter.max_depth = 16  # budget: most draft tokens one step may accept
+  c.drafter.max_nodes = 64  # budget: most draft + extra tokens fed to the target per step
+
+  c.verifier = "rejection"  # rejection (lossless) | typical (Medusa's, lossy)
+  c.typical = config_dict.ConfigDict()
+  c.typical.epsilon = 0.09  # typical acceptance: hard probability bar
+  c.typical.delta = 0.3  # typical acceptance: entropy-scaled bar
 
   c.prompts = ()  # token-id lists; empty = batch_size random prompts (seeded)
   c.chat = False  # (models with a tokenizer) wrap each prompt in the chat template

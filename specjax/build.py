@@ -18,15 +18,17 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from specjax import sampling, testing
+from specjax import sampling, testing, verify
 from specjax.drafters.base import NoDraft, check_num_draft
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import checkpoint, registry
 from specjax.models.config import ModelConfig
 from specjax.models.tokenizer import Tokenizer
 
-DRAFTERS = ("none", "draft_model", "prompt_lookup")
+DRAFTERS = ("none", "draft_model", "prompt_lookup", "lookahead")
+VERIFIERS = ("rejection", "typical")
 MODEL_SOURCES = ("random", "registry", "gguf", "safetensors")
 
 
@@ -97,8 +99,12 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"config.drafter.num_draft must be >= 1 for drafter.name="
       f"{config.drafter.name!r}; use drafter.name='none' for K = 0."
     )
-  if config.drafter.name == "prompt_lookup":
-    PromptLookup(config.drafter.num_draft, config.drafter.max_ngram, config.drafter.min_ngram)
+  if config.drafter.name in ("prompt_lookup", "lookahead"):
+    d = _training_free(config.drafter)
+    check_tree_budget(d, config.drafter)
+    d.check_context(config.max_len)
+  _choice(config.verifier, VERIFIERS, "verifier")
+  verifier(config)
   if config.drafter.name == "draft_model":
     _choice(config.drafter.source, ("truncate", "model"), "drafter.source")
     if config.drafter.source == "model":
@@ -141,8 +147,8 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   c = config.drafter
   if c.name == "none":
     return NoDraft(), None
-  if c.name == "prompt_lookup":
-    return PromptLookup(c.num_draft, c.max_ngram, c.min_ngram), None
+  if c.name in ("prompt_lookup", "lookahead"):
+    return _training_free(c), None
   if c.source == "truncate":
     if not 1 <= c.num_layers < target.cfg.num_layers:
       raise ValueError(
@@ -157,6 +163,35 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   d = DraftModel(dcfg, c.num_draft)
   d.check_target(target.cfg)
   return d, dparams
+
+
+def _training_free(c: ml_collections.ConfigDict):
+  if c.name == "prompt_lookup":
+    return PromptLookup(c.num_draft, c.max_ngram, c.min_ngram, c.num_branches)
+  la = c.lookahead
+  return Lookahead(la.window, la.ngram, la.num_candidates, la.pool_size)
+
+
+def check_tree_budget(drafter, c: ml_collections.ConfigDict) -> None:
+  """A drafter's tree must fit ``drafter.max_depth`` levels and ``drafter.max_nodes`` nodes."""
+  if drafter.num_draft > c.max_depth:
+    raise ValueError(
+      f"the {drafter.name} draft is {drafter.num_draft} tokens deep, more than "
+      f"config.drafter.max_depth={c.max_depth}: shorten it or raise the budget."
+    )
+  if drafter.num_nodes + drafter.num_extra > c.max_nodes:
+    raise ValueError(
+      f"the {drafter.name} draft feeds {drafter.num_nodes + drafter.num_extra} tokens per step, "
+      f"more than config.drafter.max_nodes={c.max_nodes}: use fewer branches/candidates or a "
+      "smaller window, or raise the budget."
+    )
+
+
+def verifier(config: ml_collections.ConfigDict):
+  """The lossless rule, or Medusa's typical acceptance (lossy, opt-in)."""
+  if config.verifier == "typical":
+    return verify.TypicalAcceptance(config.typical.epsilon, config.typical.delta)
+  return verify.verify
 
 
 def check_same_tokenizer(target: Model, draft: Model) -> None:

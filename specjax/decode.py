@@ -2,10 +2,13 @@
 
 The whole generation is one jit (``_generate``) over fixed-shape buffers. Row b's newest
 token sits at ``tokens[b, L_b]`` with ``L_b = cache.lengths[b]``: it is not yet in the target
-cache. A step verifies ``[newest, draft_1..draft_K]`` in one target forward at slots
-``L_b .. L_b+K``, keeps ``n_b`` draft tokens plus one target token, and advances ``L_b`` by
-``n_b + 1``. Rejected slots are simply left past the length. A finished row (EOS or its
-budget) is frozen by ``done``; plain autoregression is the same loop with a K = 0 drafter.
+cache. A step verifies ``[newest, draft nodes 1..N]`` in one target forward at slots
+``L_b .. L_b+N`` (positions ``L_b + depth``), keeps ``n_b`` draft tokens along one path plus
+one target token, and advances ``L_b`` by ``n_b + 1``. A chain is the tree with one branch:
+its accepted tokens already sit in order; for a tree the accepted path's K/V entries are
+compacted next to the prefix. Rejected slots are simply left past the length. A finished row
+(EOS or its budget) is frozen by ``done``; plain autoregression is the same loop with a K = 0
+drafter.
 """
 
 import collections
@@ -19,11 +22,11 @@ import numpy as np
 from flax import struct
 
 from specjax import metrics as metrics_lib
-from specjax import sampling, verify
-from specjax.drafters.base import DraftContext, Drafter, NoDraft
+from specjax import sampling, trees, verify
+from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Verdict
 from specjax.metrics import Metrics
 from specjax.models import llama
-from specjax.models.cache import KVCache, gather_rows, write_rows
+from specjax.models.cache import KVCache, compact, gather_rows, write_rows
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
 
@@ -52,10 +55,15 @@ class _Static:
   verifier: Callable
 
 
+def _num_slots(st: _Static) -> int:
+  """Cache and token-buffer slots: room for a full step's writes past any valid length."""
+  return st.max_len + st.drafter.num_nodes + st.drafter.num_extra + 1
+
+
 def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   """Runs the prompt through the target and samples the first new token (one target call)."""
   b, p = prompt_BxP.shape
-  num_slots = st.max_len + st.drafter.num_draft + 1
+  num_slots = _num_slots(st)
   cache = llama.init_cache(st.target_cfg, b, num_slots)
   positions = jnp.broadcast_to(jnp.arange(p), (b, p))
   logits_BxPxV, _, cache = llama.forward(
@@ -68,29 +76,61 @@ def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   return tokens, first_B, cache.replace(lengths=prompt_len_B)
 
 
+def _verify_inputs(draft: Draft, root_Bx1, L_B):
+  """Tokens, positions and attention mask of the one target forward, and the tree's shape.
+
+  The forward sees ``[root, nodes 1..N, extras]``. A chain is causal; a tree attends along
+  ancestors (trees.py); extra tokens see what ``draft.extra_mask`` says and no node sees them.
+  """
+  b, n = draft.tokens.shape
+  if draft.parents is None:
+    anc = None
+    depth_BxN1 = jnp.broadcast_to(jnp.arange(n + 1), (b, n + 1))
+    mask = llama.causal_mask(n + 1)
+  else:
+    anc = trees.ancestors(draft.parents)
+    depth_BxN1 = trees.depths(anc)
+    mask = anc
+  tokens_BxT = jnp.concatenate([root_Bx1, draft.tokens], axis=1)
+  offsets_BxT = depth_BxN1
+  if draft.extra_tokens is not None:
+    e = draft.extra_tokens.shape[1]
+    tokens_BxT = jnp.concatenate([tokens_BxT, draft.extra_tokens], axis=1)
+    offsets_BxT = jnp.concatenate([offsets_BxT, draft.extra_offsets], axis=1)
+    top = jnp.broadcast_to(mask, (b, n + 1, n + 1))
+    top = jnp.concatenate([top, jnp.zeros((b, n + 1, e), bool)], axis=2)
+    mask = jnp.concatenate([top, draft.extra_mask], axis=1)
+  return tokens_BxT, L_B[:, None] + offsets_BxT, mask, anc, depth_BxN1
+
+
 def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState) -> DecodeState:
-  k = st.drafter.num_draft
+  d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
   L_B = s.cache.lengths
   key, key_draft, key_verify = jax.random.split(s.key, 3)
   ctx = DraftContext(s.tokens, L_B, key_draft, sp, st.target_cfg.vocab_size)
 
   # propose
   draft, dstate = st.drafter.propose(dparams, s.drafter_state, ctx)
-  # verify: one target forward over [newest, draft_1..draft_K]
-  verify_BxK1 = jnp.concatenate([gather_rows(s.tokens, L_B[:, None]), draft.tokens], axis=1)
-  positions_BxK1 = L_B[:, None] + jnp.arange(k + 1)
-  logits, _, cache = llama.forward(
-    tparams, st.target_cfg, verify_BxK1, positions_BxK1, s.cache, llama.causal_mask(k + 1)
-  )
-  p_BxK1xV = sampling.probs(logits, sp)
+  # verify: one target forward over [newest, draft nodes, extras]
+  root_Bx1 = gather_rows(s.tokens, L_B[:, None])
+  tokens_BxT, positions_BxT, mask, anc, depth_BxN1 = _verify_inputs(draft, root_Bx1, L_B)
+  logits, _, cache = llama.forward(tparams, st.target_cfg, tokens_BxT, positions_BxT, s.cache, mask)
+  p_BxN1xV = sampling.probs(logits[:, : n_nodes + 1], sp)
   # accept
-  n_B, next_B = st.verifier(key_verify, draft.tokens, draft.probs, p_BxK1xV)
-  tokens = write_rows(s.tokens, draft.tokens, L_B + 1)
+  end_B, next_B = st.verifier(key_verify, draft, p_BxN1xV, sp)
+  n_B = jnp.take_along_axis(depth_BxN1, end_B[:, None], axis=1)[:, 0]
+  if anc is None:  # a chain: the accepted nodes already sit in order
+    path_BxD = jnp.broadcast_to(jnp.arange(1, d + 1), (L_B.shape[0], d))
+  else:  # a tree: move the accepted path's K/V entries next to the prefix
+    path_BxD = trees.path_to(anc, depth_BxN1, end_B, d)
+    cache = compact(cache, L_B[:, None] + path_BxD, L_B + 1)
+  path_tokens_BxD = gather_rows(tokens_BxT, path_BxD)
+  tokens = write_rows(s.tokens, path_tokens_BxD, L_B + 1)
   tokens = write_rows(tokens, next_B[:, None], L_B + 1 + n_B)
-  emitted_BxK1 = gather_rows(tokens, L_B[:, None] + 1 + jnp.arange(k + 1))
-  j = jnp.arange(k + 1)
-  is_eos_BxK1 = jnp.isin(emitted_BxK1, stop_ids) & (j <= n_B[:, None])
-  eos_at_B = jnp.where(is_eos_BxK1.any(-1), jnp.argmax(is_eos_BxK1, axis=-1), k + 1)
+  emitted_BxD1 = gather_rows(tokens, L_B[:, None] + 1 + jnp.arange(d + 1))
+  j = jnp.arange(d + 1)
+  is_eos_BxD1 = jnp.isin(emitted_BxD1, stop_ids) & (j <= n_B[:, None])
+  eos_at_B = jnp.where(is_eos_BxD1.any(-1), jnp.argmax(is_eos_BxD1, axis=-1), d + 1)
   count_B = jnp.minimum(jnp.minimum(n_B + 1, eos_at_B + 1), max_new_B - s.num_new)
   # commit (finished rows are frozen)
   live_B = ~s.done
@@ -98,23 +138,28 @@ def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState
   num_new = s.num_new + count_B
   cache = cache.replace(lengths=L_B + count_B)
   done = s.done | (eos_at_B < count_B) | (num_new >= max_new_B)
-  done |= cache.lengths + k + 1 >= cache.num_slots  # Cache full (unreachable when validated).
+  done |= cache.lengths >= st.max_len  # Unreachable when validated.
   ctx = ctx.replace(lengths=cache.lengths)
-  dstate = st.drafter.commit(dstate, n_B, ctx)
+  extra_logits = None if draft.extra_tokens is None else logits[:, n_nodes + 1 :]
+  verdict = Verdict(n_B, path_BxD, next_B, extra_logits)
+  dstate = st.drafter.commit(dstate, verdict, ctx)
 
   # metrics, over live rows only
   m = s.metrics
-  i = jnp.arange(k)
-  tried_BxK = live_B[:, None] & (n_B[:, None] >= i)
-  overlap_BxK = jnp.sum(jnp.minimum(p_BxK1xV[:, :k], draft.probs), axis=-1)
+  i = jnp.arange(d)
+  tried_BxD = live_B[:, None] & (n_B[:, None] >= i)
+  if anc is None:  # 1 - TV(p_i, q_i): the analytic acceptance rate of a chain position
+    overlap_BxD = jnp.sum(jnp.minimum(p_BxN1xV[:, :d], draft.probs), axis=-1)
+  else:
+    overlap_BxD = jnp.zeros(tried_BxD.shape, jnp.float32)
   metrics = m.replace(
     target_calls=m.target_calls + 1,
     draft_calls=m.draft_calls + st.drafter.draft_calls_per_step(),
     row_calls=m.row_calls + live_B,
     accept_hist=m.accept_hist + jnp.sum(live_B[:, None] & (n_B[:, None] == j), axis=0),
-    attempts=m.attempts + jnp.sum(tried_BxK, axis=0),
-    accepts=m.accepts + jnp.sum(tried_BxK & (n_B[:, None] > i), axis=0),
-    overlap=m.overlap + jnp.sum(jnp.where(tried_BxK, overlap_BxK, 0.0), axis=0),
+    attempts=m.attempts + jnp.sum(tried_BxD, axis=0),
+    accepts=m.accepts + jnp.sum(tried_BxD & (n_B[:, None] > i), axis=0),
+    overlap=m.overlap + jnp.sum(jnp.where(tried_BxD, overlap_BxD, 0.0), axis=0),
   )
   tokens = jnp.where(live_B[:, None], tokens, s.tokens)
   return DecodeState(tokens, num_new, done, cache, dstate, key, metrics)
@@ -173,7 +218,7 @@ def generate(
   top_p: float = 1.0,
   seed: int | jax.Array = 0,
   eos_id: int | Sequence[int] | None = None,
-  verifier: Callable = verify.rejection_sample_chain,
+  verifier: Callable = verify.verify,
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
@@ -184,6 +229,7 @@ def generate(
   """
   sp = SamplingParams.create(temperature, top_k, top_p)
   drafter.check_target(target_cfg)
+  drafter.check_context(max_len)
   b = len(prompts)
   if b == 0:
     raise ValueError("prompts is empty: pass at least one prompt (a list of token ids).")

@@ -58,6 +58,7 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
     "target_calls_per_token": row_calls / max(tokens, 1),
     "accept_hist": c["accept_hist"].tolist(),
     "alpha": (c["accepts"] / attempts).tolist(),
-    "alpha_analytic": (c["overlap"] / attempts).tolist(),
+    # 1 - TV(p, q) per chain position; trees (and one-hot drafts that never overlap) have none.
+    "alpha_analytic": (c["overlap"] / attempts).tolist() if c["overlap"].any() else None,
     "position_attempts": c["attempts"].tolist(),
   }

@@ -1,14 +1,20 @@
 """Entry point: ``python -m specjax.run --config=configs/NAME.py [--config.key=value ...]``."""
 
+import importlib
 import re
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax.tasks import benchmark, generate
-
-TASKS = {"generate": generate.run, "benchmark": benchmark.run}
+# task name -> module under specjax.tasks with run(config); imported only when chosen.
+TASKS = {
+  "generate": "generate",
+  "benchmark": "benchmark",
+  "train": "train",
+  "self_distill": "self_distill",
+  "sweep": "sweep",
+}
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True
 )
@@ -35,7 +41,7 @@ def main(argv):
     raise app.UsageError(
       f"config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}."
     )
-  TASKS[config.task](config)
+  importlib.import_module(f"specjax.tasks.{TASKS[config.task]}").run(config)
 
 
 if __name__ == "__main__":

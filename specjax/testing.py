@@ -1,14 +1,17 @@
-"""Fakes for fast tests: tiny random models, and deliberately broken verifiers.
+"""Fakes for fast tests: tiny random models, a random tree drafter, broken verifiers.
 
 The broken verifiers exist so the exact-distribution tests can show that they fail on a
 wrong algorithm, not only pass on the right one.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, verify
+from specjax import sampling, trees, verify
+from specjax.drafters.base import Draft, Stateless
 from specjax.models import llama
 from specjax.models.config import ModelConfig
 
@@ -29,8 +32,6 @@ def tiny_model(seed: int = 0, logit_std: float = 1.5, residual_scale: float = 1.
 
 def truncated(cfg: ModelConfig, params, num_layers: int):
   """The first ``num_layers`` layers of a model with its own embeddings and head: a cheap draft."""
-  import dataclasses
-
   small = dataclasses.replace(cfg, num_layers=num_layers, name=f"{cfg.name}-first{num_layers}")
   return small, dict(params, layers=params["layers"][:num_layers])
 
@@ -56,20 +57,73 @@ def sequence_probs(params, cfg, prompt, num_new, sp: sampling.SamplingParams) ->
   return joint.reshape([v] * num_new)
 
 
+# --- A random tree drafter -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomTreeDrafter(Stateless):
+  """Proposes a static tree whose children are drawn from a random q per node.
+
+  Every internal node gets its own random distribution q (through ``sampling.probs``, so top-k
+  and top-p apply); its children are drawn from q *without replacement* by Gumbel-top-k and
+  labelled with q, which is what recursive rejection sampling needs. ``deterministic=True``
+  instead takes q's top tokens in order yet still labels them with the soft q: a wrong
+  pairing that the exact-distribution test must catch.
+  """
+
+  tree: trees.Tree
+  spread: float = 1.0
+  deterministic: bool = False
+  name: str = "random_tree"
+
+  @property
+  def num_draft(self) -> int:
+    return self.tree.max_depth
+
+  @property
+  def num_nodes(self) -> int:
+    return self.tree.num_nodes
+
+  def propose(self, params, state, ctx):
+    b, v = ctx.tokens.shape[0], ctx.vocab_size
+    parents = np.asarray(self.tree.parents)
+    rank = [int(np.sum(parents[:i] == parents[i])) for i in range(len(parents))]
+    key_q, key_g = jax.random.split(ctx.key)
+    n1 = self.tree.num_nodes + 1
+    logits_BxN1xV = self.spread * jax.random.normal(key_q, (b, n1, v))
+    q_BxN1xV = sampling.probs(logits_BxN1xV, ctx.sampling)
+    score_BxN1xV = jnp.log(q_BxN1xV)
+    if not self.deterministic:
+      score_BxN1xV += jax.random.gumbel(key_g, (b, n1, v))
+    order_BxN1xV = jnp.argsort(-score_BxN1xV, axis=-1)
+    tokens_BxN = order_BxN1xV[:, parents, np.asarray(rank)].astype(jnp.int32)
+    draft = Draft(
+      tokens=tokens_BxN,
+      probs=q_BxN1xV[:, parents],
+      parents=jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (b, len(parents))),
+    )
+    return draft, state
+
+
 # --- Deliberately wrong verifiers (each must fail the exact-distribution test) ---------------
 
 
-def resample_from_target(key, draft_BxK, q_BxKxV, p_BxK1xV):
+def resample_from_target(key, draft, p_BxK1xV, sp):
   """Wrong: on rejection, draws from p instead of the residual norm(max(p - q, 0))."""
-  b, k = draft_BxK.shape
+  b, k = draft.tokens.shape
   key_accept, key_sample = jax.random.split(key)
-  p_x = jnp.take_along_axis(p_BxK1xV[:, :k], draft_BxK[..., None], axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(q_BxKxV, draft_BxK[..., None], axis=-1)[..., 0]
+  p_x = jnp.take_along_axis(p_BxK1xV[:, :k], draft.tokens[..., None], axis=-1)[..., 0]
+  q_x = jnp.take_along_axis(draft.probs, draft.tokens[..., None], axis=-1)[..., 0]
   n_B = verify.num_accepted(jax.random.uniform(key_accept, (b, k)) * q_x < p_x)
   dist = jnp.take_along_axis(p_BxK1xV, n_B[:, None, None], axis=1)[:, 0]
   return n_B, sampling.sample(key_sample, dist)
 
 
-def accept_with_target_prob(key, draft_BxK, q_BxKxV, p_BxK1xV):
+def accept_with_target_prob(key, draft, p_BxK1xV, sp):
   """Wrong: accepts x with probability p(x), ignoring q (the rule for a one-hot draft)."""
-  return verify.rejection_sample_chain(key, draft_BxK, jnp.ones_like(q_BxKxV), p_BxK1xV)
+  return verify.rejection_sample_chain(key, draft.tokens, jnp.ones_like(draft.probs), p_BxK1xV)
+
+
+def skip_q_renormalisation(key, draft, p_BxN1xV, sp):
+  """Wrong: after a sibling is rejected, keeps using q instead of q without that token."""
+  return verify.rejection_sample_tree(key, draft, p_BxN1xV, sp, renormalise=False)

@@ -1,4 +1,4 @@
-"""Chain verification: how many draft tokens each row keeps, and the one token the target adds.
+"""Verification: which draft tokens each row keeps, and the one token the target adds.
 
 Speculative sampling (Leviathan et al. 2023; Chen et al. 2023), per batch row: draft token
 ``x_i ~ q_i`` is accepted while ``U_i < p_i(x_i) / q_i(x_i)``; at the first rejection the
@@ -8,12 +8,27 @@ token is drawn from ``p_K``. The emitted tokens are then distributed exactly as 
 Greedy decoding is the same rule on one-hot distributions (``sampling.probs`` at temperature
 0): a draft token survives iff it is the target's argmax, and the residual is the target's
 argmax. No separate greedy code path exists, so greedy and sampling cannot drift apart.
+
+Trees (``rejection_sample_tree``) use recursive rejection sampling: walking down from the
+root, the children of the current node are tried in order; child x is accepted with
+``min(1, p'(x) / q'(x))``; on rejection ``p' <- norm(max(p' - q', 0))`` and x is removed from
+the next siblings' q (renormalised), which is the distribution they were really drawn from when
+children are drawn without replacement (Gumbel-top-k). An accepted child becomes the current
+node with a fresh ``p'``; when every child fails, the target's token is drawn from ``p'``.
+One-hot q (deterministic candidates) makes the same rule "accept with p'(x), else remove x
+from p'". At temperature 0 the tree rule is the longest path whose every token is the target's
+argmax. Typical acceptance (Medusa) is a separate, named, *lossy* verifier.
+
+Every verifier has the signature ``(key, draft, p[B, N+1, V], sampling_params) -> (end[B],
+next[B])``: the last accepted node (0 = only the root) and the target's next token.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 
-from specjax import sampling
+from specjax import sampling, trees
 
 
 def num_accepted(accept_BxK: jax.Array) -> jax.Array:
@@ -50,3 +65,103 @@ def rejection_sample_chain(
   q_pad_BxK1xV = jnp.concatenate([q_BxKxV, jnp.zeros_like(q_BxKxV[:, :1])], axis=1)
   next_dist_BxV = residual(_pick(p_BxK1xV, n_B), _pick(q_pad_BxK1xV, n_B))
   return n_B, sampling.sample(key_sample, next_dist_BxV)
+
+
+def verify(key, draft, p_BxN1xV, sp) -> tuple[jax.Array, jax.Array]:
+  """The lossless verifier for any draft: chain rejection sampling or the tree rule."""
+  if draft.parents is None:
+    return rejection_sample_chain(key, draft.tokens, draft.probs, p_BxN1xV)
+  return rejection_sample_tree(key, draft, p_BxN1xV, sp)
+
+
+def _node_probs(p_BxN1xV, parents_BxN):
+  """``[B, N, V]``: the target's distribution at each draft node's parent."""
+  return jnp.take_along_axis(p_BxN1xV, parents_BxN[..., None], axis=1)
+
+
+def deepest_passing(parents_BxN, pass_BxN) -> jax.Array:
+  """``[B]`` the deepest node whose every node from the root passes (lowest id on ties)."""
+  n = parents_BxN.shape[1]
+  ok_BxN1 = jnp.ones((pass_BxN.shape[0], n + 1), bool)
+  for i in range(1, n + 1):  # parents come first, so one pass settles every path
+    parent_ok = jnp.take_along_axis(ok_BxN1, parents_BxN[:, i - 1 : i], axis=1)[:, 0]
+    ok_BxN1 = ok_BxN1.at[:, i].set(parent_ok & pass_BxN[:, i - 1])
+  depth_BxN1 = trees.depths(trees.ancestors(parents_BxN))
+  return jnp.argmax(jnp.where(ok_BxN1, depth_BxN1, -1), axis=-1)
+
+
+def greedy_tree(draft, p_BxN1xV) -> tuple[jax.Array, jax.Array]:
+  """The longest path whose every token is the target's argmax, and the argmax after it."""
+  argmax_BxN1 = jnp.argmax(p_BxN1xV, axis=-1)
+  hit_BxN = jnp.take_along_axis(argmax_BxN1, draft.parents, axis=1) == draft.tokens
+  end_B = deepest_passing(draft.parents, hit_BxN)
+  return end_B, jnp.take_along_axis(argmax_BxN1, end_B[:, None], axis=1)[:, 0]
+
+
+def rejection_sample_tree(key, draft, p_BxN1xV, sp, renormalise: bool = True):
+  """Recursive rejection sampling over the tree (greedy longest path at temperature 0).
+
+  ``renormalise=False`` skips removing rejected siblings from q (wrong; tests show it).
+  """
+  b, n = draft.tokens.shape
+  key_accept, key_sample = jax.random.split(key)
+  u_BxN = jax.random.uniform(key_accept, (b, n))
+
+  def row(tokens_N, q_NxV, parents_N, p_N1xV, u_N):
+    def visit(carry, node):
+      cur, p_cur, removed_V = carry
+      x, q_V, u = tokens_N[node], q_NxV[node], u_N[node]
+      active = parents_N[node] == cur
+      if renormalise:
+        q_V = jnp.where(removed_V, 0.0, q_V)
+        total = jnp.sum(q_V)
+        q_V = q_V / jnp.where(total > 0, total, 1.0)
+      accept = active & (q_V[x] > 0) & (u * q_V[x] < p_cur[x])
+      reject = active & ~accept
+      p_next = jnp.where(accept, p_N1xV[node + 1], jnp.where(reject, residual(p_cur, q_V), p_cur))
+      removed_V = jnp.where(accept, False, removed_V.at[x].set(removed_V[x] | reject))
+      return (jnp.where(accept, node + 1, cur), p_next, removed_V), None
+
+    init = (jnp.int32(0), p_N1xV[0], jnp.zeros(p_N1xV.shape[-1], bool))
+    (end, p_final, _), _ = jax.lax.scan(visit, init, jnp.arange(n))
+    return end, p_final
+
+  end_B, p_final_BxV = jax.vmap(row)(draft.tokens, draft.probs, draft.parents, p_BxN1xV, u_BxN)
+  sampled_B = sampling.sample(key_sample, p_final_BxV)
+  greedy_end_B, greedy_next_B = greedy_tree(draft, p_BxN1xV)
+  is_greedy = sp.temperature == 0
+  return jnp.where(is_greedy, greedy_end_B, end_B), jnp.where(is_greedy, greedy_next_B, sampled_B)
+
+
+@dataclasses.dataclass(frozen=True)
+class TypicalAcceptance:
+  """Medusa's typical acceptance: LOSSY, opt-in (``config.verifier = "typical"``).
+
+  A node is accepted when the target gives its token probability above
+  ``min(epsilon, delta * exp(-H(p)))`` at the parent (a looser bar where the target is unsure);
+  the deepest node whose whole path passes wins, and the next token is drawn from the target
+  there. The output is plausible text, not a sample of the target's distribution.
+  """
+
+  epsilon: float = 0.09
+  delta: float = 0.3
+
+  def __post_init__(self):
+    if not (0 < self.epsilon <= 1 and self.delta > 0):
+      raise ValueError(
+        f"typical acceptance needs 0 < epsilon <= 1 and delta > 0, got epsilon={self.epsilon}, "
+        f"delta={self.delta}."
+      )
+
+  def __call__(self, key, draft, p_BxN1xV, sp):
+    b, n = draft.tokens.shape
+    parents_BxN = (
+      jnp.broadcast_to(jnp.arange(n), (b, n)) if draft.parents is None else draft.parents
+    )
+    p_par_BxNxV = _node_probs(p_BxN1xV, parents_BxN)
+    entropy_BxN = -jnp.sum(p_par_BxNxV * jnp.log(jnp.maximum(p_par_BxNxV, 1e-30)), axis=-1)
+    p_x_BxN = jnp.take_along_axis(p_par_BxNxV, draft.tokens[..., None], axis=-1)[..., 0]
+    pass_BxN = p_x_BxN > jnp.minimum(self.epsilon, self.delta * jnp.exp(-entropy_BxN))
+    end_B = deepest_passing(parents_BxN, pass_BxN)
+    p_end_BxV = jnp.take_along_axis(p_BxN1xV, end_B[:, None, None], axis=1)[:, 0]
+    return end_B, sampling.sample(key, p_end_BxV)

@@ -22,9 +22,7 @@ ROWS, CALLS = 4000, 5  # 20,000 samples
 P_PASS, P_FAIL = 1e-3, 1e-6
 
 
-def chi2_pvalue(
-  target, drafter, dparams, knobs, verifier=verify.rejection_sample_chain, prompt=PROMPT
-):
+def chi2_pvalue(target, drafter, dparams, knobs, verifier=verify.verify, prompt=PROMPT):
   """Samples ROWS * CALLS continuations with ``drafter``; chi-square p-value vs the target."""
   tcfg, tparams = target
   counts = np.zeros([tcfg.vocab_size] * NUM_NEW)
@@ -58,7 +56,7 @@ def chi2_pvalue(
   return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
 
 
-def _chi2_pvalue(target, draft, k, knobs, verifier=verify.rejection_sample_chain):
+def _chi2_pvalue(target, draft, k, knobs, verifier=verify.verify):
   dcfg, dparams = draft
   return chi2_pvalue(target, DraftModel(dcfg, k), dparams, knobs, verifier)
 

@@ -9,7 +9,7 @@ from ml_collections import config_dict
 
 from configs import tiny
 from specjax import build
-from specjax.tasks import benchmark
+from specjax.tasks import benchmark, sweep
 
 
 def _run(*overrides, cwd):
@@ -25,6 +25,25 @@ def small_config():
   c.drafter.num_draft = 2
   c.benchmark.repeats = 1
   return c
+
+
+def test_sweep_over_categories_and_drafters(small_config, tmp_path):
+  c = small_config
+  c.output_dir = str(tmp_path)
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes = (2,)
+  c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),), "random": ((5, 9, 11),)}
+  c.sweep.variants = {
+    "lookup_tree": {"name": "prompt_lookup", "num_branches": 2},
+    "lookahead": {"name": "lookahead", "lookahead": {"window": 3, "ngram": 3, "num_candidates": 2}},
+  }
+  record = sweep.run(c)
+  saved = json.loads((tmp_path / "sweep.json").read_text())
+  assert len(saved["runs"]) == 2 * 3 == len(record["runs"])
+  assert all(r["identical"] for r in saved["runs"])
+  assert {(s["batch"], s["variant"]) for s in saved["summary"]} == {
+    (2, v) for v in ("ar", "lookup_tree", "lookahead")
+  }
 
 
 def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
@@ -54,7 +73,7 @@ def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
   "override, message",
   [
     ("--config.drafter.name=medusa", "drafter.name='medusa' is unknown"),
-    ("--config.task=train", "config.task='train' is unknown"),
+    ("--config.task=fly", "config.task='fly' is unknown"),
     ("--config.tempreature=0.5", "did you mean 'temperature'"),
     ("--config.top_p=1.5", "top_p must be in (0, 1]"),
     ("--config.drafter.num_draft=-1", "num_draft (K) must be an integer >= 0"),
@@ -78,3 +97,25 @@ def test_locked_config_rejects_new_keys():
   with pytest.raises(AttributeError, match="temperature"):
     c.tempreature = 1.0
   assert isinstance(c, config_dict.ConfigDict)
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (dict(name="lookahead", max_nodes=8), "config.drafter.max_nodes=8"),
+    (dict(name="prompt_lookup", num_draft=20), "config.drafter.max_depth=16"),
+    (dict(name="prompt_lookup", max_ngram=64), "max_ngram=64"),
+    (dict(name="lookahead", lookahead=dict(num_candidates=0)), "num_candidates"),
+    (dict(name="lookahead", lookahead=dict(pool_size=2)), "pool_size=2"),
+  ],
+)
+def test_bad_tree_drafter_config(small_config, overrides, message):
+  small_config.drafter.update(overrides)
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    build.check(small_config)
+
+
+def test_unknown_verifier(small_config):
+  small_config.verifier = "lenient"
+  with pytest.raises(ValueError, match="config.verifier='lenient' is unknown"):
+    build.check(small_config)

@@ -5,11 +5,18 @@ state pytree:
 
     init(params, prompt[B,P], prompt_lengths[B], num_slots) -> state
     propose(params, state, ctx) -> (Draft, state)
-    commit(state, num_accepted[B], ctx) -> state
+    commit(state, verdict, ctx) -> state
 
-``propose`` returns K tokens per row and the distribution q each was drawn from (after
-``sampling.probs``), which is what the verifier needs to stay lossless. Adding a drafter
-never touches decode.py.
+``propose`` returns draft tokens per row and the distribution q each was drawn from (after
+``sampling.probs``), which is what the verifier needs to stay lossless: a chain of K tokens,
+or a tree of N nodes with their ``parents`` (see trees.py). A drafter may also ask for extra
+tokens to ride along in the same target forward with its own attention mask (Lookahead's
+Jacobi window); their target logits come back in the verdict. Adding a drafter never touches
+decode.py.
+
+Static sizes a drafter declares: ``num_draft`` (D, the most draft tokens one step can accept:
+K for a chain, the tree's depth), ``num_nodes`` (N, draft tokens verified per step) and
+``num_extra`` (E, extra tokens per step).
 """
 
 import dataclasses
@@ -25,8 +32,29 @@ from specjax.sampling import SamplingParams
 
 @struct.dataclass
 class Draft:
-  tokens: jax.Array  # [B, K] int32
-  probs: jax.Array  # [B, K, V] float32: the q each token was sampled from.
+  """What a drafter proposes for one step.
+
+  ``probs[b, i]`` is the distribution token ``i`` was drawn from *given its earlier siblings*
+  (before the verifier's renormalisation): for Gumbel-top-k children of one node, all share the
+  node's q; for a deterministic proposal (n-gram match, argmax) it is one-hot on the token.
+  """
+
+  tokens: jax.Array  # [B, N] int32: draft nodes 1..N (node 0 is the newest token).
+  probs: jax.Array  # [B, N, V] float32
+  parents: jax.Array | None = None  # [B, N] int32 parent node of nodes 1..N; None = a chain.
+  extra_tokens: jax.Array | None = None  # [B, E] tokens fed beside the tree, never accepted.
+  extra_offsets: jax.Array | None = None  # [B, E] their positions relative to the newest token.
+  extra_mask: jax.Array | None = None  # [B, E, N + 1 + E] bool: what each extra token sees.
+
+
+@struct.dataclass
+class Verdict:
+  """What the verifier decided for one step, handed to ``Drafter.commit``."""
+
+  num_accepted: jax.Array  # [B] n: draft tokens kept.
+  path: jax.Array  # [B, D] accepted node ids (1-based) at depths 1..D; valid where d < n.
+  next_token: jax.Array  # [B] the target's token after the accepted ones.
+  extra_logits: jax.Array | None = None  # [B, E, V] target logits at the extra tokens.
 
 
 @struct.dataclass
@@ -42,9 +70,13 @@ class DraftContext:
 
 class Drafter(Protocol):
   name: str
-  num_draft: int  # K: draft tokens per step (static).
+  num_draft: int  # D: most draft tokens accepted per step (static).
+  num_nodes: int  # N: draft tokens verified per step (N = D for a chain).
+  num_extra: int  # E: extra tokens fed to the target per step (0 for most drafters).
 
   def check_target(self, target_cfg: ModelConfig) -> None: ...
+
+  def check_context(self, max_len: int) -> None: ...
 
   def draft_calls_per_step(self) -> int: ...
 
@@ -52,10 +84,26 @@ class Drafter(Protocol):
 
   def propose(self, params: Any, state: Any, ctx: DraftContext) -> tuple[Draft, Any]: ...
 
-  def commit(self, state: Any, num_accepted_B: jax.Array, ctx: DraftContext) -> Any: ...
+  def commit(self, state: Any, verdict: Verdict, ctx: DraftContext) -> Any: ...
 
 
-class Stateless:
+class Chain:
+  """Sizes of a chain drafter: it verifies its K draft tokens and nothing else."""
+
+  @property
+  def num_nodes(self) -> int:
+    return self.num_draft
+
+  @property
+  def num_extra(self) -> int:
+    return 0
+
+  def check_context(self, max_len: int) -> None:
+    """Raises a ValueError if the drafter cannot work within ``max_len`` tokens per row."""
+    del max_len
+
+
+class Stateless(Chain):
   """Defaults for a drafter with no model and no state (it reads only the token buffer)."""
 
   def check_target(self, target_cfg: ModelConfig) -> None:
@@ -67,7 +115,7 @@ class Stateless:
   def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
     return ()
 
-  def commit(self, state, num_accepted_B, ctx):
+  def commit(self, state, verdict, ctx):
     return state
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import sampling
-from specjax.drafters.base import Draft, DraftContext, check_num_draft
+from specjax.drafters.base import Chain, Draft, DraftContext, check_num_draft
 from specjax.models import llama
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
@@ -26,7 +26,7 @@ class DraftModelState:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel:
+class DraftModel(Chain):
   cfg: ModelConfig
   num_draft: int
   name: str = "draft_model"
@@ -84,5 +84,5 @@ class DraftModel:
     probs_BxKxV = jnp.concatenate([q_BxV[:, None], jnp.moveaxis(qs_KxBxV, 0, 1)], axis=1)
     return Draft(tokens=tokens_BxK, probs=probs_BxKxV), DraftModelState(cache=cache)
 
-  def commit(self, state, num_accepted_B, ctx):
+  def commit(self, state, verdict, ctx):
     return state

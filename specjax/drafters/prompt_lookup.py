@@ -1,19 +1,24 @@
-"""Prompt lookup (n-gram) drafting, as a chain: no draft model, no training.
+"""Prompt lookup (n-gram) drafting, as a chain or a tree: no draft model, no training.
 
 The last n tokens of a row (n from ``max_ngram`` down to ``min_ngram``) are searched for in
-everything the row holds so far (prompt and output); the K tokens that followed the latest
-earlier occurrence are the draft. Pure jnp over the static token buffer, inside the loop.
+everything the row holds so far (prompt and output); the K tokens that followed an earlier
+occurrence are a draft branch. With ``num_branches = G > 1`` the G best distinct occurrences
+(longest n first, then the latest) become G branches from the root: a tree of G * K nodes
+verified in one target forward. Pure jnp over the static token buffer, inside the loop.
 
-The draft is deterministic given the context, so its q is one-hot: the verifier then accepts
-a token with probability p(x) and on rejection samples from p with x removed, which is the
-lossless rule for a deterministic proposal.
+Each branch is deterministic given the context, so its q is one-hot: the verifier then
+accepts a token with probability p'(x) and on rejection removes x from p', which is the
+lossless rule for deterministic proposals. Branches that repeat a sibling's token waste a
+node but stay lossless (that sibling's q' is empty after the first rejection).
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from specjax import trees
 from specjax.drafters.base import Draft, DraftContext, Stateless, check_num_draft
 from specjax.models.cache import gather_rows
 
@@ -23,6 +28,7 @@ class PromptLookup(Stateless):
   num_draft: int
   max_ngram: int = 3
   min_ngram: int = 1
+  num_branches: int = 1
   name: str = "prompt_lookup"
 
   def __post_init__(self):
@@ -34,31 +40,67 @@ class PromptLookup(Stateless):
         f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
         f"max_ngram={self.max_ngram}."
       )
+    if int(self.num_branches) != self.num_branches or self.num_branches < 1:
+      raise ValueError(f"num_branches must be an integer >= 1, got {self.num_branches}.")
 
-  def match_end(self, tokens_BxS: jax.Array, lengths_B: jax.Array) -> jax.Array:
-    """Per row, the slot right after the latest earlier match of the longest matching suffix
-    (so the draft starts there), or -1 where no n-gram matches."""
+  @property
+  def tree(self) -> trees.Tree:
+    """G chains of K tokens from the root."""
+    k = self.num_draft
+    return trees.Tree(
+      tuple(0 if d == 0 else g * k + d for g in range(self.num_branches) for d in range(k))
+    )
+
+  @property
+  def num_nodes(self) -> int:
+    return self.num_branches * self.num_draft
+
+  def check_context(self, max_len: int) -> None:
+    if self.max_ngram >= max_len:
+      raise ValueError(
+        f"max_ngram={self.max_ngram} is not smaller than max_len={max_len}: an n-gram longer "
+        "than the context can never match. Lower max_ngram."
+      )
+
+  def match_scores(self, tokens_BxS: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """``[B, S]``: for each slot e, ``n * S + e`` where n is the longest suffix n-gram that also
+    ends right before slot e (so a draft may start at e), or -1 where none does."""
     s = tokens_BxS.shape[1]
     j_S = jnp.arange(s)
-    found_B = jnp.full(lengths_B.shape, -1)
-    for n in range(self.max_ngram, self.min_ngram - 1, -1):
+    score_BxS = jnp.full(tokens_BxS.shape, -1)
+    for n in range(self.min_ngram, self.max_ngram + 1):
       suffix_at_Bxn = jnp.maximum(lengths_B[:, None] - n + 1 + jnp.arange(n), 0)
       suffix_Bxn = gather_rows(tokens_BxS, suffix_at_Bxn)
       same_BxS = jnp.ones(tokens_BxS.shape, bool)
-      for m in range(n):  # window starting at j matches the suffix at offset m
+      for m in range(n):  # the window starting at j matches the suffix at offset m
         same_BxS &= jnp.roll(tokens_BxS, -m, axis=1) == suffix_Bxn[:, m : m + 1]
       # The match must end before the suffix itself starts repeating it: j + n <= L.
       ok_BxS = same_BxS & (j_S + n <= lengths_B[:, None]) & (lengths_B[:, None] >= n - 1)
-      start_B = jnp.max(jnp.where(ok_BxS, j_S, -1), axis=1)
-      found_B = jnp.where((found_B < 0) & (start_B >= 0), start_B + n, found_B)
-    return found_B
+      end_BxS = jnp.roll(ok_BxS, n, axis=1) & (j_S >= n)  # slot e = j + n
+      score_BxS = jnp.where(end_BxS, n * s + j_S, score_BxS)
+    return score_BxS
+
+  def match_ends(self, tokens_BxS: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """``[B, G]``: the slots where the G best matches' continuations start, -1 if none."""
+    score_BxS = self.match_scores(tokens_BxS, lengths_B)
+    best_BxG, end_BxG = jax.lax.top_k(score_BxS, self.num_branches)
+    return jnp.where(best_BxG >= 0, end_BxG, -1)
+
+  def match_end(self, tokens_BxS: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """``[B]``: where the best match's continuation starts, -1 where no n-gram matches."""
+    return self.match_ends(tokens_BxS, lengths_B)[:, 0]
 
   def propose(self, params, state, ctx: DraftContext):
-    start_B = self.match_end(ctx.tokens, ctx.lengths)
+    b, k, g = ctx.tokens.shape[0], self.num_draft, self.num_branches
+    start_BxG = self.match_ends(ctx.tokens, ctx.lengths)
     # Without a match, guess a repeat of the newest token. Continuations are clipped to the
     # committed text (slots <= L): past it the buffer holds stale drafts.
-    start_B = jnp.where(start_B < 0, ctx.lengths, start_B)
-    idx_BxK = jnp.minimum(start_B[:, None] + jnp.arange(self.num_draft), ctx.lengths[:, None])
-    tokens_BxK = gather_rows(ctx.tokens, idx_BxK)
-    probs_BxKxV = jax.nn.one_hot(tokens_BxK, ctx.vocab_size, dtype=jnp.float32)
-    return Draft(tokens=tokens_BxK, probs=probs_BxKxV), state
+    start_BxG = jnp.where(start_BxG < 0, ctx.lengths[:, None], start_BxG)
+    idx_BxGK = start_BxG[:, :, None] + jnp.arange(k)
+    idx_BxGK = jnp.minimum(idx_BxGK, ctx.lengths[:, None, None]).reshape(b, g * k)
+    tokens_BxN = gather_rows(ctx.tokens, idx_BxGK)
+    probs_BxNxV = jax.nn.one_hot(tokens_BxN, ctx.vocab_size, dtype=jnp.float32)
+    if g == 1:
+      return Draft(tokens=tokens_BxN, probs=probs_BxNxV), state
+    parents = jnp.broadcast_to(jnp.asarray(np.asarray(self.tree.parents), jnp.int32), (b, g * k))
+    return Draft(tokens=tokens_BxN, probs=probs_BxNxV, parents=parents), state

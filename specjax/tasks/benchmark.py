@@ -58,7 +58,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
   modes = {
     "ar": lambda b: generate(target.params, target.cfg, b, **common),
     "speculative": lambda b: generate(
-      target.params, target.cfg, b, drafter=drafter, drafter_params=dparams, **common
+      target.params,
+      target.cfg,
+      b,
+      drafter=drafter,
+      drafter_params=dparams,
+      verifier=build.verifier(config),
+      **common,
     ),
   }
   if drafter.name == "draft_model":

@@ -18,6 +18,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       batch,
       drafter=drafter,
       drafter_params=dparams,
+      verifier=build.verifier(config),
       **req.generate_kwargs(),
     )
     for batch in req.batches()

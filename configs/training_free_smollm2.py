@@ -1,0 +1,91 @@
+"""Training-free drafters on SmolLM2-135M-Instruct, per prompt category, batch 1 and 4.
+
+    bash scripts/install_models.sh smollm2
+    python -m specjax.run --config=configs/training_free_smollm2.py
+
+Runs AR and every variant below on four prompt categories (rewrite/summarise a given passage,
+code continuation, open chat, QA over a passage), greedy, and prints tau, target calls per
+token and the speedup over AR measured in the same process; writes
+results/training_free_smollm2/sweep.json. Variants: prompt lookup as a chain and as trees of
+the best distinct matches, and Lookahead decoding over a (W, N, G) grid. Every variant's text
+is checked to equal AR's. ``--config.sweep.batch_sizes='(1,)'`` halves the run.
+"""
+
+from ml_collections import config_dict
+
+from configs import demo
+
+PASSAGE = (
+  "The Atlantic puffin spends most of its life far out at sea, returning to land only to "
+  "breed. Colonies gather each spring on rocky islands in the North Atlantic, where pairs "
+  "dig burrows in the soft turf or nest among boulders. A pair raises a single chick, which "
+  "both parents feed with small fish such as sand eels, carried crosswise in the bill. After "
+  "about six weeks the chick leaves the burrow at night and heads straight for the open sea."
+)
+PASSAGE_2 = (
+  "Sourdough bread rises without added yeast. A starter of flour and water collects wild "
+  "yeasts and lactic acid bacteria from the air and the flour; fed daily, it becomes active "
+  "enough to leaven a dough. The bacteria give the bread its sour taste, and the long, slow "
+  "rise lets enzymes break down part of the starch, which changes the crust and the crumb."
+)
+
+CATEGORIES = {
+  "rewrite": (
+    f"Rewrite this passage in the present tense, keeping every detail: {PASSAGE}",
+    f"Copy this paragraph, fixing any spelling mistakes: {PASSAGE_2.replace('yeast', 'yeest')}",
+    f"Summarise this passage in three sentences: {PASSAGE}",
+  ),
+  "code": (
+    "Complete this Python code:\n```python\ndef mean(xs):\n    return sum(xs) / len(xs)\n\n\n"
+    "def variance(xs):\n    m = mean(xs)\n",
+    "Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
+    "Complete this Python code:\n```python\nimport json\n\n\ndef load_config(path):\n",
+  ),
+  "chat": (
+    "What are three tips for staying focused while studying?",
+    "Tell me a short story about a robot who learns to paint.",
+    "How do I make a good cup of tea?",
+  ),
+  "qa": (
+    f"{PASSAGE}\n\nQuestion: What do puffin parents feed their chick, and how long until it "
+    "leaves the burrow?",
+    f"{PASSAGE_2}\n\nQuestion: Why does sourdough taste sour? Answer using the passage.",
+    f"{PASSAGE}\n\nQuestion: Where do puffins breed, and how do they nest?",
+  ),
+}
+
+
+def get_config():
+  c = demo.get_config()
+  c.task = "sweep"
+  c.output_dir = "results/training_free_smollm2"
+  c.prompts = CATEGORIES["rewrite"]
+  c.max_new_tokens = 96
+  c.max_len = 384
+  c.benchmark.repeats = 1
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes = (1, 4)
+  c.sweep.categories = CATEGORIES
+  c.sweep.variants = {
+    "lookup_k4": {"name": "prompt_lookup", "num_draft": 4},
+    "lookup_k6": {"name": "prompt_lookup", "num_draft": 6},
+    "lookup_tree_2x4": {"name": "prompt_lookup", "num_draft": 4, "num_branches": 2},
+    "lookup_tree_3x4": {"name": "prompt_lookup", "num_draft": 4, "num_branches": 3},
+    "lookahead_3_3_2": {
+      "name": "lookahead",
+      "lookahead": {"window": 3, "ngram": 3, "num_candidates": 2},
+    },
+    "lookahead_5_3_3": {
+      "name": "lookahead",
+      "lookahead": {"window": 5, "ngram": 3, "num_candidates": 3},
+    },
+    "lookahead_5_4_3": {
+      "name": "lookahead",
+      "lookahead": {"window": 5, "ngram": 4, "num_candidates": 3},
+    },
+    "lookahead_7_4_5": {
+      "name": "lookahead",
+      "lookahead": {"window": 7, "ngram": 4, "num_candidates": 5},
+    },
+  }
+  return c

@@ -1,0 +1,99 @@
+"""task=sweep: AR vs several drafters, per prompt category and batch size, in one process.
+
+For every batch size in ``sweep.batch_sizes`` and every category in ``sweep.categories``
+(name -> prompts), the target runs autoregressively and with every drafter variant in
+``sweep.variants`` (name -> ``drafter`` config overrides) on the same prompts. Each run is
+done once to compile and ``benchmark.repeats`` more times; the median is the steady time.
+Speedups are ratios of times measured in this process. Greedy runs also check that every
+variant's text equals AR's. Writes ``sweep.json`` (every measurement) and prints one table.
+"""
+
+import copy
+
+import ml_collections
+from tqdm import tqdm
+
+from specjax import build, metrics, results
+from specjax.decode import generate
+from specjax.tasks.benchmark import _machine, _time
+
+COLUMNS = (
+  "batch",
+  "category",
+  "variant",
+  "tau",
+  "calls_per_token",
+  "tokens_per_s",
+  "speedup",
+  "identical",
+)
+
+
+def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
+  c = copy.deepcopy(config)
+  with c.unlocked():
+    c.drafter.update(overrides)
+  return c
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  variants = {name: _variant_config(config, dict(o)) for name, o in config.sweep.variants.items()}
+  if not variants or not config.sweep.categories:
+    raise ValueError("config.sweep.variants and config.sweep.categories must be non-empty.")
+  for c in variants.values():
+    build.check(c)
+  target = build.target(config)
+  drafters = {name: build.drafter(c, target)[0] for name, c in variants.items()}
+  verifier = build.verifier(config)
+  record = {"config": config.to_dict(), "machine": _machine(), "runs": []}
+  rows = []
+  jobs = [(b, cat) for b in config.sweep.batch_sizes for cat in config.sweep.categories]
+  for batch_size, category in tqdm(jobs, desc="sweep", unit="category"):
+    c = copy.deepcopy(config)
+    with c.unlocked():
+      c.prompts = tuple(config.sweep.categories[category])
+      c.batch_size = batch_size
+    req = build.request(c, target)
+    kw = req.generate_kwargs()
+    modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
+    for name, d in drafters.items():
+      modes[name] = lambda b, d=d, kw=kw: generate(
+        target.params, target.cfg, b, drafter=d, verifier=verifier, **kw
+      )
+    texts = {}
+    for mode, fn in modes.items():
+      outs, timing = _time(req.batches(), fn, config.benchmark.repeats)
+      texts[mode] = [row for out in outs for row in out.tokens]
+      m = metrics.summarize(metrics.merge([out.counts for out in outs]))
+      run_ = {"batch": batch_size, "category": category, "variant": mode} | m | timing
+      run_["tokens_per_s"] = m["tokens"] / timing["steady_s"]
+      record["runs"].append(run_)
+    ar = record["runs"][-len(modes)]
+    for run_ in record["runs"][-len(modes) :]:
+      run_["speedup"] = run_["tokens_per_s"] / ar["tokens_per_s"]
+      if req.temperature == 0:
+        run_["identical"] = texts[run_["variant"]] == texts["ar"]
+      rows.append(run_ | {"calls_per_token": run_["target_calls_per_token"]})
+  record["summary"] = _summary(record["runs"])
+  print(results.table(rows, COLUMNS))
+  print(results.table(record["summary"], ("batch", "variant", "mean_speedup", "mean_tau")))
+  path = results.write_json(f"{config.output_dir}/sweep.json", record)
+  print(f"wrote {path}")
+  return record
+
+
+def _summary(runs: list[dict]) -> list[dict]:
+  """Per batch size and variant: the mean over categories of speedup and tau."""
+  out = []
+  keys = sorted({(r["batch"], r["variant"]) for r in runs}, key=lambda k: (k[0], k[1] != "ar"))
+  for b, v in keys:
+    sel = [r for r in runs if (r["batch"], r["variant"]) == (b, v)]
+    out.append(
+      {
+        "batch": b,
+        "variant": v,
+        "mean_speedup": sum(r["speedup"] for r in sel) / len(sel),
+        "mean_tau": sum(r["tau"] for r in sel) / len(sel),
+      }
+    )
+  return out

@@ -1,0 +1,177 @@
+"""Draft trees: static topologies, and the masks and paths the decode loop derives from parents.
+
+A tree has ``N + 1`` nodes. Node 0 is the root: the row's newest token, already emitted but not
+yet in the target cache. Nodes ``1..N`` are draft tokens, numbered so that every parent comes
+before its children (``parents[i] < i``). A node at depth d sits at position ``L + d`` where L
+is the row's cache length, so sibling nodes share a position and the rotary embedding of every
+root-to-node path is that of a plain sequence.
+
+Two ways to describe a tree:
+
+* ``Tree`` is static, hashable data (a drafter's config): ``Tree.from_paths`` takes paths of
+  child choices, Medusa-style (``[[0], [1], [0, 0]]``: the root's first and second child, and
+  the first child's first child), and ``Tree.from_spec(branching=(3, 2, 1))`` builds the full
+  tree with 3 children at depth 1, 2 under each of those, then 1.
+* A *dynamic* tree is a ``parents[B, N]`` array produced inside the jitted step (for drafters
+  that grow trees by confidence). The decode loop only ever reads the parents array, so both
+  kinds share every line: ``ancestors``, ``depths`` and ``path_to`` work on arrays.
+
+A chain of K tokens is the tree with one branch (``Tree.chain(K)``).
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+  """A static tree: ``parents[i - 1]`` is the parent of node i (node 0, the root, has none)."""
+
+  parents: tuple[int, ...]
+
+  def __post_init__(self):
+    for i, p in enumerate(self.parents, start=1):
+      if not 0 <= p < i:
+        raise ValueError(
+          f"tree node {i} has parent {p}: parents must be listed before their children "
+          "(0 <= parent < node)."
+        )
+
+  @property
+  def num_nodes(self) -> int:
+    """Draft nodes, the root excluded."""
+    return len(self.parents)
+
+  @property
+  def depth(self) -> np.ndarray:
+    """``[N + 1]`` depth of every node (the root has depth 0)."""
+    d = [0]
+    for p in self.parents:
+      d.append(d[p] + 1)
+    return np.asarray(d, np.int32)
+
+  @property
+  def max_depth(self) -> int:
+    return int(self.depth.max())
+
+  @property
+  def max_width(self) -> int:
+    """The most nodes at any one depth."""
+    return int(np.bincount(self.depth)[1:].max()) if self.parents else 0
+
+  @property
+  def is_chain(self) -> bool:
+    return self.parents == tuple(range(self.num_nodes))
+
+  def mask(self) -> np.ndarray:
+    """``[N + 1, N + 1]`` bool: node i attends to node j iff j is i or one of its ancestors."""
+    return np.asarray(ancestors(jnp.asarray(self.parents)[None]))[0]
+
+  def paths(self) -> list[list[int]]:
+    """Every root-to-leaf path, as lists of node ids (the root left out)."""
+    children = {p for p in self.parents}
+    out = []
+    for leaf in range(1, self.num_nodes + 1):
+      if leaf in children:
+        continue
+      path, node = [], leaf
+      while node:
+        path.append(node)
+        node = self.parents[node - 1]
+      out.append(path[::-1])
+    return out
+
+  def check_budget(self, max_depth: int, max_nodes: int) -> None:
+    if self.max_depth > max_depth:
+      raise ValueError(
+        f"the draft tree is {self.max_depth} deep, more than the budget max_depth={max_depth}: "
+        "use fewer levels or raise the budget."
+      )
+    if self.num_nodes > max_nodes:
+      raise ValueError(
+        f"the draft tree has {self.num_nodes} nodes, more than the budget max_nodes="
+        f"{max_nodes}: use a narrower tree or raise the budget."
+      )
+
+  @classmethod
+  def chain(cls, k: int) -> "Tree":
+    return cls(tuple(range(k)))
+
+  @classmethod
+  def from_paths(cls, paths: Sequence[Sequence[int]]) -> "Tree":
+    """Builds the tree holding every path of child choices (each path's prefixes included).
+
+    Nodes are numbered breadth-first, children by choice index, so parents precede children.
+    A path needs its prefixes' siblings to exist: ``[0, 1]`` without ``[0, 0]`` is malformed,
+    as is a negative or non-integer choice.
+    """
+    nodes: set[tuple[int, ...]] = set()
+    for i, path in enumerate(paths):
+      path = tuple(path)
+      if not path:
+        raise ValueError(f"tree path {i} is empty: every path needs at least one choice.")
+      if any(not isinstance(c, int | np.integer) or c < 0 for c in path):
+        raise ValueError(f"tree path {i} = {list(path)}: choices must be integers >= 0.")
+      nodes.update(path[:d] for d in range(1, len(path) + 1))
+    if not nodes:
+      raise ValueError("tree paths are empty: give at least one path, e.g. [[0]].")
+    for node in nodes:
+      if node[-1] > 0 and node[:-1] + (node[-1] - 1,) not in nodes:
+        raise ValueError(
+          f"tree path {list(node)} has no sibling {list(node[:-1] + (node[-1] - 1,))}: child "
+          "choices at each node must be 0, 1, 2, ... with none skipped."
+        )
+    order = sorted(nodes, key=lambda n: (len(n), n))
+    index = {(): 0} | {n: i + 1 for i, n in enumerate(order)}
+    return cls(tuple(index[n[:-1]] for n in order))
+
+  @classmethod
+  def from_spec(cls, branching: Sequence[int]) -> "Tree":
+    """The full tree with ``branching[d]`` children under every node at depth d."""
+    if not branching or any(int(b) != b or b < 1 for b in branching):
+      raise ValueError(f"tree branching {list(branching)} must be a non-empty list of ints >= 1.")
+    paths, level = [], [()]
+    for b in branching:
+      level = [n + (c,) for n in level for c in range(b)]
+      paths += level
+    return cls.from_paths(paths)
+
+
+# --- Array form: what the decode loop computes from parents[B, N] -----------------------------
+
+
+def full_parents(parents_BxN: jax.Array) -> jax.Array:
+  """``[B, N + 1]`` parents with the root's (itself, 0) prepended."""
+  return jnp.concatenate([jnp.zeros_like(parents_BxN[:, :1]), parents_BxN], axis=1)
+
+
+def ancestors(parents_BxN: jax.Array) -> jax.Array:
+  """``[B, N + 1, N + 1]`` bool: ``[b, i, j]`` iff node j is node i or one of its ancestors."""
+  par = full_parents(parents_BxN)
+  n1 = par.shape[1]
+  node_BxN1 = jnp.broadcast_to(jnp.arange(n1), par.shape)
+  anc = node_BxN1[..., None] == jnp.arange(n1)
+  for _ in range(n1 - 1):  # walk one level up per pass; the root is its own parent
+    node_BxN1 = jnp.take_along_axis(par, node_BxN1, axis=1)
+    anc |= node_BxN1[..., None] == jnp.arange(n1)
+  return anc
+
+
+def depths(ancestors_BxN1xN1: jax.Array) -> jax.Array:
+  """``[B, N + 1]`` depth of every node: its number of proper ancestors."""
+  return jnp.sum(ancestors_BxN1xN1, axis=-1) - 1
+
+
+def path_to(ancestors_BxN1xN1, depth_BxN1, end_B, max_depth: int) -> jax.Array:
+  """``[B, max_depth]`` the nodes at depths 1..max_depth on the root-to-``end`` path.
+
+  Entries past the end node's depth are 0 (the root); callers mask them by that depth.
+  """
+  anc_BxN1 = jnp.take_along_axis(ancestors_BxN1xN1, end_B[:, None, None], axis=1)[:, 0]
+  d_D = jnp.arange(1, max_depth + 1)
+  on_path_BxDxN1 = anc_BxN1[:, None, :] & (depth_BxN1[:, None, :] == d_D[:, None])
+  return jnp.argmax(on_path_BxDxN1, axis=-1).astype(jnp.int32)

@@ -1,0 +1,242 @@
+"""Trees: topology, masks, tree verification (exact distribution and greedy), bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_lossless import P_FAIL, P_PASS, chi2_pvalue
+
+from specjax import testing, trees, verify
+from specjax.decode import generate
+from specjax.drafters.base import Draft
+from specjax.drafters.lookahead import Lookahead
+from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.sampling import SamplingParams
+
+REPETITIVE = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 5, 6, 5], [7, 1, 7, 2, 7, 1], [3, 3, 3]]
+TREE = trees.Tree.from_spec((3, 2))  # 3 children of the root, 2 under each: 9 nodes, depth 2
+# For the exact-distribution tests: 3 candidates at depth 1, one child each. A peaked random q
+# (spread 2) makes wrong variants visible: the first child takes much of q's mass, so q and the
+# renormalised q' differ a lot for its siblings.
+SMALL_TREE = trees.Tree.from_spec((3, 1))
+
+
+# --- topology -------------------------------------------------------------------------------
+
+
+def test_tree_from_paths():
+  t = trees.Tree.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+  assert t.parents == (0, 0, 1, 1, 2, 3)
+  assert t.depth.tolist() == [0, 1, 1, 2, 2, 2, 3]
+  assert (t.max_depth, t.max_width, t.num_nodes) == (3, 3, 6)
+  assert sorted(t.paths()) == [[1, 3, 6], [1, 4], [2, 5]]
+  m = t.mask()
+  assert m[6].tolist() == [True, True, False, True, False, False, True]
+  assert m[5].tolist() == [True, False, True, False, False, True, False]
+  assert not t.is_chain and trees.Tree.chain(4).is_chain
+
+
+def test_tree_from_spec_is_full():
+  assert TREE.num_nodes == 9 and TREE.max_depth == 2 and TREE.max_width == 6
+  assert TREE.parents == (0, 0, 0, 1, 1, 2, 2, 3, 3)
+
+
+def test_array_helpers_match_static_tree():
+  t = trees.Tree.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+  parents = jnp.asarray([t.parents, t.parents])
+  anc = trees.ancestors(parents)
+  np.testing.assert_array_equal(anc[0], t.mask())
+  np.testing.assert_array_equal(trees.depths(anc)[1], t.depth)
+  path = trees.path_to(anc, trees.depths(anc), jnp.asarray([6, 5]), max_depth=3)
+  assert path.tolist() == [[1, 3, 6], [2, 5, 0]]
+
+
+@pytest.mark.parametrize(
+  "paths, match",
+  [
+    ([], "empty"),
+    ([[]], "empty"),
+    ([[0], [2]], "no sibling"),
+    ([[0], [0, -1]], ">= 0"),
+    ([[0.5]], ">= 0"),
+  ],
+)
+def test_malformed_paths(paths, match):
+  with pytest.raises(ValueError, match=match):
+    trees.Tree.from_paths(paths)
+
+
+def test_parents_must_precede_children():
+  with pytest.raises(ValueError, match="parent"):
+    trees.Tree((0, 2, 1))
+
+
+def test_tree_budget():
+  TREE.check_budget(max_depth=2, max_nodes=9)
+  with pytest.raises(ValueError, match="max_depth"):
+    TREE.check_budget(max_depth=1, max_nodes=64)
+  with pytest.raises(ValueError, match="max_nodes"):
+    TREE.check_budget(max_depth=8, max_nodes=8)
+  with pytest.raises(ValueError, match="branching"):
+    trees.Tree.from_spec((2, 0))
+
+
+# --- the verifier on its own ------------------------------------------------------------------
+
+
+def test_tree_rejection_rate_is_total_variation():
+  """One node: accepted with probability sum(min(p, q)) = 1 - TV(p, q)."""
+  p = jnp.asarray([0.5, 0.3, 0.2, 0.0])
+  q = jnp.asarray([0.1, 0.2, 0.3, 0.4])
+  n = 200_000
+  key_x, key_v = jax.random.split(jax.random.key(0))
+  x = jax.random.categorical(key_x, jnp.log(q), shape=(n, 1)).astype(jnp.int32)
+  draft = Draft(
+    tokens=x, probs=jnp.broadcast_to(q, (n, 1, 4)), parents=jnp.zeros((n, 1), jnp.int32)
+  )
+  end, _ = verify.rejection_sample_tree(
+    key_v, draft, jnp.broadcast_to(p, (n, 2, 4)), SamplingParams.create(1.0)
+  )
+  rate = float(jnp.mean(end == 1))
+  expected = float(jnp.sum(jnp.minimum(p, q)))
+  assert abs(rate - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
+
+
+def test_greedy_tree_takes_longest_matching_path():
+  # root -> 1 (a) -> 3 (b);  root -> 2 (a) -> 4 (c) -> 5 (d). Target argmax: a, then c, then d.
+  parents = jnp.asarray([[0, 0, 1, 2, 4]])
+  tokens = jnp.asarray([[0, 0, 1, 2, 3]])
+  argmax = [0, 2, 2, 1, 3, 1]  # per node 0..5: what the target predicts after it
+  p = jax.nn.one_hot(jnp.asarray([argmax]), 4)
+  draft = Draft(tokens=tokens, probs=jax.nn.one_hot(tokens, 4), parents=parents)
+  end, nxt = verify.rejection_sample_tree(jax.random.key(0), draft, p, SamplingParams.create(0.0))
+  assert end.tolist() == [5] and nxt.tolist() == [1]
+
+
+# --- exact distribution through generate ------------------------------------------------------
+
+KNOBS = {
+  "t1": dict(temperature=1.0),
+  "t1_topk4": dict(temperature=1.0, top_k=4),
+  "t1_topp0.9": dict(temperature=1.0, top_p=0.9),
+}
+
+
+@pytest.mark.parametrize("knobs", KNOBS.values(), ids=KNOBS.keys())
+def test_tree_exact_distribution(tiny_pair, knobs):
+  target, _ = tiny_pair
+  drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)
+  assert chi2_pvalue(target, drafter, None, knobs) > P_PASS
+
+
+def test_deterministic_topk_with_soft_q_fails(tiny_pair):
+  """Top-k picks are not draws from q: labelling them with the soft q is not lossless."""
+  target, _ = tiny_pair
+  drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0, deterministic=True)
+  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0)) < P_FAIL
+
+
+def test_verifier_without_q_renormalisation_fails(tiny_pair):
+  target, _ = tiny_pair
+  drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)
+  knobs = dict(temperature=1.0)
+  assert chi2_pvalue(target, drafter, None, knobs, verifier=testing.skip_q_renormalisation) < P_FAIL
+
+
+def test_prompt_lookup_tree_and_lookahead_exact_distribution(tiny_pair):
+  target, _ = tiny_pair
+  knobs, prompt = dict(temperature=1.0), [1, 2, 1, 2, 1]
+  lookup = PromptLookup(2, num_branches=2)
+  assert chi2_pvalue(target, lookup, None, knobs, prompt=prompt) > P_PASS
+  lookahead = Lookahead(window=3, ngram=3, num_candidates=2, pool_size=8)
+  assert chi2_pvalue(target, lookahead, None, knobs, prompt=prompt) > P_PASS
+
+
+def test_typical_acceptance_is_lossy_but_greedy_at_temperature_0(tiny_pair, small_target):
+  target, _ = tiny_pair
+  drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)
+  typical = verify.TypicalAcceptance(epsilon=0.3, delta=0.3)
+  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0), verifier=typical) < P_FAIL
+  cfg, params = small_target
+  kw = dict(max_new_tokens=16, max_len=40)
+  ar = generate(params, cfg, REPETITIVE, **kw)
+  out = generate(params, cfg, REPETITIVE, drafter=PromptLookup(3), verifier=typical, **kw)
+  assert out.tokens == ar.tokens
+
+
+# --- greedy exactness, batch 1 and 4 ----------------------------------------------------------
+
+DRAFTERS = {
+  "random_tree": testing.RandomTreeDrafter(TREE, spread=3.0),
+  "prompt_lookup_tree": PromptLookup(3, num_branches=3),
+  "lookahead": Lookahead(window=4, ngram=3, num_candidates=3, pool_size=32),
+}
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS.values(), ids=DRAFTERS.keys())
+def test_greedy_tree_drafters_equal_autoregressive(small_target, drafter):
+  cfg, params = small_target
+  kw = dict(max_new_tokens=32, max_len=64)
+  ar = generate(params, cfg, REPETITIVE, **kw)
+  out = generate(params, cfg, REPETITIVE, drafter=drafter, **kw)
+  assert out.tokens == ar.tokens
+  assert out.metrics["target_calls"] <= ar.metrics["target_calls"]
+  for row in (0, 3):
+    solo = generate(params, cfg, [REPETITIVE[row]], drafter=drafter, **kw)
+    assert solo.tokens[0] == ar.tokens[row]
+
+
+def test_tree_drafters_accept_tokens(small_target):
+  """The trees are not vacuous: on repetitive prompts they accept draft tokens."""
+  cfg, params = small_target
+  kw = dict(max_new_tokens=32, max_len=64)
+  for name in ("prompt_lookup_tree", "lookahead"):
+    out = generate(params, cfg, REPETITIVE, drafter=DRAFTERS[name], **kw)
+    assert sum(out.metrics["accept_hist"][1:]) > 0, name
+
+
+# --- Lookahead internals and bad input --------------------------------------------------------
+
+
+def test_lookahead_pool_skips_duplicates_and_wraps():
+  la = Lookahead(window=3, ngram=3, num_candidates=1, pool_size=4)
+  keys, conts = jnp.full((4,), -1), jnp.zeros((4, 2), jnp.int32)
+  grams = jnp.asarray([[1, 2, 3], [1, 2, 3], [4, 5, 6]])
+  keys, conts, ptr = la._insert(keys, conts, jnp.int32(0), grams)
+  assert keys.tolist() == [1, 4, -1, -1] and int(ptr) == 2
+  keys, conts, ptr = la._insert(keys, conts, ptr, jnp.asarray([[4, 5, 6], [7, 8, 9], [2, 2, 2]]))
+  assert keys.tolist() == [1, 4, 7, 2] and conts[3].tolist() == [2, 2] and int(ptr) == 0
+  keys, conts, ptr = la._insert(keys, conts, ptr, jnp.asarray([[9, 9, 8], [7, 8, 9], [7, 8, 9]]))
+  assert keys.tolist() == [9, 4, 7, 2] and conts[0].tolist() == [9, 8] and int(ptr) == 1
+
+
+def test_lookahead_window_mask():
+  la = Lookahead(window=3, ngram=3, num_candidates=1, pool_size=4)
+  offsets, mask = la._window_layout()
+  assert offsets.tolist() == [1, 2, 3, 2, 3, 4]
+  extras = mask[:, 1 + la.num_nodes :]
+  # (level 1, column 1) sees level 0 columns 0..1 and itself.
+  assert extras[4].tolist() == [True, True, False, False, True, False]
+  assert mask[:, 0].all() and not mask[:, 1 : 1 + la.num_nodes].any()
+
+
+@pytest.mark.parametrize(
+  "kw, field",
+  [
+    (dict(window=0), "window"),
+    (dict(ngram=1), "ngram"),
+    (dict(num_candidates=0), "num_candidates"),
+    (dict(num_candidates=8, pool_size=4), "pool_size"),
+  ],
+)
+def test_bad_lookahead_config(kw, field):
+  with pytest.raises(ValueError, match=field):
+    Lookahead(**kw)
+
+
+def test_ngram_longer_than_context(small_target):
+  cfg, params = small_target
+  with pytest.raises(ValueError, match="max_ngram"):
+    generate(params, cfg, [[1, 2]], drafter=PromptLookup(2, max_ngram=16), max_len=16)
+  with pytest.raises(ValueError, match="ngram"):
+    generate(params, cfg, [[1, 2]], drafter=Lookahead(ngram=20), max_len=16)
