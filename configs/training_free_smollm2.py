@@ -60,15 +60,15 @@ def get_config():
   c.task = "sweep"
   c.output_dir = "results/training_free_smollm2"
   c.prompts = CATEGORIES["rewrite"]
-  c.max_new_tokens = 96
+  c.max_new_tokens = 64
   c.max_len = 384
   c.benchmark.repeats = 1
   c.sweep = config_dict.ConfigDict()
   c.sweep.batch_sizes = (1, 4)
   c.sweep.categories = CATEGORIES
+  c.sweep.verify_sizes = (1, 2, 4, 5, 8, 13, 16, 32)  # time one forward over T tokens, per T
   c.sweep.variants = {
     "lookup_k4": {"name": "prompt_lookup", "num_draft": 4},
-    "lookup_k6": {"name": "prompt_lookup", "num_draft": 6},
     "lookup_tree_2x4": {"name": "prompt_lookup", "num_draft": 4, "num_branches": 2},
     "lookup_tree_3x4": {"name": "prompt_lookup", "num_draft": 4, "num_branches": 3},
     "lookahead_3_3_2": {
@@ -82,10 +82,6 @@ def get_config():
     "lookahead_5_4_3": {
       "name": "lookahead",
       "lookahead": {"window": 5, "ngram": 4, "num_candidates": 3},
-    },
-    "lookahead_7_4_5": {
-      "name": "lookahead",
-      "lookahead": {"window": 7, "ngram": 4, "num_candidates": 5},
     },
   }
   return c

@@ -62,33 +62,51 @@ def sequence_probs(params, cfg, prompt, num_new, sp: sampling.SamplingParams) ->
 
 @dataclasses.dataclass(frozen=True)
 class RandomTreeDrafter(Stateless):
-  """Proposes a static tree whose children are drawn from a random q per node.
+  """Proposes a tree whose children are drawn from a random q per node.
 
   Every internal node gets its own random distribution q (through ``sampling.probs``, so top-k
   and top-p apply); its children are drawn from q *without replacement* by Gumbel-top-k and
   labelled with q, which is what recursive rejection sampling needs. ``deterministic=True``
   instead takes q's top tokens in order yet still labels them with the soft q: a wrong
-  pairing that the exact-distribution test must catch.
+  pairing that the exact-distribution test must catch. With ``alt_tree`` (same node count)
+  every row picks one of the two topologies at random each step: a dynamic tree, whose
+  parents are data.
   """
 
   tree: trees.Tree
   spread: float = 1.0
   deterministic: bool = False
+  alt_tree: trees.Tree | None = None
   name: str = "random_tree"
+
+  def __post_init__(self):
+    if self.alt_tree is not None and self.alt_tree.num_nodes != self.tree.num_nodes:
+      raise ValueError("alt_tree must have as many nodes as tree.")
 
   @property
   def num_draft(self) -> int:
-    return self.tree.max_depth
+    return max(self.tree.max_depth, (self.alt_tree or self.tree).max_depth)
 
   @property
   def num_nodes(self) -> int:
     return self.tree.num_nodes
 
+  @staticmethod
+  def _parents_and_rank(tree: trees.Tree) -> np.ndarray:
+    parents = np.asarray(tree.parents)
+    rank = [int(np.sum(parents[:i] == parents[i])) for i in range(len(parents))]
+    return np.stack([parents, np.asarray(rank)])
+
   def propose(self, params, state, ctx):
     b, v = ctx.tokens.shape[0], ctx.vocab_size
-    parents = np.asarray(self.tree.parents)
-    rank = [int(np.sum(parents[:i] == parents[i])) for i in range(len(parents))]
-    key_q, key_g = jax.random.split(ctx.key)
+    key_q, key_g, key_t = jax.random.split(ctx.key, 3)
+    layout_2xN = jnp.asarray(self._parents_and_rank(self.tree), jnp.int32)
+    layout_Bx2xN = jnp.broadcast_to(layout_2xN, (b,) + layout_2xN.shape)
+    if self.alt_tree is not None:
+      alt_2xN = jnp.asarray(self._parents_and_rank(self.alt_tree), jnp.int32)
+      pick_B = jax.random.bernoulli(key_t, 0.5, (b,))
+      layout_Bx2xN = jnp.where(pick_B[:, None, None], alt_2xN, layout_Bx2xN)
+    parents_BxN, rank_BxN = layout_Bx2xN[:, 0], layout_Bx2xN[:, 1]
     n1 = self.tree.num_nodes + 1
     logits_BxN1xV = self.spread * jax.random.normal(key_q, (b, n1, v))
     q_BxN1xV = sampling.probs(logits_BxN1xV, ctx.sampling)
@@ -96,11 +114,12 @@ class RandomTreeDrafter(Stateless):
     if not self.deterministic:
       score_BxN1xV += jax.random.gumbel(key_g, (b, n1, v))
     order_BxN1xV = jnp.argsort(-score_BxN1xV, axis=-1)
-    tokens_BxN = order_BxN1xV[:, parents, np.asarray(rank)].astype(jnp.int32)
+    order_BxNxV = jnp.take_along_axis(order_BxN1xV, parents_BxN[..., None], axis=1)
+    tokens_BxN = jnp.take_along_axis(order_BxNxV, rank_BxN[..., None], axis=2)[..., 0]
     draft = Draft(
-      tokens=tokens_BxN,
-      probs=q_BxN1xV[:, parents],
-      parents=jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (b, len(parents))),
+      tokens=tokens_BxN.astype(jnp.int32),
+      probs=jnp.take_along_axis(q_BxN1xV, parents_BxN[..., None], axis=1),
+      parents=parents_BxN,
     )
     return draft, state
 

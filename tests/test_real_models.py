@@ -7,6 +7,7 @@ import pytest
 from specjax import build
 from specjax.decode import generate
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import registry
 from specjax.models.tokenizer import Tokenizer
@@ -52,6 +53,20 @@ def test_smollm2_greedy_speculative_equals_autoregressive(smol):
   lookup = generate(params, cfg, prompts, drafter=PromptLookup(4), **kw)
   assert lookup.tokens == ar.tokens
   assert sum(lookup.metrics["accept_hist"][1:]) > 0
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_smollm2_greedy_tree_drafters_equal_autoregressive(smol, batch):
+  """Prompt lookup trees and Lookahead (tree verification + K/V compaction) on real weights."""
+  cfg, params, tok = smol
+  prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
+  prompts = prompts[:batch]
+  kw = dict(max_new_tokens=32, max_len=128)
+  ar = generate(params, cfg, prompts, **kw)
+  for drafter in (PromptLookup(3, num_branches=3), Lookahead(window=4, ngram=3, num_candidates=3)):
+    spec = generate(params, cfg, prompts, drafter=drafter, **kw)
+    assert spec.tokens == ar.tokens, drafter.name
+    assert spec.metrics["target_calls"] < ar.metrics["target_calls"], drafter.name
 
 
 def test_tokenizer_mismatch_is_refused():

@@ -32,6 +32,7 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
   c.output_dir = str(tmp_path)
   c.sweep = config_dict.ConfigDict()
   c.sweep.batch_sizes = (2,)
+  c.sweep.verify_sizes = (1, 4)
   c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),), "random": ((5, 9, 11),)}
   c.sweep.variants = {
     "lookup_tree": {"name": "prompt_lookup", "num_branches": 2},
@@ -41,6 +42,7 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
   saved = json.loads((tmp_path / "sweep.json").read_text())
   assert len(saved["runs"]) == 2 * 3 == len(record["runs"])
   assert all(r["identical"] for r in saved["runs"])
+  assert [r["tokens"] for r in saved["verify_cost"]] == [1, 4]
   assert {(s["batch"], s["variant"]) for s in saved["summary"]} == {
     (2, v) for v in ("ar", "lookup_tree", "lookahead")
   }

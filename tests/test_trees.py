@@ -129,6 +129,14 @@ def test_tree_exact_distribution(tiny_pair, knobs):
   assert chi2_pvalue(target, drafter, None, knobs) > P_PASS
 
 
+def test_dynamic_tree_exact_distribution(tiny_pair):
+  """Parents as data: each row draws one of two topologies per step."""
+  target, _ = tiny_pair
+  alt = trees.Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])  # 4 nodes, depth 3
+  drafter = testing.RandomTreeDrafter(trees.Tree.from_spec((2, 1)), spread=2.0, alt_tree=alt)
+  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0)) > P_PASS
+
+
 def test_deterministic_topk_with_soft_q_fails(tiny_pair):
   """Top-k picks are not draws from q: labelling them with the soft q is not lossless."""
   target, _ = tiny_pair
@@ -168,6 +176,11 @@ def test_typical_acceptance_is_lossy_but_greedy_at_temperature_0(tiny_pair, smal
 
 DRAFTERS = {
   "random_tree": testing.RandomTreeDrafter(TREE, spread=3.0),
+  "dynamic_tree": testing.RandomTreeDrafter(
+    trees.Tree.from_spec((2, 1)),
+    spread=3.0,
+    alt_tree=trees.Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]]),
+  ),
   "prompt_lookup_tree": PromptLookup(3, num_branches=3),
   "lookahead": Lookahead(window=4, ngram=3, num_candidates=3, pool_size=32),
 }

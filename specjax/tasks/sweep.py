@@ -9,12 +9,17 @@ variant's text equals AR's. Writes ``sweep.json`` (every measurement) and prints
 """
 
 import copy
+import statistics
+import time
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 from tqdm import tqdm
 
 from specjax import build, metrics, results
 from specjax.decode import generate
+from specjax.models import llama
 from specjax.tasks.benchmark import _machine, _time
 
 COLUMNS = (
@@ -46,6 +51,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
   drafters = {name: build.drafter(c, target)[0] for name, c in variants.items()}
   verifier = build.verifier(config)
   record = {"config": config.to_dict(), "machine": _machine(), "runs": []}
+  if config.sweep.verify_sizes:
+    record["verify_cost"] = verify_cost(target, config.sweep.verify_sizes, config.max_len)
+    print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
   rows = []
   jobs = [(b, cat) for b in config.sweep.batch_sizes for cat in config.sweep.categories]
   for batch_size, category in tqdm(jobs, desc="sweep", unit="category"):
@@ -68,13 +76,18 @@ def run(config: ml_collections.ConfigDict) -> dict:
       run_ = {"batch": batch_size, "category": category, "variant": mode} | m | timing
       run_["tokens_per_s"] = m["tokens"] / timing["steady_s"]
       record["runs"].append(run_)
+      tqdm.write(
+        f"  B={batch_size} {category} {mode}: tau {m['tau']:.2f}, "
+        f"{run_['tokens_per_s']:.1f} tok/s"
+      )
     ar = record["runs"][-len(modes)]
     for run_ in record["runs"][-len(modes) :]:
       run_["speedup"] = run_["tokens_per_s"] / ar["tokens_per_s"]
       if req.temperature == 0:
         run_["identical"] = texts[run_["variant"]] == texts["ar"]
       rows.append(run_ | {"calls_per_token": run_["target_calls_per_token"]})
-  record["summary"] = _summary(record["runs"])
+    record["summary"] = _summary(record["runs"])
+    results.write_json(f"{config.output_dir}/sweep.json", record)  # partial results survive
   print(results.table(rows, COLUMNS))
   print(results.table(record["summary"], ("batch", "variant", "mean_speedup", "mean_tau")))
   path = results.write_json(f"{config.output_dir}/sweep.json", record)
@@ -96,4 +109,29 @@ def _summary(runs: list[dict]) -> list[dict]:
         "mean_tau": sum(r["tau"] for r in sel) / len(sel),
       }
     )
+  return out
+
+
+def verify_cost(target, sizes, max_len: int, context: int = 128, repeats: int = 7) -> list[dict]:
+  """Milliseconds for one batch-1 target forward over T new tokens after ``context`` cached
+  ones, per T in ``sizes``: what a T-node tree costs to verify, relative to one token."""
+  out = []
+  for t in sizes:
+    cache = llama.init_cache(target.cfg, 1, max_len + t + 1).replace(
+      lengths=jnp.asarray([context], jnp.int32)
+    )
+    tokens = jnp.ones((1, t), jnp.int32)
+    positions = context + jnp.arange(t)[None]
+    fwd = jax.jit(
+      lambda p, c, tok, pos, t=t: llama.forward(p, target.cfg, tok, pos, c, llama.causal_mask(t))[0]
+    )
+    fwd(target.params, cache, tokens, positions).block_until_ready()
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      fwd(target.params, cache, tokens, positions).block_until_ready()
+      times.append(time.perf_counter() - t0)
+    out.append({"tokens": t, "ms": 1e3 * statistics.median(times)})
+  for row in out:
+    row["vs_1_token"] = row["ms"] / out[0]["ms"]
   return out
