@@ -17,6 +17,7 @@ def write_json(path: str | Path, record: Any) -> Path:
     with os.fdopen(fd, "w") as f:
       json.dump(record, f, indent=2, sort_keys=False)
       f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
     os.replace(tmp, path)
   except BaseException:
     os.unlink(tmp)

@@ -1,0 +1,66 @@
+"""Self-distillation data for SmolLM2-135M-Instruct: its replies to prompts cut from the corpora.
+
+    bash scripts/install_models.sh smollm2 && bash scripts/install_corpora.sh all
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py
+
+Cuts 768 prompts (32-64 corpus tokens each, round-robin over chat, plays, the KJV and Python
+source; chat-templated), samples up to 96 new tokens for each at temperature 1, batch 32, and
+writes 3 shards plus manifest.json to data/self_distill/smollm2/ (~1.6 MB). Prints two
+samples and the generation speed. An interrupted run resumes where it stopped when rerun.
+Temperature 1 gives samples from the target's own distribution, so a drafter trained on them
+by cross-entropy learns that distribution (what sets acceptance), not only its greedy path.
+
+    python -m specjax.run --config=configs/self_distill_smollm2.py:tiny --config.output_dir=/tmp/d
+
+is a seconds-long smoke run on a random tiny target (random token prompts, no corpora).
+"""
+
+from ml_collections import config_dict
+
+from configs import tiny
+
+
+def get_config(arg: str | None = None):
+  c = tiny.get_config()
+  c.task = "self_distill"
+  c.output_dir = "data/self_distill/smollm2"  # shards + manifest.json; kept out of git
+  c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
+  c.drafter.name = "none"  # generation is plain autoregression of the target
+  c.drafter.num_draft = 0
+  c.chat = True  # wrap prompts in the chat template (chitchat turns stay turns)
+  c.stop_at_eos = True  # a row ends at the target's end-of-turn
+  c.batch_size = 32
+  c.max_new_tokens = 96
+  c.max_len = 256  # prompt (<= ~110 tokens with template) + max_new_tokens
+  c.temperature = 1.0
+  c.top_k = 0
+  c.top_p = 1.0
+  c.seed = 0  # prompt choice and sampling
+
+  c.distill = config_dict.ConfigDict()
+  c.distill.sources = ("chitchat", "shakespeare", "kjv", "python")  # see specjax/train/data.py
+  c.distill.num_prompts = 768
+  c.distill.prompt_min_tokens = 32  # corpus tokens per prompt, before the template
+  c.distill.prompt_max_tokens = 64
+  c.distill.shard_size = 256  # examples per shard file; a multiple of batch_size
+  c.distill.capture_layers = ()  # cache the residual stream after these layers (float16)
+  c.distill.capture_final = False  # cache the final-norm hidden state the LM head reads
+
+  if arg == "tiny":
+    t = tiny.get_config()
+    c.target = t.target
+    c.output_dir = "data/self_distill/tiny"
+    c.stop_at_eos = False
+    c.batch_size = 4
+    c.max_new_tokens = 16
+    c.max_len = 48
+    c.distill.sources = ()
+    c.distill.num_prompts = 10
+    c.distill.prompt_min_tokens = 4
+    c.distill.prompt_max_tokens = 16
+    c.distill.shard_size = 8
+  elif arg:
+    raise ValueError(
+      f"unknown variant {arg!r} of self_distill_smollm2.py; the one variant is tiny."
+    )
+  return c

@@ -1,0 +1,103 @@
+"""task=self_distill: the target's own continuations of corpus prompts, written as shards.
+
+Prompts are cut from ``config.distill.sources`` with the target's tokenizer (a random target,
+which has none, gets seeded random token prompts instead), generated in batches of
+``config.batch_size`` with the config's sampling knobs, and written under
+``config.output_dir`` (see specjax/train/distill.py). Training reads the directory back with
+``specjax.train.data.load_dataset``.
+"""
+
+import ml_collections
+import numpy as np
+
+from specjax import build
+from specjax.train import data, distill
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """The distill fields' cheap checks, run before the model is loaded."""
+  d = config.distill
+  if config.target.source == "random":
+    if d.sources:
+      raise ValueError(
+        "config.distill.sources needs a target with a tokenizer; a random target takes "
+        "distill.sources=() and gets random token prompts."
+      )
+  elif not d.sources:
+    raise ValueError(
+      f"config.distill.sources is empty: name corpora from {', '.join(data.CORPORA)}."
+    )
+  for name in d.sources:
+    data.corpus_path(name)
+  if d.num_prompts < 1:
+    raise ValueError(f"config.distill.num_prompts must be >= 1, got {d.num_prompts}.")
+  if not 1 <= d.prompt_min_tokens <= d.prompt_max_tokens:
+    raise ValueError(
+      "config.distill needs 1 <= prompt_min_tokens <= prompt_max_tokens, got "
+      f"{d.prompt_min_tokens} and {d.prompt_max_tokens}."
+    )
+  if d.shard_size < 1 or d.shard_size % config.batch_size:
+    raise ValueError(
+      f"config.distill.shard_size={d.shard_size} must be a positive multiple of "
+      f"config.batch_size={config.batch_size}."
+    )
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  build.check(config)
+  check(config)
+  d = config.distill
+  target = build.target(config)
+  tok = target.tokenizer
+  if tok is None:
+    rng = np.random.default_rng(config.seed)
+    lengths = rng.integers(d.prompt_min_tokens, d.prompt_max_tokens + 1, size=d.num_prompts)
+    prompt_ids = [rng.integers(0, target.cfg.vocab_size, size=n).tolist() for n in lengths]
+    sources, texts = None, None
+  else:
+    prompts = distill.corpus_prompts(
+      tuple(d.sources),
+      tok,
+      num_prompts=d.num_prompts,
+      min_tokens=d.prompt_min_tokens,
+      max_tokens=d.prompt_max_tokens,
+      seed=config.seed,
+      chat=config.chat,
+    )
+    prompt_ids, sources, texts = prompts.ids, prompts.sources, prompts.texts
+  manifest = distill.self_distill(
+    target.params,
+    target.cfg,
+    prompt_ids,
+    config.output_dir,
+    max_new_tokens=config.max_new_tokens,
+    max_len=config.max_len,
+    batch_size=config.batch_size,
+    shard_size=d.shard_size,
+    temperature=config.temperature,
+    top_k=config.top_k,
+    top_p=config.top_p,
+    seed=config.seed,
+    eos_id=sorted(tok.stop_ids) if tok is not None and config.stop_at_eos else None,
+    sources=sources,
+    capture_layers=tuple(d.capture_layers),
+    capture_final=d.capture_final,
+    tokenizer_fingerprint=tok.fingerprint() if tok is not None else None,
+    metadata={"config": config.to_dict()},
+  )
+  _, arrays = data.read_shards(config.output_dir, keys=("tokens", "lengths", "prompt_lengths"))
+  for i in range(min(2, len(prompt_ids))):
+    new = arrays["tokens"][i, arrays["prompt_lengths"][i] : arrays["lengths"][i]].tolist()
+    if tok is None:
+      print(f"[{i}] prompt ids {prompt_ids[i]}\n    -> {new}")
+    else:
+      print(f"[{i}] {texts[i]!r}\n    -> {tok.decode(new)!r}")
+  s = manifest["stats"]
+  new_tokens = int((arrays["lengths"] - arrays["prompt_lengths"]).sum())
+  rate = f"{s['tokens_per_s']:.1f}" if s["tokens_per_s"] else "n/a"
+  print(
+    f"wrote {manifest['num_examples']} examples ({new_tokens} new tokens) in "
+    f"{len(manifest['shards'])} shards to {config.output_dir}; this run: "
+    f"{s['new_tokens_this_run']} tokens in {s['seconds_this_run']:.1f} s = {rate} tok/s"
+  )
+  return manifest

