@@ -41,6 +41,7 @@ def get_config():
   c.drafter.max_ngram = 3  # prompt_lookup: longest suffix n-gram searched for
   c.drafter.min_ngram = 1  # prompt_lookup: shortest
   c.drafter.num_branches = 1  # prompt_lookup: > 1 = a tree of the best distinct matches
+  c.drafter.abstain = True  # prompt_lookup: no match -> a one-token step instead of a guess
   c.drafter.lookahead = config_dict.ConfigDict()
   c.drafter.lookahead.window = 5  # W: Jacobi window columns
   c.drafter.lookahead.ngram = 4  # N: n-gram size (window levels = N - 1; draft depth N - 1)

@@ -167,7 +167,7 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
 
 def _training_free(c: ml_collections.ConfigDict):
   if c.name == "prompt_lookup":
-    return PromptLookup(c.num_draft, c.max_ngram, c.min_ngram, c.num_branches)
+    return PromptLookup(c.num_draft, c.max_ngram, c.min_ngram, c.num_branches, c.abstain)
   la = c.lookahead
   return Lookahead(la.window, la.ngram, la.num_candidates, la.pool_size)
 

@@ -13,6 +13,7 @@ drafter.
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,27 +104,70 @@ def _verify_inputs(draft: Draft, root_Bx1, L_B):
   return tokens_BxT, L_B[:, None] + offsets_BxT, mask, anc, depth_BxN1
 
 
-def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState) -> DecodeState:
-  d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
-  L_B = s.cache.lengths
-  key, key_draft, key_verify = jax.random.split(s.key, 3)
-  ctx = DraftContext(s.tokens, L_B, key_draft, sp, st.target_cfg.vocab_size)
+def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _Static):
+  """One target forward over ``[newest, draft nodes, extras]`` and the verifier's verdict.
 
-  # propose
-  draft, dstate = st.drafter.propose(dparams, s.drafter_state, ctx)
-  # verify: one target forward over [newest, draft nodes, extras]
-  root_Bx1 = gather_rows(s.tokens, L_B[:, None])
+  Returns the accepted count, the accepted path (node ids), the next token, the forward's
+  tokens, the cache (the accepted path's K/V compacted next to the prefix), the target's
+  distributions at the nodes and its logits at the extra tokens.
+  """
+  d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
+  L_B = cache.lengths
   tokens_BxT, positions_BxT, mask, anc, depth_BxN1 = _verify_inputs(draft, root_Bx1, L_B)
-  logits, _, cache = llama.forward(tparams, st.target_cfg, tokens_BxT, positions_BxT, s.cache, mask)
+  logits, _, cache = llama.forward(tparams, st.target_cfg, tokens_BxT, positions_BxT, cache, mask)
   p_BxN1xV = sampling.probs(logits[:, : n_nodes + 1], sp)
-  # accept
-  end_B, next_B = st.verifier(key_verify, draft, p_BxN1xV, sp)
+  end_B, next_B = st.verifier(key, draft, p_BxN1xV, sp)
   n_B = jnp.take_along_axis(depth_BxN1, end_B[:, None], axis=1)[:, 0]
   if anc is None:  # a chain: the accepted nodes already sit in order
     path_BxD = jnp.broadcast_to(jnp.arange(1, d + 1), (L_B.shape[0], d))
   else:  # a tree: move the accepted path's K/V entries next to the prefix
     path_BxD = trees.path_to(anc, depth_BxN1, end_B, d)
     cache = compact(cache, L_B[:, None] + path_BxD, L_B + 1)
+  extra_logits = logits[:, n_nodes + 1 :]
+  return n_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits
+
+
+def _verify_root_only(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _Static):
+  """``_verify`` when every row abstains: a one-token forward (an AR step), same outputs."""
+  b = root_Bx1.shape[0]
+  d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
+  positions_Bx1 = cache.lengths[:, None]
+  logits, _, cache = llama.forward(
+    tparams, st.target_cfg, root_Bx1, positions_Bx1, cache, llama.causal_mask(1)
+  )
+  p_BxV = sampling.probs(logits[:, 0], sp)
+  next_B = sampling.sample(jax.random.split(key)[1], p_BxV)
+  tokens_BxT = jnp.concatenate([root_Bx1, draft.tokens], axis=1)
+  if draft.extra_tokens is not None:
+    tokens_BxT = jnp.concatenate([tokens_BxT, draft.extra_tokens], axis=1)
+  p_BxN1xV = jnp.zeros((b, n_nodes + 1) + p_BxV.shape[1:], p_BxV.dtype).at[:, 0].set(p_BxV)
+  extra_logits = jnp.zeros((b, st.drafter.num_extra, logits.shape[-1]), logits.dtype)
+  zeros_B = jnp.zeros((b,), jnp.int32)
+  path_BxD = jnp.zeros((b, d), jnp.int32)
+  return zeros_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits
+
+
+def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState) -> DecodeState:
+  d = st.drafter.num_draft
+  L_B = s.cache.lengths
+  key, key_draft, key_verify = jax.random.split(s.key, 3)
+  ctx = DraftContext(s.tokens, L_B, key_draft, sp, st.target_cfg.vocab_size)
+
+  # propose
+  draft, dstate = st.drafter.propose(dparams, s.drafter_state, ctx)
+  # verify + accept. A drafter may abstain per row (nothing worth verifying); when every live
+  # row does, the step is a one-token forward, as cheap as an AR step.
+  root_Bx1 = gather_rows(s.tokens, L_B[:, None])
+  args = (tparams, sp, key_verify, draft, root_Bx1, s.cache)
+  full, root_only = functools.partial(_verify, st=st), functools.partial(_verify_root_only, st=st)
+  if draft.abstain is None:
+    verified = jnp.bool_(True)
+    n_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits = full(*args)
+  else:
+    verified = ~jnp.all(draft.abstain | s.done)
+    n_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits = jax.lax.cond(
+      verified, full, root_only, *args
+    )
   path_tokens_BxD = gather_rows(tokens_BxT, path_BxD)
   tokens = write_rows(s.tokens, path_tokens_BxD, L_B + 1)
   tokens = write_rows(tokens, next_B[:, None], L_B + 1 + n_B)
@@ -140,15 +184,16 @@ def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState
   done = s.done | (eos_at_B < count_B) | (num_new >= max_new_B)
   done |= cache.lengths >= st.max_len  # Unreachable when validated.
   ctx = ctx.replace(lengths=cache.lengths)
-  extra_logits = None if draft.extra_tokens is None else logits[:, n_nodes + 1 :]
+  if draft.extra_tokens is None:
+    extra_logits = None
   verdict = Verdict(n_B, path_BxD, next_B, extra_logits)
   dstate = st.drafter.commit(dstate, verdict, ctx)
 
   # metrics, over live rows only
   m = s.metrics
   i = jnp.arange(d)
-  tried_BxD = live_B[:, None] & (n_B[:, None] >= i)
-  if anc is None:  # 1 - TV(p_i, q_i): the analytic acceptance rate of a chain position
+  tried_BxD = live_B[:, None] & verified & (n_B[:, None] >= i)
+  if draft.parents is None:  # 1 - TV(p_i, q_i): the analytic acceptance rate of a chain position
     overlap_BxD = jnp.sum(jnp.minimum(p_BxN1xV[:, :d], draft.probs), axis=-1)
   else:
     overlap_BxD = jnp.zeros(tried_BxD.shape, jnp.float32)
@@ -157,6 +202,7 @@ def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState
     draft_calls=m.draft_calls + st.drafter.draft_calls_per_step(),
     row_calls=m.row_calls + live_B,
     accept_hist=m.accept_hist + jnp.sum(live_B[:, None] & (n_B[:, None] == j), axis=0),
+    abstained=m.abstained + ~verified,
     attempts=m.attempts + jnp.sum(tried_BxD, axis=0),
     accepts=m.accepts + jnp.sum(tried_BxD & (n_B[:, None] > i), axis=0),
     overlap=m.overlap + jnp.sum(jnp.where(tried_BxD, overlap_BxD, 0.0), axis=0),

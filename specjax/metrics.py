@@ -20,11 +20,13 @@ class Metrics:
   attempts: jax.Array  # [K] how often draft position i was verified (n >= i).
   accepts: jax.Array  # [K] how often draft position i was accepted (n > i).
   overlap: jax.Array  # [K] sum of 1 - TV(p_i, q_i) over the verified positions.
+  abstained: jax.Array  # [] steps where every live row's drafter abstained (1-token forward).
 
   @classmethod
   def zeros(cls, batch: int, k: int):
     i32 = lambda *s: jnp.zeros(s, jnp.int32)
-    return cls(i32(), i32(), i32(batch), i32(k + 1), i32(k), i32(k), jnp.zeros((k,), jnp.float32))
+    overlap = jnp.zeros((k,), jnp.float32)
+    return cls(i32(), i32(), i32(batch), i32(k + 1), i32(k), i32(k), overlap, i32())
 
 
 def counts(m: Metrics, num_new_B) -> dict[str, np.ndarray]:
@@ -61,4 +63,5 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
     # 1 - TV(p, q) per chain position; trees (and one-hot drafts that never overlap) have none.
     "alpha_analytic": (c["overlap"] / attempts).tolist() if c["overlap"].any() else None,
     "position_attempts": c["attempts"].tolist(),
+    "abstained_calls": int(c["abstained"]),
   }

@@ -44,3 +44,19 @@ def test_prompt_lookup_exact_distribution(tiny_pair, knobs):
 def test_bad_prompt_lookup_config(kw, field):
   with pytest.raises(ValueError, match=field):
     PromptLookup(**kw)
+
+
+def test_abstaining_rows_take_one_token_steps_and_stay_exact(small_target, tiny_pair):
+  """min_ngram=2: rows without a 2-gram match abstain; an all-abstaining step is an AR step."""
+  cfg, params = small_target
+  kw = dict(max_new_tokens=24, max_len=48)
+  ar = generate(params, cfg, REPETITIVE, **kw)
+  for drafter in (PromptLookup(3, min_ngram=2), PromptLookup(3, min_ngram=2, num_branches=2)):
+    out = generate(params, cfg, REPETITIVE, drafter=drafter, **kw)
+    assert out.tokens == ar.tokens
+    solo = generate(params, cfg, [REPETITIVE[0]], drafter=drafter, **kw)
+    assert solo.tokens[0] == ar.tokens[0]
+    assert 0 < solo.metrics["abstained_calls"] < solo.metrics["target_calls"] - 1
+  target, _ = tiny_pair
+  drafter = PromptLookup(2, min_ngram=2)
+  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0), prompt=[1, 2, 1, 2]) > P_PASS

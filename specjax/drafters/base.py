@@ -45,6 +45,9 @@ class Draft:
   extra_tokens: jax.Array | None = None  # [B, E] tokens fed beside the tree, never accepted.
   extra_offsets: jax.Array | None = None  # [B, E] their positions relative to the newest token.
   extra_mask: jax.Array | None = None  # [B, E, N + 1 + E] bool: what each extra token sees.
+  # [B] bool: rows with nothing worth verifying. When every live row abstains the step is a
+  # one-token forward (an AR step); rows verified anyway get the draft checked as usual.
+  abstain: jax.Array | None = None
 
 
 @struct.dataclass

@@ -6,6 +6,11 @@ occurrence are a draft branch. With ``num_branches = G > 1`` the G best distinct
 (longest n first, then the latest) become G branches from the root: a tree of G * K nodes
 verified in one target forward. Pure jnp over the static token buffer, inside the loop.
 
+A row with no match abstains (``abstain=True``): when every live row of the batch abstains,
+the step is a one-token forward, as cheap as an AR step. Raising ``min_ngram`` makes the
+drafter abstain more and guess less. Where verifying K + 1 tokens costs about as much as one
+(accelerators), ``abstain=False`` verifies a repeat of the newest token instead.
+
 Each branch is deterministic given the context, so its q is one-hot: the verifier then
 accepts a token with probability p'(x) and on rejection removes x from p', which is the
 lossless rule for deterministic proposals. Branches that repeat a sibling's token waste a
@@ -29,6 +34,7 @@ class PromptLookup(Stateless):
   max_ngram: int = 3
   min_ngram: int = 1
   num_branches: int = 1
+  abstain: bool = True  # no match in a row: abstain (a whole batch abstaining costs 1 token)
   name: str = "prompt_lookup"
 
   def __post_init__(self):
@@ -93,6 +99,7 @@ class PromptLookup(Stateless):
   def propose(self, params, state, ctx: DraftContext):
     b, k, g = ctx.tokens.shape[0], self.num_draft, self.num_branches
     start_BxG = self.match_ends(ctx.tokens, ctx.lengths)
+    abstain_B = (start_BxG[:, 0] < 0) if self.abstain else None
     # Without a match, guess a repeat of the newest token. Continuations are clipped to the
     # committed text (slots <= L): past it the buffer holds stale drafts.
     start_BxG = jnp.where(start_BxG < 0, ctx.lengths[:, None], start_BxG)
@@ -100,7 +107,7 @@ class PromptLookup(Stateless):
     idx_BxGK = jnp.minimum(idx_BxGK, ctx.lengths[:, None, None]).reshape(b, g * k)
     tokens_BxN = gather_rows(ctx.tokens, idx_BxGK)
     probs_BxNxV = jax.nn.one_hot(tokens_BxN, ctx.vocab_size, dtype=jnp.float32)
-    if g == 1:
-      return Draft(tokens=tokens_BxN, probs=probs_BxNxV), state
-    parents = jnp.broadcast_to(jnp.asarray(np.asarray(self.tree.parents), jnp.int32), (b, g * k))
-    return Draft(tokens=tokens_BxN, probs=probs_BxNxV, parents=parents), state
+    parents = None
+    if g > 1:
+      parents = jnp.broadcast_to(jnp.asarray(np.asarray(self.tree.parents), jnp.int32), (b, g * k))
+    return Draft(tokens_BxN, probs_BxNxV, parents=parents, abstain=abstain_B), state
