@@ -1,0 +1,226 @@
+"""task=train: distil a draft model from the target, then decode with it.
+
+    python -m specjax.run --config=configs/train_tiny.py            # seconds, random target
+    python -m specjax.run --config=configs/distill_draft_smollm2.py  # SmolLM2-135M
+
+Order of work: every config field is checked (and the mesh against the devices, after joining a
+multi-process run) before any model or text is loaded; then the target is loaded and frozen, the
+data is read (``config.data.sources``: corpora and/or self-distilled directories; a random
+target with no sources samples its own text with ``specjax.decode.generate``), and
+``specjax.train.loop.train`` runs. Process 0 then exports the untrained and the trained draft as
+HF-style directories (``workdir/draft_init``, ``workdir/draft_final``) that the benchmark task
+loads as a draft model, decodes the config's prompts with each through the draft-model drafter
+(tau, per-position alpha), and writes ``workdir/train.json``.
+"""
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging as absl_logging
+from jax.experimental import multihost_utils
+
+from specjax import build, metrics, parallel, results
+from specjax.decode import generate
+from specjax.drafters.draft_model import DraftModel
+from specjax.models.config import ModelConfig
+from specjax.train import data, export, loop, objectives, step
+
+_SECTIONS = ("draft", "data", "distill", "train", "optim", "mesh", "distributed", "evaluate")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  mesh: parallel.MeshConfig
+  distributed: parallel.DistributedConfig
+  loop: loop.LoopConfig
+  optim: step.OptimConfig
+
+
+def plan(config: ml_collections.ConfigDict) -> _Plan:
+  """The config's train fields as validated frozen objects; loads nothing."""
+  missing = [k for k in _SECTIONS if k not in config]
+  if missing:
+    raise ValueError(
+      f"config has no {', '.join(missing)} section(s) for task=train; start from "
+      "configs/train_tiny.py or configs/distill_draft_smollm2.py."
+    )
+  t, d = config.train, config.data
+  if d.seq_len < 2:
+    raise ValueError(f"config.data.seq_len must be >= 2, got {d.seq_len}.")
+  if config.draft.embed not in objectives.EMBED_MODES:
+    raise ValueError(
+      f"config.draft.embed={config.draft.embed!r} is unknown; choose one of "
+      f"{', '.join(objectives.EMBED_MODES)}."
+    )
+  if d.eval_examples < 0:
+    raise ValueError(f"config.data.eval_examples must be >= 0, got {d.eval_examples}.")
+  for source in d.sources:
+    if source in data.CORPORA:
+      data.corpus_path(source)
+    elif Path(source).is_dir():
+      data.read_manifest(source)
+    else:
+      raise ValueError(
+        f"config.data.sources has {source!r}, which is neither a corpus "
+        f"({', '.join(data.CORPORA)}) nor an existing self-distillation directory. Create it "
+        "with the self_distill task, or fix the path."
+      )
+  if not d.sources and config.target.source != "random":
+    raise ValueError(
+      "config.data.sources is empty: name corpora or self-distilled directories (only a "
+      "random target may sample its own training text)."
+    )
+  if not d.sources and (d.max_examples < 1 or d.seq_len < 5):
+    raise ValueError(
+      "a random target samples config.data.max_examples rows of config.data.seq_len tokens "
+      f"(prompts of up to 4): need max_examples >= 1 and seq_len >= 5, got {d.max_examples} "
+      f"and {d.seq_len}."
+    )
+  return _Plan(
+    mesh=parallel.MeshConfig(**config.mesh),
+    distributed=parallel.DistributedConfig(**config.distributed),
+    loop=loop.LoopConfig(workdir=config.workdir, **t),
+    optim=step.OptimConfig(**config.optim),
+  )
+
+
+def draft_config(config: ml_collections.ConfigDict, target: ModelConfig) -> ModelConfig:
+  d = config.draft
+  return dataclasses.replace(
+    target,
+    dim=d.dim or target.dim,
+    num_layers=d.num_layers,
+    num_heads=d.num_heads,
+    num_kv_heads=d.num_kv_heads,
+    ffn_dim=d.ffn_dim,
+    head_dim=d.head_dim,
+    name=d.name,
+  )
+
+
+def sample_dataset(model: build.Model, num_examples: int, seq_len: int, seed: int) -> data.Dataset:
+  """The model's own text from short random prompts, sampled at temperature 1 (no tokenizer)."""
+  rng = np.random.default_rng(seed)
+  prompts = [
+    rng.integers(0, model.cfg.vocab_size, size=rng.integers(1, 5)).tolist()
+    for _ in range(num_examples)
+  ]
+  tokens = np.zeros((num_examples, seq_len), np.int32)
+  mask = np.zeros((num_examples, seq_len), np.float32)
+  batch = 64
+  for i in range(0, num_examples, batch):
+    rows = [prompts[j % num_examples] for j in range(i, i + batch)]
+    out = generate(
+      model.params,
+      model.cfg,
+      rows,
+      max_new_tokens=[seq_len - len(p) for p in rows],
+      max_len=seq_len,
+      temperature=1.0,
+      seed=seed + i,
+    )
+    for j, (p, new) in enumerate(zip(rows, out.tokens, strict=True)):
+      if i + j < num_examples:
+        tokens[i + j] = p + new
+        mask[i + j, len(p) - 1 : seq_len - 1] = 1.0
+  return data.Dataset(tokens, mask)
+
+
+def _load_data(config, target: build.Model):
+  d = config.data
+  if d.sources:
+    ds = data.load_dataset(
+      tuple(d.sources),
+      target.tokenizer,
+      seq_len=d.seq_len,
+      max_examples=d.max_examples or None,
+      seed=d.seed,
+    )
+  else:
+    ds = sample_dataset(target, d.max_examples, d.seq_len, d.seed)
+  return data.split(ds, d.eval_examples) if d.eval_examples else (ds, None)
+
+
+def _tau(target: build.Model, drafter: DraftModel, params, req: build.Request) -> dict:
+  outs = [
+    generate(
+      target.params, target.cfg, b, drafter=drafter, drafter_params=params, **req.generate_kwargs()
+    )
+    for b in req.batches()
+  ]
+  m = metrics.summarize(metrics.merge([o.counts for o in outs]))
+  return {"tau": m["tau"], "alpha": m["alpha"], "tokens": m["tokens"]}
+
+
+def _quiet_orbax(record: logging.LogRecord) -> bool:
+  """Drops orbax's per-save INFO lines (a dozen per checkpoint); keeps its warnings."""
+  return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  absl_logging.get_absl_handler().addFilter(_quiet_orbax)
+  p = plan(config)
+  parallel.initialize(p.distributed)
+  mesh = parallel.make_mesh(p.mesh)
+  parallel.batch_size_per_shard(p.loop.global_batch, mesh)
+  build.check(config)
+
+  t0 = time.perf_counter()
+  target = build.load_model(config.target)
+  objective = objectives.DraftDistill(
+    target.cfg,
+    draft_config(config, target.cfg),
+    temperature=config.distill.temperature,
+    embed=config.draft.embed,
+  )
+  train_ds, eval_ds = _load_data(config, target)
+  host_target = jax.device_get(target.params)
+  print(
+    f"target {target.cfg.name} ({target.cfg.num_params() / 1e6:.1f} M params), draft "
+    f"{objective.draft_cfg.num_layers} layers x {objective.draft_cfg.dim} "
+    f"({objective.draft_cfg.num_params() / 1e6:.1f} M), {len(train_ds)} train / "
+    f"{len(eval_ds) if eval_ds else 0} eval rows of {train_ds.seq_len} tokens, mesh "
+    f"{dict(mesh.shape)} over {jax.process_count()} process(es); setup "
+    f"{time.perf_counter() - t0:.1f} s"
+  )
+  meta = {"data": {k: config.data[k] for k in ("seq_len", "seed", "max_examples")}}
+  t_train = time.perf_counter()
+  result = loop.train(objective, host_target, train_ds, eval_ds, p.loop, p.optim, mesh, meta=meta)
+  train_s = time.perf_counter() - t_train
+
+  final = result.state.params
+  if jax.process_count() > 1:
+    final = multihost_utils.process_allgather(final, tiled=True)
+  final = objective.model_params(jax.device_get(final), host_target)
+  if jax.process_index() != 0:
+    return {}
+  init = objective.model_params(
+    step.initial_params(host_target, seed=p.loop.seed, objective=objective), host_target
+  )
+  workdir = Path(config.workdir)
+  record = {
+    "config": config.to_dict(),
+    "train_s": train_s,
+    "resumed_from": result.start_step,
+    "last": [r for r in result.history if "loss" in r][-1:],
+    "eval": [r for r in result.history if "eval/loss" in r][-1:],
+  }
+  for name, params in (("draft_init", init), ("draft_final", final)):
+    export.save_model(workdir / name, objective.draft_cfg, params, target.tokenizer)
+  if config.evaluate.enabled:
+    drafter = DraftModel(objective.draft_cfg, config.drafter.num_draft)
+    req = build.request(config, target)
+    record["decode"] = {
+      "init": _tau(target, drafter, init, req),
+      "final": _tau(target, drafter, final, req),
+    }
+    for k, v in record["decode"].items():
+      print(f"draft {k}: tau {v['tau']:.3f}  alpha {[round(a, 3) for a in v['alpha']]}")
+  path = results.write_json(workdir / "train.json", record)
+  print(f"wrote {path} and {workdir}/draft_init, {workdir}/draft_final")
+  return record

@@ -1,0 +1,96 @@
+"""A trained draft as an HF-style directory that ``specjax.build`` already loads as a draft model.
+
+    export.save_model("results/distill/draft_final", cfg, params, tokenizer)
+    # then: --config.drafter.source=model with drafter.model = {source: safetensors, path: ...}
+
+The directory holds ``config.json`` (LlamaForCausalLM), ``model.safetensors`` (HF tensor names,
+fp32) and, when the model has a tokenizer, ``tokenizer.json`` / ``tokenizer_config.json`` so the
+draft's tokenizer fingerprint matches the target's. It is written under a temp name and renamed
+into place: a reader never sees half a model.
+"""
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+from safetensors.numpy import save_file
+
+from specjax.models import checkpoint
+from specjax.models.config import ModelConfig
+from specjax.typing import Params
+
+# llama.py per-layer key -> HF tensor name suffix: the inverse of the loader's table.
+_LAYER_NAMES = {key: hf for hf, key in checkpoint._HF_LAYER_KEYS.items()}
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+  return {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": cfg.vocab_size,
+    "hidden_size": cfg.dim,
+    "num_hidden_layers": cfg.num_layers,
+    "num_attention_heads": cfg.num_heads,
+    "num_key_value_heads": cfg.num_kv_heads,
+    "intermediate_size": cfg.ffn_dim,
+    "head_dim": cfg.head_dim,
+    "rope_theta": cfg.rope_theta,
+    "rms_norm_eps": cfg.norm_eps,
+    "tie_word_embeddings": cfg.tie_embeddings,
+    "attention_bias": cfg.qkv_bias,
+    "torch_dtype": "float32",
+    "_name_or_path": cfg.name,
+  }
+
+
+def hf_tensors(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
+  host = jax.device_get(params)
+  tensors = {
+    "model.embed_tokens.weight": host["embed"],
+    "model.norm.weight": host["final_norm"],
+  }
+  if not cfg.tie_embeddings:
+    tensors["lm_head.weight"] = host["lm_head"]
+  for i, layer in enumerate(host["layers"]):
+    for key, value in layer.items():
+      tensors[f"model.layers.{i}.{_LAYER_NAMES[key]}"] = value
+  return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+
+
+def _tokenizer_files(tokenizer, directory: Path) -> None:
+  (directory / "tokenizer.json").write_text(tokenizer.backend.to_str())
+  to_token = tokenizer.backend.id_to_token
+  tok_cfg = {
+    "eos_token": to_token(tokenizer.eos_id),
+    "bos_token": None if tokenizer.bos_id is None else to_token(tokenizer.bos_id),
+    "add_bos_token": tokenizer.add_bos,
+    "chat_template": tokenizer.chat_template,
+  }
+  (directory / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
+
+
+def save_model(directory: str | Path, cfg: ModelConfig, params: Params, tokenizer=None) -> Path:
+  """Writes the model to ``directory`` atomically (replacing an older export there)."""
+  directory = Path(directory)
+  directory.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+  try:
+    (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=1))
+    save_file(hf_tensors(cfg, params), str(tmp / "model.safetensors"))
+    if tokenizer is not None:
+      _tokenizer_files(tokenizer, tmp)
+    if directory.exists():
+      old = directory.with_name(f".{directory.name}.old")
+      shutil.rmtree(old, ignore_errors=True)
+      directory.rename(old)
+      tmp.rename(directory)
+      shutil.rmtree(old)
+    else:
+      tmp.rename(directory)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return directory

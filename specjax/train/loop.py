@@ -1,0 +1,183 @@
+"""The train loop: one jitted step over a sharded state; eval, metrics, checkpoints, resume.
+
+    result = loop.train(objective, target_params, train_ds, eval_ds, LoopConfig(...),
+                        OptimConfig(...), parallel.make_mesh(MeshConfig(...)))
+
+Every process runs this same function (multi-controller JAX). Each step, every process asks the
+dataset for its own rows of global batch ``step`` and the rows become one global array sharded
+over the mesh's data x fsdp axes. Because that is a pure function of the step, the data position
+needs no state of its own: a resumed run restores step, params, optimiser state and rng from the
+newest finished checkpoint and continues exactly as if never stopped.
+
+Process 0 alone writes ``metrics.jsonl`` (every ``log_every`` steps, the mean over those steps
+of loss, KL, acceptance, gradient norm and learning rate, plus tokens/s), eval records (every
+``eval_every`` steps) and shows the progress bar. Every process takes part in checkpoints
+(orbax writes each process's shards).
+"""
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from tqdm.auto import tqdm
+
+from specjax import parallel
+from specjax.train import checkpoint as checkpoint_lib
+from specjax.train.metrics_log import MetricsLog
+from specjax.train.objectives import Objective
+from specjax.train.step import OptimConfig, TrainState, compile_steps
+from specjax.typing import Params
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  steps: int  # total optimiser steps of the run (a resumed run stops at the same step)
+  global_batch: int  # rows per step over all processes
+  seed: int = 0  # params init and data order
+  workdir: str = ""  # checkpoints/ and metrics.jsonl go here; "" = neither
+  log_every: int = 10
+  eval_every: int = 0  # 0 = only at the end (when there is an eval set)
+  eval_batches: int = 1  # global batches of the eval set per evaluation
+  checkpoint_every: int = 0  # 0 = only at the end
+  keep: int = 3  # newest checkpoints kept
+  async_checkpoint: bool = True
+  resume: bool = True  # continue from the newest checkpoint in workdir
+  progress: bool = True
+
+  def __post_init__(self):
+    for field in ("steps", "global_batch", "log_every", "eval_batches", "keep"):
+      if getattr(self, field) < 1:
+        raise ValueError(f"train.{field} must be >= 1, got {getattr(self, field)}.")
+    for field in ("seed", "eval_every", "checkpoint_every"):
+      if getattr(self, field) < 0:
+        raise ValueError(f"train.{field} must be >= 0, got {getattr(self, field)}.")
+
+
+@dataclasses.dataclass
+class Result:
+  state: TrainState
+  history: list[dict[str, Any]]  # the records this call logged (process 0; else empty)
+  start_step: int  # 0, or the checkpoint step it resumed from
+
+
+def check(loop: LoopConfig, mesh: Mesh, train_ds, eval_ds=None) -> None:
+  """Every cheap check, before anything is compiled."""
+  parallel.batch_size_per_shard(loop.global_batch, mesh)
+  pc = jax.process_count()
+  if loop.global_batch % pc:
+    raise ValueError(
+      f"train.global_batch={loop.global_batch} is not divisible by the {pc} processes."
+    )
+  for name, ds in (("train", train_ds), ("eval", eval_ds)):
+    if ds is not None and len(ds) < loop.global_batch:
+      raise ValueError(
+        f"the {name} set has {len(ds)} examples, fewer than train.global_batch="
+        f"{loop.global_batch}: add data or lower global_batch."
+      )
+
+
+def _global_batch(ds, step: int, loop: LoopConfig, mesh: Mesh) -> dict[str, jax.Array]:
+  local = ds.batch(
+    step,
+    loop.global_batch,
+    seed=loop.seed,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
+  return parallel.host_batch_to_global(local, mesh, loop.global_batch)
+
+
+def _evaluate(steps, state, frozen, eval_ds, loop, mesh) -> dict[str, float]:
+  ms = [
+    jax.device_get(steps.eval(state.params, frozen, _global_batch(eval_ds, i, loop, mesh)))
+    for i in range(loop.eval_batches)
+  ]
+  return {f"eval/{k}": float(np.mean([m[k] for m in ms])) for k in ms[0]}
+
+
+def train(
+  objective: Objective,
+  target_params: Params,
+  train_ds,
+  eval_ds,
+  loop: LoopConfig,
+  optim: OptimConfig,
+  mesh: Mesh,
+  meta: dict[str, Any] | None = None,
+) -> Result:
+  """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming)."""
+  check(loop, mesh, train_ds, eval_ds)
+  is_main = jax.process_index() == 0
+  workdir = Path(loop.workdir) if loop.workdir else None
+  steps = compile_steps(objective, optim, mesh, target_params, loop.seed)
+  frozen = parallel.put_global(target_params, steps.frozen_shardings)
+  signature = objective.signature()
+
+  ckpt, start = None, 0
+  if workdir is not None:
+    ckpt = checkpoint_lib.Checkpointer(
+      workdir / "checkpoints", keep=loop.keep, async_save=loop.async_checkpoint
+    )
+    latest = ckpt.latest_step() if loop.resume else None
+    if latest is not None:
+      state = ckpt.restore(latest, steps.abstract_state, signature)
+      start = latest
+  if start == 0:
+    state = steps.init(frozen)
+  log = MetricsLog(workdir / "metrics.jsonl", start) if workdir is not None and is_main else None
+  seq_len = train_ds.seq_len
+  history: list[dict[str, Any]] = []
+
+  def emit(record):
+    if is_main:
+      history.append(record)
+      if log is not None:
+        log.write(record)
+
+  bar = tqdm(total=loop.steps, initial=start, disable=not (loop.progress and is_main), unit="step")
+  t_window, n_window, window_sum = time.perf_counter(), 0, None
+  try:
+    for step in range(start, loop.steps):
+      batch = _global_batch(train_ds, step, loop, mesh)
+      state, metrics = steps.train(state, frozen, batch)
+      # Summed on device (no host sync per step), averaged when logged.
+      window_sum = metrics if window_sum is None else jax.tree.map(jnp.add, window_sum, metrics)
+      done = step + 1
+      n_window += 1
+      bar.update(1)
+      if done % loop.log_every == 0 or done == loop.steps:
+        m = {k: float(v) / n_window for k, v in jax.device_get(window_sum).items()}
+        dt = time.perf_counter() - t_window
+        m["tokens_per_s"] = n_window * loop.global_batch * seq_len / dt
+        m["step_s"] = dt / n_window
+        emit({"step": done, **m})
+        bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{m['tokens_per_s']:.0f}")
+        t_window, n_window, window_sum = time.perf_counter(), 0, None
+      is_eval = (loop.eval_every and done % loop.eval_every == 0) or done == loop.steps
+      if eval_ds is not None and is_eval:
+        emit({"step": done, **_evaluate(steps, state, frozen, eval_ds, loop, mesh)})
+      if ckpt is not None and (
+        (loop.checkpoint_every and done % loop.checkpoint_every == 0) or done == loop.steps
+      ):
+        ckpt.save(done, state, {"signature": signature, "step": done, **(meta or {})})
+  except jax.errors.JaxRuntimeError as e:
+    if jax.process_count() == 1:
+      raise
+    raise RuntimeError(
+      f"training failed in a cross-process operation near step {bar.n} ({e}). Another process "
+      "of this multi-process run most likely died: check its log, then restart every process "
+      "(the run resumes from the newest checkpoint)."
+    ) from e
+  finally:
+    bar.close()
+    if ckpt is not None:
+      ckpt.wait()
+      ckpt.close()
+    if log is not None:
+      log.close()
+  return Result(state=state, history=history, start_step=start)

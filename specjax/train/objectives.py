@@ -1,0 +1,131 @@
+"""What is trained and against what: the one interface a new drafter's training plugs into.
+
+An ``Objective`` owns the trainable params and the loss; the train loop (``train/loop.py``)
+owns everything else (mesh, optimiser, checkpoints, data order, logging). Medusa or EAGLE
+heads train by supplying another objective, not another loop:
+
+    init(key, frozen) -> params               trainable params (may read the frozen target)
+    loss(params, frozen, batch, key) -> (scalar, {name: scalar})   pure, jit-able
+    model_params(params, frozen) -> params    what the drafter decodes with
+    rules, frozen_rules                       partition rules (see specjax/parallel.py)
+    signature() -> dict                       shapes a checkpoint must match (JSON-able)
+
+``frozen`` is the target's params: sharded like the trainable ones, never differentiated.
+``DraftDistill`` is the first objective: a small Llama-family draft model distilled from the
+target by forward KL over every counted position of target-written text (DistillSpec).
+"""
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from specjax import parallel
+from specjax.models import llama
+from specjax.models.config import ModelConfig
+from specjax.train import losses
+from specjax.typing import Params
+
+EMBED_MODES = ("random", "copy", "frozen")
+
+
+class Objective(Protocol):
+  name: str
+  rules: parallel.Rules
+  frozen_rules: parallel.Rules
+
+  def init(self, key: jax.Array, frozen: Params) -> Params: ...
+
+  def loss(
+    self, params: Params, frozen: Params, batch: dict[str, jax.Array], key: jax.Array
+  ) -> tuple[jax.Array, dict[str, jax.Array]]: ...
+
+  def model_params(self, params: Params, frozen: Params) -> Params: ...
+
+  def signature(self) -> dict[str, Any]: ...
+
+
+def full_logits(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array) -> jax.Array:
+  """Causal logits over whole sequences: one forward into an empty cache of exactly T slots."""
+  b, t = tokens_BxT.shape
+  positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
+  cache = llama.init_cache(cfg, b, t)
+  logits_BxTxV, _, _ = llama.forward(
+    params, cfg, tokens_BxT, positions_BxT, cache, llama.causal_mask(t)
+  )
+  return logits_BxTxV
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftDistill:
+  """Draft model ``draft_cfg`` trained to match target ``target_cfg``'s next-token distribution.
+
+  ``embed``: ``random`` (own embedding, trained), ``copy`` (initialised from the target's
+  embedding and head, trained), or ``frozen`` (the target's embedding and head, not trained:
+  fewer trainable params, less optimiser state). ``copy`` and ``frozen`` need the draft's
+  ``dim`` to equal the target's.
+  """
+
+  target_cfg: ModelConfig
+  draft_cfg: ModelConfig
+  temperature: float = 1.0
+  embed: str = "copy"
+  init_std: float = 0.02  # embedding std for embed = random
+  name: str = "draft_distill"
+  rules: parallel.Rules = parallel.LLAMA_RULES
+  frozen_rules: parallel.Rules = parallel.LLAMA_RULES
+
+  def __post_init__(self):
+    if self.draft_cfg.vocab_size != self.target_cfg.vocab_size:
+      raise ValueError(
+        f"draft.vocab_size ({self.draft_cfg.vocab_size}) != target vocab_size "
+        f"({self.target_cfg.vocab_size}): a draft must share the target's tokenizer."
+      )
+    if self.embed not in EMBED_MODES:
+      raise ValueError(f"draft.embed={self.embed!r} is unknown; choose one of {EMBED_MODES}.")
+    if self.embed != "random" and self.draft_cfg.dim != self.target_cfg.dim:
+      raise ValueError(
+        f"draft.embed={self.embed!r} reuses the target's embedding, so draft.dim must be "
+        f"{self.target_cfg.dim} (got {self.draft_cfg.dim}); or set draft.embed='random'."
+      )
+    if self.embed == "frozen" and self.draft_cfg.tie_embeddings != self.target_cfg.tie_embeddings:
+      raise ValueError(
+        "draft.embed='frozen' uses the target's head as is, so draft tie_embeddings must be "
+        f"{self.target_cfg.tie_embeddings} like the target's."
+      )
+    if not self.temperature > 0:
+      raise ValueError(f"distill temperature must be > 0, got {self.temperature}.")
+
+  def _shared(self, frozen: Params) -> Params:
+    """The target's embedding (and untied head), in the draft's layout."""
+    shared = {"embed": frozen["embed"]}
+    if not self.draft_cfg.tie_embeddings:
+      shared["lm_head"] = frozen["embed"] if self.target_cfg.tie_embeddings else frozen["lm_head"]
+    return shared
+
+  def init(self, key: jax.Array, frozen: Params) -> Params:
+    params = llama.init_params(self.draft_cfg, key, embed_std=self.init_std)
+    if self.embed == "copy":
+      params |= self._shared(frozen)
+    elif self.embed == "frozen":
+      params = {k: v for k, v in params.items() if k not in ("embed", "lm_head")}
+    return params
+
+  def model_params(self, params: Params, frozen: Params) -> Params:
+    return params | self._shared(frozen) if self.embed == "frozen" else params
+
+  def loss(self, params, frozen, batch, key):
+    del key  # deterministic objective
+    tokens_BxT = batch["tokens"]
+    teacher_BxTxV = full_logits(frozen, self.target_cfg, tokens_BxT)
+    student_BxTxV = full_logits(self.model_params(params, frozen), self.draft_cfg, tokens_BxT)
+    return losses.distill_kl(teacher_BxTxV, student_BxTxV, batch["mask"], self.temperature)
+
+  def signature(self) -> dict[str, Any]:
+    return {
+      "objective": self.name,
+      "embed": self.embed,
+      "draft": dataclasses.asdict(self.draft_cfg),
+      "target": self.target_cfg.name,
+    }

@@ -1,0 +1,323 @@
+"""The distillation loss, the train step and loop, checkpoints (kill -9, resume), the train task."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import train_worker
+
+from configs import train_tiny
+from specjax import parallel, testing
+from specjax.models import checkpoint as model_checkpoint
+from specjax.tasks import train as train_task
+from specjax.train import checkpoint, data, export, loop, losses, metrics_log, objectives, step
+
+# -- the loss ---------------------------------------------------------------------------------
+
+
+def _kl_numpy(t, s, temperature):
+  p = np.exp(t / temperature) / np.exp(t / temperature).sum(-1, keepdims=True)
+  q = np.exp(s / temperature) / np.exp(s / temperature).sum(-1, keepdims=True)
+  return (p * (np.log(p) - np.log(q))).sum(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_distill_kl_is_masked_mean_of_forward_kl(temperature):
+  rng = np.random.default_rng(0)
+  t, s = rng.normal(size=(2, 2, 5, 7)) * 2
+  mask = np.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], np.float32)
+  loss, m = losses.distill_kl(jnp.asarray(t), jnp.asarray(s), jnp.asarray(mask), temperature)
+  kl = _kl_numpy(t, s, temperature)
+  np.testing.assert_allclose(loss, (kl * mask).sum() / mask.sum() * temperature**2, rtol=1e-5)
+  p1, q1 = (np.exp(x) / np.exp(x).sum(-1, keepdims=True) for x in (t, s))
+  accept = np.minimum(p1, q1).sum(-1)  # 1 - total variation
+  np.testing.assert_allclose(m["accept"], (accept * mask).sum() / mask.sum(), rtol=1e-5)
+  # Positions with mask 0 do not count, whatever the student says there.
+  s2 = np.where(mask[..., None] == 0, rng.normal(size=s.shape) * 9, s)
+  loss2, _ = losses.distill_kl(jnp.asarray(t), jnp.asarray(s2), jnp.asarray(mask), temperature)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+
+
+def test_distill_kl_is_zero_only_at_the_teacher():
+  t = jax.random.normal(jax.random.key(0), (2, 4, 9))
+  mask = jnp.ones((2, 4))
+  loss, m = losses.distill_kl(t, t, mask)
+  assert abs(float(loss)) < 1e-6 and float(m["accept"]) == pytest.approx(1.0, abs=1e-6)
+  assert float(m["top1"]) == 1.0
+  loss, _ = losses.distill_kl(t, t + jax.random.normal(jax.random.key(1), t.shape), mask)
+  assert float(loss) > 0.01
+
+
+# -- the objective and the step ---------------------------------------------------------------
+
+
+def test_objective_rejects_mismatched_draft():
+  tcfg = testing.tiny_config(vocab_size=64, dim=32)
+  with pytest.raises(ValueError, match="vocab_size"):
+    objectives.DraftDistill(tcfg, testing.tiny_config(vocab_size=32, dim=32))
+  with pytest.raises(ValueError, match="draft.dim must be 32"):
+    objectives.DraftDistill(tcfg, testing.tiny_config(vocab_size=64, dim=16), embed="copy")
+  objectives.DraftDistill(tcfg, testing.tiny_config(vocab_size=64, dim=16), embed="random")
+
+
+def test_frozen_embedding_is_not_trained():
+  objective, tparams, _ = train_worker.setup()
+  frozen = dataclasses.replace(objective, embed="frozen")
+  params = frozen.init(jax.random.key(0), tparams)
+  assert "embed" not in params and "lm_head" not in params
+  full = frozen.model_params(params, tparams)
+  assert full["embed"] is tparams["embed"] and full["lm_head"] is tparams["lm_head"]
+
+
+def test_train_step_lowers_loss_and_compiles_once():
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  steps = step.compile_steps(objective, train_worker.OPTIM, mesh, tparams, seed=0)
+  frozen = parallel.put_global(tparams, steps.frozen_shardings)
+  state = steps.init(frozen)
+  before = jax.device_get(state.params["layers"][0]["wq"])
+  losses_ = []
+  for i in range(12):
+    batch = parallel.host_batch_to_global(ds.batch(i, 8), mesh, 8)
+    state, m = steps.train(state, frozen, batch)
+    losses_.append(float(m["loss"]))
+  assert steps.train._cache_size() == 1  # one compile for every step
+  assert int(state.step) == 12
+  assert np.mean(losses_[-3:]) < 0.7 * np.mean(losses_[:3]), losses_
+  assert not np.allclose(before, state.params["layers"][0]["wq"])
+
+
+# -- checkpoints and resume -------------------------------------------------------------------
+
+
+def _loop_cfg(workdir, steps, **kw):
+  kw = {"global_batch": 8, "log_every": 1, "progress": False, "async_checkpoint": False} | kw
+  return loop.LoopConfig(steps=steps, workdir=str(workdir), **kw)
+
+
+def test_resume_continues_exactly(tmp_path):
+  """In-process: 6 steps straight vs 3 steps, then a new call that resumes to 6."""
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  run = lambda workdir, steps: loop.train(
+    objective, tparams, ds, None, _loop_cfg(workdir, steps), train_worker.OPTIM, mesh
+  )
+  full, first, rest = run(tmp_path / "a", 6), run(tmp_path / "b", 3), run(tmp_path / "b", 6)
+  assert first.start_step == 0 and rest.start_step == 3
+  loss = lambda history: [r["loss"] for r in history]
+  assert loss(first.history + rest.history) == loss(full.history)
+  b = metrics_log.read(tmp_path / "b" / "metrics.jsonl")
+  assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6] and loss(b) == loss(full.history)
+  same = jax.tree.map(np.array_equal, jax.device_get(full.state), jax.device_get(rest.state))
+  assert all(jax.tree.leaves(same))  # params, optimiser state, rng and step
+
+
+def test_checkpoint_from_another_model_shape_names_the_leaf(tmp_path):
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 1), train_worker.OPTIM, mesh)
+  narrower = dataclasses.replace(objective.draft_cfg, ffn_dim=48)
+  with pytest.raises(ValueError, match=r"leaf 'params/layers/0/w_down' is float32\[32, 64\] there"):
+    loop.train(
+      dataclasses.replace(objective, draft_cfg=narrower),
+      tparams,
+      ds,
+      None,
+      _loop_cfg(tmp_path, 2),
+      train_worker.OPTIM,
+      mesh,
+    )
+  deeper = dataclasses.replace(objective.draft_cfg, num_layers=2)
+  with pytest.raises(ValueError, match=r"has no leaf 'params/layers/1/attn_norm'"):
+    loop.train(
+      dataclasses.replace(objective, draft_cfg=deeper),
+      tparams,
+      ds,
+      None,
+      _loop_cfg(tmp_path, 2),
+      train_worker.OPTIM,
+      mesh,
+    )
+
+
+def test_metrics_log_drops_records_after_the_resume_step(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps({"step": s, "loss": s}) + "\n" for s in range(1, 6)) + '{"st')
+  log = metrics_log.MetricsLog(path, resume_step=3)
+  log.write({"step": 4, "loss": 40})
+  log.close()
+  assert metrics_log.read(path) == [{"step": s, "loss": s} for s in (1, 2, 3)] + [
+    {"step": 4, "loss": 40}
+  ]
+
+
+_SAVE_THEN_DIE = """
+import os, signal, sys
+import jax, jax.numpy as jnp
+from specjax.train import checkpoint, step
+ckpt = checkpoint.Checkpointer(sys.argv[1], keep=3)
+state = lambda s: step.TrainState(jnp.int32(s), {"w": jnp.full((2048, 2048), float(s))}, (),
+                                  jnp.zeros(2, jnp.uint32))
+ckpt.save(1, state(1), {"signature": {}})
+ckpt.wait()
+ckpt.save(2, state(2), {"signature": {}})  # async: returns while the files are being written
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_kill_mid_save_leaves_no_valid_partial_checkpoint(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, "-c", _SAVE_THEN_DIE, str(tmp_path)],
+    env=train_worker.env(),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  assert (tmp_path / "2.orbax-checkpoint-tmp").is_dir()  # killed mid-save
+  assert not (tmp_path / "2").exists()
+  ckpt = checkpoint.Checkpointer(tmp_path)
+  assert ckpt.latest_step() == 1 and ckpt.all_steps() == [1]
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = step.TrainState(
+    jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding),
+    {"w": jax.ShapeDtypeStruct((2048, 2048), jnp.float32, sharding=sharding)},
+    (),
+    jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding),
+  )
+  restored = ckpt.restore(1, abstract, signature={})
+  assert int(restored.step) == 1 and float(restored.params["w"][5, 7]) == 1.0
+  ckpt.save(2, dataclasses.replace(restored, step=jnp.int32(2)), {"signature": {}})
+  ckpt.wait()  # the interrupted step saves cleanly over the leftover
+  assert ckpt.all_steps() == [1, 2] and not (tmp_path / "2.orbax-checkpoint-tmp").exists()
+  ckpt.close()
+
+
+def test_kill_9_mid_run_then_resume_gives_the_same_curve(tmp_path):
+  args = {"layouts": {"run": {}}, "steps": 40, "checkpoint_every": 5}
+  straight = train_worker.run_subprocess(args | {"workdir": str(tmp_path / "a")})
+  metrics = tmp_path / "b" / "run" / "metrics.jsonl"
+  proc = subprocess.Popen(
+    train_worker.command(args | {"workdir": str(tmp_path / "b"), "slow_s": 0.05}),
+    env=train_worker.env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  deadline = time.time() + 120
+  while len(metrics_log.read(metrics)) < 17 and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  os.kill(proc.pid, signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL
+  killed_at = len(metrics_log.read(metrics))
+  assert 17 <= killed_at < 40
+  resumed = train_worker.run_subprocess(args | {"workdir": str(tmp_path / "b")})
+  assert 0 < resumed["run"]["start"] <= killed_at
+  want = [r["loss"] for r in metrics_log.read(tmp_path / "a" / "run" / "metrics.jsonl")]
+  got = [r["loss"] for r in metrics_log.read(metrics)]
+  assert len(want) == 40 and got == want  # step for step, bit for bit
+  assert straight["run"]["losses"] == want
+
+
+# -- bad input, through the train task --------------------------------------------------------
+
+
+def _tiny_config(tmp_path, **train):
+  c = train_tiny.get_config()
+  c.workdir = str(tmp_path)
+  c.data.max_examples, c.data.eval_examples = 96, 16
+  c.train.update(progress=False, **train)
+  return c
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ({"mesh.data": 2}, "mesh larger than the devices|larger than the devices"),
+    ({"train.global_batch": 0}, "train.global_batch must be >= 1"),
+    ({"data.sources": ("no/such/dir",)}, "neither a corpus .* nor an existing"),
+    ({"data.seq_len": 1}, "data.seq_len must be >= 2"),
+    ({"distributed.num_processes": 2}, "coordinator_address"),
+    ({"draft.embed": "shared"}, "draft.embed='shared' is unknown"),
+  ],
+)
+def test_train_task_rejects_bad_config(tmp_path, override, message):
+  c = _tiny_config(tmp_path)
+  for key, value in override.items():
+    section, field = key.split(".")
+    c[section][field] = value
+  with pytest.raises(ValueError, match=message):
+    train_task.run(c)
+
+
+def test_unfinished_self_distillation_is_rejected(tmp_path):
+  (tmp_path / "shards").mkdir()
+  c = _tiny_config(tmp_path / "run")
+  c.data.sources = (str(tmp_path / "shards"),)
+  with pytest.raises(ValueError, match="no manifest.json"):
+    train_task.run(c)
+
+
+def test_batch_larger_than_the_data_is_rejected():
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  with pytest.raises(ValueError, match="the train set has 64 examples, fewer than"):
+    loop.train(
+      objective, tparams, ds, None, _loop_cfg("", 1, global_batch=128), train_worker.OPTIM, mesh
+    )
+  with pytest.raises(ValueError, match="no examples"):
+    data.Dataset(np.zeros((0, 8), np.int32), np.zeros((0, 8), np.float32))
+
+
+# -- export and the end-to-end task -----------------------------------------------------------
+
+
+def test_export_loads_back_as_a_draft_model(tmp_path):
+  cfg, params = testing.tiny_model(seed=2, vocab_size=64, dim=32, num_layers=2)
+  export.save_model(tmp_path / "draft", cfg, params)
+  export.save_model(tmp_path / "draft", cfg, params)  # replacing an export works too
+  cfg2, params2 = model_checkpoint.load_safetensors(tmp_path / "draft")
+  assert dataclasses.replace(cfg2, name=cfg.name) == cfg
+  same = jax.tree.map(np.array_equal, jax.device_get(params), jax.device_get(params2))
+  assert all(jax.tree.leaves(same))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # no temp dirs left
+
+
+def test_train_cli_distils_a_better_draft(tmp_path):
+  """python -m specjax.run --config=configs/train_tiny.py, shortened: tau rises with training."""
+  cmd = [sys.executable, "-m", "specjax.run", "--config=configs/train_tiny.py"] + [
+    f"--config.{k}={v}"
+    for k, v in {
+      "workdir": tmp_path,
+      "data.max_examples": 288,
+      "data.eval_examples": 32,
+      "train.steps": 60,
+      "train.eval_every": 30,
+      "train.checkpoint_every": 30,
+      "train.progress": False,
+      "optim.decay_steps": 50,
+      "max_new_tokens": 24,
+    }.items()
+  ]
+  proc = subprocess.run(
+    cmd, capture_output=True, text=True, env=train_worker.env(), cwd=train_worker.ROOT, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  saved = json.loads((tmp_path / "train.json").read_text())
+  records = metrics_log.read(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in records if "eval/kl" in r] == [30, 60]
+  train_kl = [r["kl"] for r in records if "kl" in r]
+  assert train_kl[-1] < 0.6 * train_kl[0], train_kl
+  tau = {k: v["tau"] for k, v in saved["decode"].items()}
+  assert tau["final"] > tau["init"] + 0.2, tau
+  assert f"draft final: tau {tau['final']:.3f}" in proc.stdout
+  for name in ("draft_init", "draft_final"):
+    cfg, _ = model_checkpoint.load_safetensors(tmp_path / name)
+    assert (cfg.num_layers, cfg.dim) == (1, 64)
