@@ -1,5 +1,6 @@
 """The data pipeline: corpora, packing, masks, deterministic per-process batches, bad input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -259,4 +260,11 @@ def test_empty_corpus_is_a_clear_error(monkeypatch, tmp_path):
 def test_directory_without_manifest_is_rejected(tmp_path):
   (tmp_path / "shard-00000.npz").write_bytes(b"")
   with pytest.raises(ValueError, match="no manifest.json: it is not a finished"):
+    data.load_dataset([str(tmp_path)], None, seq_len=8, max_examples=None)
+
+
+def test_finished_directory_with_no_shards_is_a_clear_error(tmp_path):
+  manifest = {"format": data.SHARD_FORMAT, "shards": []}
+  (tmp_path / data.MANIFEST).write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match="with no examples"):
     data.load_dataset([str(tmp_path)], None, seq_len=8, max_examples=None)

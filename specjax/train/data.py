@@ -308,6 +308,11 @@ def read_shards(directory, keys: Sequence[str] | None = None) -> tuple[dict, dic
 
 def _shard_rows(directory, tokenizer, seq_len, quota, seed):
   manifest, arrays = read_shards(directory, keys=("tokens", "mask"))
+  if not arrays:
+    raise ValueError(
+      f"{directory} is a finished self-distillation with no examples: it is empty. Regenerate "
+      "it with more prompts, or drop it from the sources."
+    )
   fp = getattr(tokenizer, "fingerprint", None)
   want = manifest.get("tokenizer_fingerprint")
   if fp is not None and want is not None and fp() != want:
