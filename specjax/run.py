@@ -14,6 +14,7 @@ TASKS = {
   "train": "train",
   "self_distill": "self_distill",
   "sweep": "sweep",
+  "verify_cost": "verify_cost",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

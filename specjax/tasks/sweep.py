@@ -123,26 +123,48 @@ def _summary(runs: list[dict]) -> list[dict]:
   return out
 
 
-def verify_cost(target, sizes, max_len: int, context: int = 128, repeats: int = 7) -> list[dict]:
+def verify_cost(target, sizes, max_len: int, context: int = 128, repeats: int = 9) -> list[dict]:
   """Milliseconds for one batch-1 target forward over T new tokens after ``context`` cached
-  ones, per T in ``sizes``: what a T-node tree costs to verify, relative to one token."""
-  out = []
+  ones, per T in ``sizes``: what a T-node tree costs to verify, relative to one token.
+
+  The cache is donated and carried from call to call, as in the decode loop (without donation
+  every call would also copy the whole cache); the T sizes are timed interleaved.
+  """
+
+  def forward(params, cache, tokens_1xT, positions_1xT):
+    t = tokens_1xT.shape[1]
+    logits, _, cache = llama.forward(
+      params, target.cfg, tokens_1xT, positions_1xT, cache, llama.causal_mask(t)
+    )
+    return logits, cache
+
+  fwd = jax.jit(forward, donate_argnums=1)
+  fns = {}
   for t in sizes:
-    cache = llama.init_cache(target.cfg, 1, max_len + t + 1).replace(
-      lengths=jnp.asarray([context], jnp.int32)
-    )
-    tokens = jnp.ones((1, t), jnp.int32)
-    positions = context + jnp.arange(t)[None]
-    fwd = jax.jit(
-      lambda p, c, tok, pos, t=t: llama.forward(p, target.cfg, tok, pos, c, llama.causal_mask(t))[0]
-    )
-    fwd(target.params, cache, tokens, positions).block_until_ready()
-    times = []
-    for _ in range(repeats):
+    cache = llama.init_cache(target.cfg, 1, max_len + max(sizes) + 1)
+    cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
+    tokens, positions = jnp.ones((1, t), jnp.int32), context + jnp.arange(t)[None]
+    _, cache = fwd(target.params, cache, tokens, positions)
+    fns[t] = [cache, tokens, positions]
+  times = {t: [] for t in sizes}
+  for _ in range(repeats):
+    for t in sizes:
+      cache, tokens, positions = fns[t]
       t0 = time.perf_counter()
-      fwd(target.params, cache, tokens, positions).block_until_ready()
-      times.append(time.perf_counter() - t0)
-    out.append({"tokens": t, "ms": 1e3 * statistics.median(times)})
+      logits, fns[t][0] = fwd(target.params, cache, tokens, positions)
+      logits.block_until_ready()
+      times[t].append(time.perf_counter() - t0)
+  out = [{"tokens": t, "ms": 1e3 * statistics.median(times[t])} for t in sizes]
   for row in out:
     row["vs_1_token"] = row["ms"] / out[0]["ms"]
   return out
+
+
+def run_verify_cost(config: ml_collections.ConfigDict) -> list[dict]:
+  """task=verify_cost: only the forward-cost table of ``sweep.verify_sizes``; writes JSON."""
+  target = build.target(config)
+  rows = verify_cost(target, config.sweep.verify_sizes, config.max_len)
+  print(results.table(rows, ("tokens", "ms", "vs_1_token")))
+  record = {"config": config.to_dict(), "machine": _machine(), "verify_cost": rows}
+  print(f"wrote {results.write_json(f'{config.output_dir}/verify_cost.json', record)}")
+  return rows
