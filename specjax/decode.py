@@ -282,18 +282,7 @@ def generate(
   budgets = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
   if len(budgets) != b:
     raise ValueError(f"max_new_tokens has {len(budgets)} entries for {b} prompts.")
-  for r, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
-    if len(prompt) == 0:
-      raise ValueError(f"prompts[{r}] is empty: every prompt needs at least one token (e.g. BOS).")
-    if budget < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {budget} for prompt {r}.")
-    if len(prompt) + budget > max_len:
-      raise ValueError(
-        f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
-        "raise max_len or shorten the prompt."
-      )
-    if min(prompt) < 0 or max(prompt) >= target_cfg.vocab_size:
-      raise ValueError(f"prompts[{r}] has token ids outside [0, {target_cfg.vocab_size}).")
+  check_prompts(prompts, budgets, max_len, target_cfg.vocab_size)
 
   width = prompt_width(max(map(len, prompts)), max_len)
   prompt_BxP = np.zeros((b, width), np.int32)
@@ -316,6 +305,22 @@ def generate(
   rows = [tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)]
   counts = metrics_lib.counts(jax.device_get(metrics), num_new)
   return Generation(tokens=rows, counts=counts, metrics=metrics_lib.summarize(counts))
+
+
+def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int) -> None:
+  """Each prompt is non-empty, in the vocabulary, and fits ``max_len`` with its token budget."""
+  for r, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
+    if len(prompt) == 0:
+      raise ValueError(f"prompts[{r}] is empty: every prompt needs at least one token (e.g. BOS).")
+    if budget < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {budget} for prompt {r}.")
+    if len(prompt) + budget > max_len:
+      raise ValueError(
+        f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
+        "raise max_len or shorten the prompt."
+      )
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+      raise ValueError(f"prompts[{r}] has token ids outside [0, {vocab_size}).")
 
 
 MAX_STOP_IDS = 8

@@ -167,7 +167,7 @@ def test_task_writes_a_readable_directory(tmp_path, capsys):
   "change, message",
   [
     (dict(shard_size=4), "shard_size=4 must be a positive multiple of batch_size=3"),
-    (dict(max_len=12), "raise max_len or shorten the prompts"),
+    (dict(max_len=12), "raise max_len or shorten the prompt"),
     (dict(capture_layers=(2,)), "capture_layers [2] are outside [0, 2)"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
     (dict(temperature=-1.0), "temperature must be >= 0"),

@@ -47,7 +47,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import results, sampling
-from specjax.decode import generate
+from specjax.decode import check_prompts, generate
 from specjax.models import llama
 from specjax.models.config import ModelConfig
 from specjax.train import data
@@ -295,16 +295,7 @@ def _check(cfg, prompts, sources, max_new_tokens, max_len, batch_size, shard_siz
     raise ValueError(
       f"shard_size={shard_size} must be a positive multiple of batch_size={batch_size}."
     )
-  for r, p in enumerate(prompts):
-    if not p:
-      raise ValueError(f"prompts[{r}] is empty: every prompt needs at least one token.")
-    if len(p) + max_new_tokens > max_len:
-      raise ValueError(
-        f"prompt {r} has {len(p)} tokens + max_new_tokens {max_new_tokens} > max_len {max_len}: "
-        "raise max_len or shorten the prompts."
-      )
-    if min(p) < 0 or max(p) >= cfg.vocab_size:
-      raise ValueError(f"prompts[{r}] has token ids outside [0, {cfg.vocab_size}).")
+  check_prompts(prompts, [max_new_tokens] * len(prompts), max_len, cfg.vocab_size)
   bad = [i for i in capture_layers if not 0 <= i < cfg.num_layers]
   if bad:
     raise ValueError(f"capture_layers {bad} are outside [0, {cfg.num_layers}) for {cfg.name!r}.")
