@@ -28,7 +28,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax import sampling, trees
+from specjax import sampling
 
 
 def num_accepted(accept_BxK: jax.Array) -> jax.Array:
@@ -81,12 +81,16 @@ def _node_probs(p_BxN1xV, parents_BxN):
 
 def deepest_passing(parents_BxN, pass_BxN) -> jax.Array:
   """``[B]`` the deepest node whose every node from the root passes (lowest id on ties)."""
-  n = parents_BxN.shape[1]
-  ok_BxN1 = jnp.ones((pass_BxN.shape[0], n + 1), bool)
-  for i in range(1, n + 1):  # parents come first, so one pass settles every path
-    parent_ok = jnp.take_along_axis(ok_BxN1, parents_BxN[:, i - 1 : i], axis=1)[:, 0]
+  b, n = parents_BxN.shape
+  ok_BxN1 = jnp.ones((b, n + 1), bool)
+  depth_BxN1 = jnp.zeros((b, n + 1), jnp.int32)
+  for i in range(1, n + 1):  # parents come first, so one pass settles every path and depth
+    parent_B1 = parents_BxN[:, i - 1 : i]
+    parent_ok = jnp.take_along_axis(ok_BxN1, parent_B1, axis=1)[:, 0]
     ok_BxN1 = ok_BxN1.at[:, i].set(parent_ok & pass_BxN[:, i - 1])
-  depth_BxN1 = trees.depths(trees.ancestors(parents_BxN))
+    depth_BxN1 = depth_BxN1.at[:, i].set(
+      jnp.take_along_axis(depth_BxN1, parent_B1, axis=1)[:, 0] + 1
+    )
   return jnp.argmax(jnp.where(ok_BxN1, depth_BxN1, -1), axis=-1)
 
 
