@@ -6,7 +6,8 @@ Generates with prompt lookup (n-gram drafts from the prompt and the text so far:
 model) and with plain autoregression on the same prompts in one process; prints the text, τ,
 α per draft position and the speedup, and writes results/demo/benchmark.json. Greedy outputs
 are identical in both modes (the run checks it). Swap the drafter with
-``--config.drafter.name=draft_model`` (the target's first ``drafter.num_layers`` layers).
+``--config.drafter.name=draft_model`` (the target's first
+``drafter.draft_model.num_layers`` layers).
 """
 
 from configs import tiny
@@ -18,9 +19,8 @@ def get_config():
   c.output_dir = "results/demo"
   c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
   c.drafter.name = "prompt_lookup"
-  c.drafter.source = "truncate"  # for drafter.name = draft_model
-  c.drafter.num_layers = 8  # of 30
-  c.drafter.num_draft = 4
+  c.drafter.prompt_lookup.num_draft = 4
+  c.drafter.draft_model.num_layers = 8  # of 30, for drafter.name = draft_model
   c.prompts = (
     "Fix the spelling in this paragraph and repeat it in full: The larch is a deciduous "
     "conifer. Its needels turn golden in autum and fall before winter. Larches grow in the "

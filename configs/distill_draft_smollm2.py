@@ -33,20 +33,20 @@ def get_config(arg: str | None = None):
   c.task = "train"
   c.workdir = WORKDIR
   c.drafter.name = "draft_model"
-  c.drafter.source = "truncate"  # unused by task=train; the benchmark variants load the export
-  c.drafter.num_draft = 3  # K for decoding (the tau evaluation and the benchmark)
+  c.drafter.draft_model.num_draft = 3  # K for decoding (the tau evaluation and the benchmark)
   c.benchmark.repeats = 1
   t = train_tiny.get_config()
-  for section in ("draft", "data", "distill", "train", "optim", "mesh", "distributed", "evaluate"):
+  for section in ("objective", "data", "train", "optim", "mesh", "distributed", "evaluate"):
     c[section] = t[section]
 
-  c.draft.name = "smollm2-draft-2l"
-  c.draft.num_layers = 2
-  c.draft.dim = 0  # the target's 576: shares its embedding
-  c.draft.num_heads = 9
-  c.draft.num_kv_heads = 3
-  c.draft.ffn_dim = 1536
-  c.draft.embed = "frozen"  # the target's tied embedding/head, not trained
+  o = c.objective.draft_distill
+  o.name = "smollm2-draft-2l"
+  o.num_layers = 2
+  o.dim = 0  # the target's 576: shares its embedding
+  o.num_heads = 9
+  o.num_kv_heads = 3
+  o.ffn_dim = 1536
+  o.embed = "frozen"  # the target's tied embedding/head, not trained
 
   c.data.sources = ("data/self_distill/smollm2",)  # written by configs/self_distill_smollm2.py
   c.data.seq_len = 200  # the longest self-distilled row (prompt + reply) is 200 tokens
@@ -70,8 +70,10 @@ def get_config(arg: str | None = None):
     name = "draft_final" if arg == "benchmark" else "draft_init"
     c.task = "benchmark"
     c.output_dir = f"{WORKDIR}/{'trained' if arg == 'benchmark' else 'untrained'}"
-    c.drafter.source = "model"
-    c.drafter.model = config_dict.ConfigDict({"source": "safetensors", "path": f"{WORKDIR}/{name}"})
+    c.drafter.draft_model.source = "model"
+    c.drafter.draft_model.model = config_dict.ConfigDict(
+      {"source": "safetensors", "path": f"{WORKDIR}/{name}"}
+    )
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of distill_draft_smollm2.py; choose benchmark or benchmark_init."

@@ -16,9 +16,9 @@ def get_config():
   c.task = "benchmark"
   c.output_dir = "results/qwen_coder_pair"
   c.target = {"source": "registry", "name": "qwen2.5-coder-1.5b-instruct"}
-  c.drafter.source = "model"
-  c.drafter.model = {"source": "registry", "name": "qwen2.5-coder-0.5b-instruct"}
-  c.drafter.num_draft = 4
+  c.drafter.draft_model.source = "model"
+  c.drafter.draft_model.model = {"source": "registry", "name": "qwen2.5-coder-0.5b-instruct"}
+  c.drafter.draft_model.num_draft = 4
   c.prompts = (
     "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
     "sorted list. Include a docstring.",

@@ -26,7 +26,6 @@ def get_config(arg: str | None = None):
   c.output_dir = "data/self_distill/smollm2"  # shards + manifest.json; kept out of git
   c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
   c.drafter.name = "none"  # generation is plain autoregression of the target
-  c.drafter.num_draft = 0
   c.chat = True  # wrap prompts in the chat template (chitchat turns stay turns)
   c.stop_at_eos = True  # a row ends at the target's end-of-turn
   c.batch_size = 32

@@ -10,6 +10,8 @@ results/tiny/benchmark.json. Greedy (temperature 0) outputs are identical in bot
 
 from ml_collections import config_dict
 
+from specjax import drafters
+
 
 def get_config():
   c = config_dict.ConfigDict()
@@ -29,26 +31,15 @@ def get_config():
   c.target.logit_std = 4.0  # spread of the output logits
   c.target.residual_scale = 0.1  # < 1: later layers perturb the stream, so truncations agree
 
-  c.drafter = config_dict.ConfigDict()
-  c.drafter.name = "draft_model"  # none | draft_model | prompt_lookup | lookahead
-  c.drafter.num_draft = 4  # K: draft tokens per step
-  c.drafter.source = "truncate"  # truncate: the target's first num_layers layers | model
-  c.drafter.num_layers = 1  # layers kept when source = truncate
-  c.drafter.model = c.target.copy_and_resolve_references()  # used when source = model
-  c.drafter.model.name = "tiny-draft"
-  c.drafter.model.seed = 1
-  c.drafter.model.num_layers = 1
-  c.drafter.max_ngram = 3  # prompt_lookup: longest suffix n-gram searched for
-  c.drafter.min_ngram = 1  # prompt_lookup: shortest
-  c.drafter.num_branches = 1  # prompt_lookup: > 1 = a tree of the best distinct matches
-  c.drafter.abstain = True  # prompt_lookup: no match -> a one-token step instead of a guess
-  c.drafter.lookahead = config_dict.ConfigDict()
-  c.drafter.lookahead.window = 5  # W: Jacobi window columns
-  c.drafter.lookahead.ngram = 4  # N: n-gram size (window levels = N - 1; draft depth N - 1)
-  c.drafter.lookahead.num_candidates = 5  # G: pool n-grams verified per step
-  c.drafter.lookahead.pool_size = 256  # n-grams kept per row
-  c.drafter.max_depth = 16  # budget: most draft tokens one step may accept
-  c.drafter.max_nodes = 64  # budget: most draft + extra tokens fed to the target per step
+  # The drafter by name, and one subsection per drafter (specjax/drafters/__init__.py).
+  c.drafter = drafters.default_config("draft_model")  # none|draft_model|prompt_lookup|lookahead
+  c.drafter.draft_model.num_draft = 4  # K: draft tokens per step
+  c.drafter.draft_model.source = "truncate"  # the target's first num_layers layers | model
+  c.drafter.draft_model.num_layers = 1  # layers kept when source = truncate
+  c.drafter.draft_model.model = c.target.copy_and_resolve_references()  # when source = model
+  c.drafter.draft_model.model.name = "tiny-draft"
+  c.drafter.draft_model.model.seed = 1
+  c.drafter.draft_model.model.num_layers = 1
 
   c.verifier = "rejection"  # rejection (lossless) | typical (Medusa's, lossy)
   c.typical = config_dict.ConfigDict()

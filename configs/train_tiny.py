@@ -25,6 +25,7 @@ Two processes on one machine (run both; each gets 2 CPU devices):
 from ml_collections import config_dict
 
 from configs import tiny
+from specjax.train import objectives
 
 
 def get_config():
@@ -42,20 +43,23 @@ def get_config():
     residual_scale=0.3,
   )
   c.drafter.name = "draft_model"
-  c.drafter.num_draft = 4
+  c.drafter.draft_model.num_draft = 4  # K for decoding with the trained draft
   c.batch_size = 4  # decoding rows for the tau evaluation
   c.max_new_tokens = 32
   c.max_len = 64
 
-  c.draft = config_dict.ConfigDict()
-  c.draft.name = "tiny-draft"
-  c.draft.num_layers = 1
-  c.draft.dim = 0  # 0 = the target's (needed by embed = copy | frozen)
-  c.draft.num_heads = 4
-  c.draft.num_kv_heads = 2
-  c.draft.ffn_dim = 128
-  c.draft.head_dim = 0  # 0 = dim // num_heads
-  c.draft.embed = "copy"  # random | copy (target's embedding, trained) | frozen (not trained)
+  # What is trained: a registered objective and its subsection (specjax/train/objectives.py).
+  c.objective = objectives.default_config("draft_distill")
+  o = c.objective.draft_distill  # a draft model distilled by KL(target || draft)
+  o.name = "tiny-draft"
+  o.num_layers = 1
+  o.dim = 0  # 0 = the target's (needed by embed = copy | frozen)
+  o.num_heads = 4
+  o.num_kv_heads = 2
+  o.ffn_dim = 128
+  o.head_dim = 0  # 0 = dim // num_heads
+  o.embed = "copy"  # random | copy (target's embedding, trained) | frozen (not trained)
+  o.temperature = 1.0  # KL at this temperature
 
   c.data = config_dict.ConfigDict()
   c.data.sources = ()  # corpora / self-distilled dirs; () = sample from a random target
@@ -63,9 +67,6 @@ def get_config():
   c.data.max_examples = 576  # rows read (or sampled); 0 = all
   c.data.eval_examples = 64  # held out for eval
   c.data.seed = 0  # sampling / packing order
-
-  c.distill = config_dict.ConfigDict()
-  c.distill.temperature = 1.0  # KL at this temperature
 
   c.train = config_dict.ConfigDict()
   c.train.steps = 150

@@ -6,9 +6,9 @@ cache. A step verifies ``[newest, draft nodes 1..N]`` in one target forward at s
 ``L_b .. L_b+N`` (positions ``L_b + depth``), keeps ``n_b`` draft tokens along one path plus
 one target token, and advances ``L_b`` by ``n_b + 1``. A chain is the tree with one branch:
 its accepted tokens already sit in order; for a tree the accepted path's K/V entries are
-compacted next to the prefix. Rejected slots are simply left past the length. A finished row
-(EOS or its budget) is frozen by ``done``; plain autoregression is the same loop with a K = 0
-drafter.
+compacted next to the prefix. Rejected slots are simply left past the length. A row stops at
+a stop token, at its token budget or with a full cache, and is then frozen by a mask; plain
+autoregression is the same loop with a K = 0 drafter.
 """
 
 import collections
@@ -24,7 +24,7 @@ from flax import struct
 
 from specjax import metrics as metrics_lib
 from specjax import sampling, trees, verify
-from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Verdict
+from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
 from specjax.metrics import Metrics
 from specjax.models import llama
 from specjax.models.cache import KVCache, compact, gather_rows, write_rows
@@ -41,11 +41,19 @@ TRACES: collections.Counter = collections.Counter()
 class DecodeState:
   tokens: jax.Array  # [B, S] prompt, then generated tokens.
   num_new: jax.Array  # [B] tokens generated so far.
-  done: jax.Array  # [B] bool.
+  stopped: jax.Array  # [B] bool: the row emitted a stop token.
   cache: KVCache  # target cache; cache.lengths is the committed length L.
   drafter_state: Any
   key: jax.Array
   metrics: Metrics
+
+
+@struct.dataclass
+class Limits:
+  """Per-call values that end rows: traced, so changing them never recompiles."""
+
+  max_new: jax.Array  # [B] token budget per row.
+  stop_ids: jax.Array  # [MAX_STOP_IDS] stop token ids, padded with -1.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,26 +63,47 @@ class _Static:
   max_len: int
   verifier: Callable
 
+  @property
+  def num_slots(self) -> int:
+    """Cache and token-buffer slots: room for a full step's writes past any valid length."""
+    return self.max_len + self.drafter.num_nodes + self.drafter.num_extra + 1
 
-def _num_slots(st: _Static) -> int:
-  """Cache and token-buffer slots: room for a full step's writes past any valid length."""
-  return st.max_len + st.drafter.num_nodes + st.drafter.num_extra + 1
+
+@struct.dataclass
+class Verified:
+  """What one target forward and the verifier decided for every row."""
+
+  num_accepted: jax.Array  # [B] n: draft tokens kept.
+  path: jax.Array  # [B, D] accepted node ids at depths 1..D (valid where d < n).
+  next_token: jax.Array  # [B] the target's token after them.
+  forward_tokens: jax.Array  # [B, T] the tokens the forward saw: root, nodes, extras.
+  cache: KVCache  # with the accepted path's K/V next to the prefix; lengths not yet moved.
+  features: jax.Array | None  # [B, D + 1, F] at the root and the accepted nodes.
+  extra_logits: jax.Array | None  # [B, E, V] at the extra tokens.
+  overlap: jax.Array  # [B, D] 1 - TV(p_i, q_i) at chain positions (0 for trees).
+  full: jax.Array  # [] bool: False when every live row abstained (a one-token forward).
+
+
+def _features(feats: tuple, drafter: Drafter) -> jax.Array | None:
+  """The forward's requested hidden states as one ``[B, T, F]`` array (None if none)."""
+  return jnp.concatenate(feats, axis=-1) if drafter.feature_layers else None
 
 
 def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   """Runs the prompt through the target and samples the first new token (one target call)."""
   b, p = prompt_BxP.shape
-  num_slots = _num_slots(st)
-  cache = llama.init_cache(st.target_cfg, b, num_slots)
+  cache = llama.init_cache(st.target_cfg, b, st.num_slots)
   positions = jnp.broadcast_to(jnp.arange(p), (b, p))
-  logits_BxPxV, _, cache = llama.forward(
-    tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p)
-  )
+  logits_BxPxV, feats, cache = llama.forward(
+    tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p),
+    st.drafter.feature_layers, windowed=False,  # runs once: no window branches to compile
+  )  # fmt: skip
   last_BxV = jnp.take_along_axis(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
   first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
-  tokens = jnp.zeros((b, num_slots), jnp.int32).at[:, :p].set(prompt_BxP)
+  tokens = jnp.zeros((b, st.num_slots), jnp.int32).at[:, :p].set(prompt_BxP)
   tokens = write_rows(tokens, first_B[:, None], prompt_len_B)
-  return tokens, first_B, cache.replace(lengths=prompt_len_B)
+  prefill = Prefill(prompt_BxP, prompt_len_B, _features(feats, st.drafter), st.num_slots)
+  return tokens, first_B, cache.replace(lengths=prompt_len_B), prefill
 
 
 def _verify_inputs(draft: Draft, root_Bx1, L_B):
@@ -104,17 +133,24 @@ def _verify_inputs(draft: Draft, root_Bx1, L_B):
   return tokens_BxT, L_B[:, None] + offsets_BxT, mask, anc, depth_BxN1
 
 
-def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _Static):
-  """One target forward over ``[newest, draft nodes, extras]`` and the verifier's verdict.
+def _overlap(draft: Draft, p_BxN1xV, d: int) -> jax.Array:
+  """``[B, D]`` sum_x min(p_i, q_i) = 1 - TV(p_i, q_i) per chain position (zeros for trees)."""
+  b = draft.tokens.shape[0]
+  if draft.parents is not None or d == 0:
+    return jnp.zeros((b, d), jnp.float32)
+  if draft.probs is None:  # one-hot q: the overlap is p(x)
+    return jnp.take_along_axis(p_BxN1xV[:, :d], draft.tokens[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.minimum(p_BxN1xV[:, :d], draft.probs), axis=-1)
 
-  Returns the accepted count, the accepted path (node ids), the next token, the forward's
-  tokens, the cache (the accepted path's K/V compacted next to the prefix), the target's
-  distributions at the nodes and its logits at the extra tokens.
-  """
+
+def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _Static) -> Verified:
+  """One target forward over ``[newest, draft nodes, extras]`` and the verifier's verdict."""
   d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
   L_B = cache.lengths
   tokens_BxT, positions_BxT, mask, anc, depth_BxN1 = _verify_inputs(draft, root_Bx1, L_B)
-  logits, _, cache = llama.forward(tparams, st.target_cfg, tokens_BxT, positions_BxT, cache, mask)
+  logits, feats, cache = llama.forward(
+    tparams, st.target_cfg, tokens_BxT, positions_BxT, cache, mask, st.drafter.feature_layers
+  )
   p_BxN1xV = sampling.probs(logits[:, : n_nodes + 1], sp)
   end_B, next_B = st.verifier(key, draft, p_BxN1xV, sp)
   n_B = jnp.take_along_axis(depth_BxN1, end_B[:, None], axis=1)[:, 0]
@@ -123,113 +159,141 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _St
   else:  # a tree: move the accepted path's K/V entries next to the prefix
     path_BxD = trees.path_to(anc, depth_BxN1, end_B, d)
     cache = compact(cache, L_B[:, None] + path_BxD, L_B + 1)
-  extra_logits = logits[:, n_nodes + 1 :]
-  return n_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits
+  features = _features(feats, st.drafter)
+  if features is not None:  # the root's and the accepted nodes' (node i sits at position i)
+    features = gather_rows(features, jnp.concatenate([jnp.zeros_like(n_B)[:, None], path_BxD], 1))
+  extra_logits = logits[:, n_nodes + 1 :] if draft.extra_tokens is not None else None
+  return Verified(
+    n_B, path_BxD, next_B, tokens_BxT, cache, features, extra_logits,
+    _overlap(draft, p_BxN1xV, d), jnp.bool_(True),
+  )  # fmt: skip
 
 
 def _verify_root_only(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _Static):
-  """``_verify`` when every row abstains: a one-token forward (an AR step), same outputs."""
+  """``_verify`` when every row abstains: a one-token forward (an AR step), same shapes."""
   b = root_Bx1.shape[0]
-  d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
-  positions_Bx1 = cache.lengths[:, None]
-  logits, _, cache = llama.forward(
-    tparams, st.target_cfg, root_Bx1, positions_Bx1, cache, llama.causal_mask(1)
-  )
-  p_BxV = sampling.probs(logits[:, 0], sp)
-  next_B = sampling.sample(jax.random.split(key)[1], p_BxV)
+  d = st.drafter.num_draft
+  logits, feats, cache = llama.forward(
+    tparams, st.target_cfg, root_Bx1, cache.lengths[:, None], cache, llama.causal_mask(1),
+    st.drafter.feature_layers,
+  )  # fmt: skip
+  next_B = sampling.sample(jax.random.split(key)[1], sampling.probs(logits[:, 0], sp))
   tokens_BxT = jnp.concatenate([root_Bx1, draft.tokens], axis=1)
+  extra_logits = None
   if draft.extra_tokens is not None:
     tokens_BxT = jnp.concatenate([tokens_BxT, draft.extra_tokens], axis=1)
-  p_BxN1xV = jnp.zeros((b, n_nodes + 1) + p_BxV.shape[1:], p_BxV.dtype).at[:, 0].set(p_BxV)
-  extra_logits = jnp.zeros((b, st.drafter.num_extra, logits.shape[-1]), logits.dtype)
-  zeros_B = jnp.zeros((b,), jnp.int32)
-  path_BxD = jnp.zeros((b, d), jnp.int32)
-  return zeros_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits
+    extra_logits = jnp.zeros((b, st.drafter.num_extra, logits.shape[-1]), logits.dtype)
+  features = _features(feats, st.drafter)
+  if features is not None:
+    features = jnp.pad(features, ((0, 0), (0, d), (0, 0)))
+  zeros_B, path_BxD = jnp.zeros((b,), jnp.int32), jnp.zeros((b, d), jnp.int32)
+  overlap = jnp.zeros((b, d), jnp.float32)
+  return Verified(
+    zeros_B, path_BxD, next_B, tokens_BxT, cache, features, extra_logits, overlap, jnp.bool_(False)
+  )
 
 
-def _step(tparams, dparams, st: _Static, sp, stop_ids, max_new_B, s: DecodeState) -> DecodeState:
-  d = st.drafter.num_draft
-  L_B = s.cache.lengths
-  key, key_draft, key_verify = jax.random.split(s.key, 3)
-  ctx = DraftContext(s.tokens, L_B, key_draft, sp, st.target_cfg.vocab_size)
-
-  # propose
-  draft, dstate = st.drafter.propose(dparams, s.drafter_state, ctx)
-  # verify + accept. A drafter may abstain per row (nothing worth verifying); when every live
-  # row does, the step is a one-token forward, as cheap as an AR step.
-  root_Bx1 = gather_rows(s.tokens, L_B[:, None])
-  args = (tparams, sp, key_verify, draft, root_Bx1, s.cache)
-  full, root_only = functools.partial(_verify, st=st), functools.partial(_verify_root_only, st=st)
+def verify_step(tparams, sp, key, draft: Draft, s: DecodeState, live_B, st: _Static) -> Verified:
+  """The target's one forward of the step. A drafter may abstain per row (nothing worth
+  verifying); when every live row does, the forward is one token, as cheap as an AR step."""
+  root_Bx1 = gather_rows(s.tokens, s.cache.lengths[:, None])
+  args = (tparams, sp, key, draft, root_Bx1, s.cache)
+  full = functools.partial(_verify, st=st)
   if draft.abstain is None:
-    verified = jnp.bool_(True)
-    n_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits = full(*args)
-  else:
-    verified = ~jnp.all(draft.abstain | s.done)
-    n_B, path_BxD, next_B, tokens_BxT, cache, p_BxN1xV, extra_logits = jax.lax.cond(
-      verified, full, root_only, *args
-    )
-  path_tokens_BxD = gather_rows(tokens_BxT, path_BxD)
-  tokens = write_rows(s.tokens, path_tokens_BxD, L_B + 1)
-  tokens = write_rows(tokens, next_B[:, None], L_B + 1 + n_B)
+    return full(*args)
+  root_only = functools.partial(_verify_root_only, st=st)
+  return jax.lax.cond(jnp.any(live_B & ~draft.abstain), full, root_only, *args)
+
+
+@struct.dataclass
+class Accepted:
+  tokens: jax.Array  # [B, S] the buffer with the emitted tokens written after the prefix.
+  count: jax.Array  # [B] tokens emitted this step (0 for a stopped row).
+  stopped: jax.Array  # [B] the row emitted a stop token this step.
+
+
+def accept(s: DecodeState, v: Verified, live_B, limits: Limits, d: int) -> Accepted:
+  """Writes the accepted path and the target's token after the prefix; truncates each row at
+  its first stop token and at its budget. A finished row emits nothing."""
+  L_B = s.cache.lengths
+  tokens = write_rows(s.tokens, gather_rows(v.forward_tokens, v.path), L_B + 1)
+  tokens = write_rows(tokens, v.next_token[:, None], L_B + 1 + v.num_accepted)
   emitted_BxD1 = gather_rows(tokens, L_B[:, None] + 1 + jnp.arange(d + 1))
   j = jnp.arange(d + 1)
-  is_eos_BxD1 = jnp.isin(emitted_BxD1, stop_ids) & (j <= n_B[:, None])
-  eos_at_B = jnp.where(is_eos_BxD1.any(-1), jnp.argmax(is_eos_BxD1, axis=-1), d + 1)
-  count_B = jnp.minimum(jnp.minimum(n_B + 1, eos_at_B + 1), max_new_B - s.num_new)
-  # commit (finished rows are frozen)
-  live_B = ~s.done
-  count_B = jnp.where(live_B, count_B, 0)
-  num_new = s.num_new + count_B
-  cache = cache.replace(lengths=L_B + count_B)
-  done = s.done | (eos_at_B < count_B) | (num_new >= max_new_B)
-  done |= cache.lengths >= st.max_len  # Unreachable when validated.
-  ctx = ctx.replace(lengths=cache.lengths)
-  if draft.extra_tokens is None:
-    extra_logits = None
-  verdict = Verdict(n_B, path_BxD, next_B, extra_logits)
-  dstate = st.drafter.commit(dstate, verdict, ctx)
+  is_stop_BxD1 = jnp.isin(emitted_BxD1, limits.stop_ids) & (j <= v.num_accepted[:, None])
+  stop_at_B = jnp.where(is_stop_BxD1.any(-1), jnp.argmax(is_stop_BxD1, axis=-1), d + 1)
+  count_B = jnp.minimum(v.num_accepted + 1, stop_at_B + 1)
+  count_B = jnp.where(live_B, jnp.minimum(count_B, limits.max_new - s.num_new), 0)
+  tokens = jnp.where(live_B[:, None], tokens, s.tokens)
+  return Accepted(tokens, count_B, live_B & (stop_at_B < count_B))
 
-  # metrics, over live rows only
-  m = s.metrics
-  i = jnp.arange(d)
-  tried_BxD = live_B[:, None] & verified & (n_B[:, None] >= i)
-  if draft.parents is None:  # 1 - TV(p_i, q_i): the analytic acceptance rate of a chain position
-    overlap_BxD = jnp.sum(jnp.minimum(p_BxN1xV[:, :d], draft.probs), axis=-1)
-  else:
-    overlap_BxD = jnp.zeros(tried_BxD.shape, jnp.float32)
-  metrics = m.replace(
+
+def count_step(m: Metrics, draft: Draft, v: Verified, live_B, drafter: Drafter) -> Metrics:
+  """Every decode metric, updated in one place (over live rows only)."""
+  d = drafter.num_draft
+  n_B, i, j = v.num_accepted, jnp.arange(d), jnp.arange(d + 1)
+  tried_BxD = live_B[:, None] & v.full & (n_B[:, None] >= i)
+  abstain_B = jnp.zeros_like(live_B) if draft.abstain is None else draft.abstain & live_B
+  return m.replace(
     target_calls=m.target_calls + 1,
-    draft_calls=m.draft_calls + st.drafter.draft_calls_per_step(),
+    draft_calls=m.draft_calls + drafter.draft_calls_per_step(),
     row_calls=m.row_calls + live_B,
     accept_hist=m.accept_hist + jnp.sum(live_B[:, None] & (n_B[:, None] == j), axis=0),
-    abstained=m.abstained + ~verified,
+    abstained=m.abstained + ~v.full,
+    row_abstained=m.row_abstained + abstain_B,
     attempts=m.attempts + jnp.sum(tried_BxD, axis=0),
     accepts=m.accepts + jnp.sum(tried_BxD & (n_B[:, None] > i), axis=0),
-    overlap=m.overlap + jnp.sum(jnp.where(tried_BxD, overlap_BxD, 0.0), axis=0),
+    overlap=m.overlap + jnp.sum(jnp.where(tried_BxD, v.overlap, 0.0), axis=0),
   )
-  tokens = jnp.where(live_B[:, None], tokens, s.tokens)
-  return DecodeState(tokens, num_new, done, cache, dstate, key, metrics)
 
 
-def _generate(tparams, dparams, prompt_BxP, prompt_len_B, max_new_B, sp, stop_ids, key, *, st):
+def live_rows(s: DecodeState, limits: Limits, max_len: int) -> jax.Array:
+  """``[B]`` rows still generating. A row stops for one of three reasons."""
+  over_budget = s.num_new >= limits.max_new
+  cache_full = s.cache.lengths >= max_len  # unreachable: generate() checks prompt + budget
+  return ~(s.stopped | over_budget | cache_full)
+
+
+def _step(tparams, dparams, st: _Static, sp, limits: Limits, s: DecodeState) -> DecodeState:
+  """One step for every row: propose -> verify -> accept -> commit."""
+  live_B = live_rows(s, limits, st.max_len)
+  key, key_draft, key_verify = jax.random.split(s.key, 3)
+  ctx = DraftContext(s.tokens, s.cache.lengths, key_draft, sp, st.target_cfg.vocab_size)
+  # propose: a chain or tree of draft tokens (and the q they were drawn from)
+  draft, dstate = st.drafter.propose(dparams, s.drafter_state, ctx)
+  # verify: ONE target forward over [newest, draft nodes, extras]; the verifier picks the path
+  v = verify_step(tparams, sp, key_verify, draft, s, live_B, st)
+  # accept: write the path and the target's token; cut rows at stop ids and budgets
+  a = accept(s, v, live_B, limits, st.drafter.num_draft)
+  # commit: the target cache by its lengths alone, the drafter by the verdict
+  cache = v.cache.replace(lengths=s.cache.lengths + a.count)
+  verdict = Verdict(v.num_accepted, v.path, v.next_token, v.features, v.extra_logits)
+  dstate = st.drafter.commit(dstate, verdict, ctx.replace(lengths=cache.lengths))
+  metrics = count_step(s.metrics, draft, v, live_B, st.drafter)
+  return DecodeState(
+    a.tokens, s.num_new + a.count, s.stopped | a.stopped, cache, dstate, key, metrics
+  )
+
+
+def _generate(tparams, dparams, prompt_BxP, prompt_len_B, sp, limits: Limits, key, *, st):
   TRACES["generate"] += 1
   b = prompt_BxP.shape[0]
   key_prefill, key_loop = jax.random.split(key)
-  tokens, first_B, cache = _prefill(tparams, st, prompt_BxP, prompt_len_B, sp, key_prefill)
-  dstate = st.drafter.init(dparams, prompt_BxP, prompt_len_B, cache.num_slots)
+  tokens, first_B, cache, prefill = _prefill(tparams, st, prompt_BxP, prompt_len_B, sp, key_prefill)
   metrics = Metrics.zeros(b, st.drafter.num_draft)
   metrics = metrics.replace(target_calls=metrics.target_calls + 1, row_calls=metrics.row_calls + 1)
   state = DecodeState(
     tokens=tokens,
     num_new=jnp.ones((b,), jnp.int32),
-    done=jnp.isin(first_B, stop_ids) | (max_new_B <= 1),
+    stopped=jnp.isin(first_B, limits.stop_ids),
     cache=cache,
-    drafter_state=dstate,
+    drafter_state=st.drafter.init(dparams, prefill),
     key=key_loop,
     metrics=metrics,
   )
-  body = lambda s: _step(tparams, dparams, st, sp, stop_ids, max_new_B, s)
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  keep_going = lambda s: jnp.any(live_rows(s, limits, st.max_len))
+  body = lambda s: _step(tparams, dparams, st, sp, limits, s)
+  state = jax.lax.while_loop(keep_going, body, state)
   return state.tokens, state.num_new, state.metrics
 
 
@@ -268,14 +332,29 @@ def generate(
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
+  Output: at temperature 0 every row is token for token the target's greedy continuation; at
+  temperature > 0 (with top-k/top-p) every row is a sample of the target's own distribution
+  (after ``sampling.probs``), whatever the drafter proposes. Rows draw independent random
+  streams from ``seed``: a row's sample depends on its prompt and the seed, and rows of one
+  batch are independent samples.
+
+  Stopping: a row ends at ``max_new_tokens`` or right after a stop token (``eos_id``: one id or
+  several, e.g. an instruct model's two end-of-turn markers). The stop token is included in
+  the row's tokens.
+
+  The verifier contract: ``verifier(key, draft, p[B, N+1, V], sampling) -> (end[B], next[B])``
+  returns the last accepted node per row (0 = none; its depth is the accepted count) and the
+  target's next token; the default (``verify.verify``) is lossless for chains and trees, and
+  ``verify.TypicalAcceptance`` is Medusa's lossy rule.
+
   Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
   tokens per row and, with the batch size, the drafter and the model, fixes the compiled
-  shapes; prompts, budgets, sampling knobs, seed and EOS are traced. ``eos_id`` may be one id
-  or several (an instruct model may end a turn with either of two markers).
+  shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile).
   """
   sp = SamplingParams.create(temperature, top_k, top_p)
   drafter.check_target(target_cfg)
   drafter.check_context(max_len)
+  llama.check_features(target_cfg, drafter.feature_layers)
   b = len(prompts)
   if b == 0:
     raise ValueError("prompts is empty: pass at least one prompt (a list of token ids).")
@@ -290,14 +369,14 @@ def generate(
     prompt_BxP[r, : len(prompt)] = prompt
   key = jax.random.key(seed) if isinstance(seed, int) else seed
   st = _Static(target_cfg, drafter, max_len, verifier)
+  limits = Limits(jnp.asarray(budgets, jnp.int32), _stop_ids(eos_id))
   tokens, num_new, metrics = _generate_jit(
     target_params,
     drafter_params,
     jnp.asarray(prompt_BxP),
     jnp.asarray([len(p) for p in prompts], jnp.int32),
-    jnp.asarray(budgets, jnp.int32),
     sp,
-    _stop_ids(eos_id),
+    limits,
     key,
     st=st,
   )
@@ -332,3 +411,33 @@ def _stop_ids(eos_id) -> jax.Array:
   if len(ids) > MAX_STOP_IDS:
     raise ValueError(f"eos_id has {len(ids)} stop ids; at most {MAX_STOP_IDS} are supported.")
   return jnp.asarray(ids + [-1] * (MAX_STOP_IDS - len(ids)), jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _next_token_probs(params, tokens_BxP, lengths_B, sp, *, cfg):
+  logits_BxPxV, _ = llama.logits_of(params, cfg, tokens_BxP)
+  last_BxV = jnp.take_along_axis(logits_BxPxV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  return sampling.probs(last_BxV, sp)
+
+
+def next_token_probs(
+  params,
+  cfg: ModelConfig,
+  prefixes: Sequence[Sequence[int]],
+  *,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+) -> np.ndarray:
+  """``[len(prefixes), V]``: the distribution ``generate`` samples the next token from after
+  each prefix (temperature, top-k, top-p applied by ``sampling.probs``; one-hot at 0)."""
+  sp = SamplingParams.create(temperature, top_k, top_p)
+  if not prefixes:
+    raise ValueError("prefixes is empty: pass at least one list of token ids.")
+  check_prompts(prefixes, [1] * len(prefixes), 1 << 30, cfg.vocab_size)
+  width = max(map(len, prefixes))
+  tokens = np.zeros((len(prefixes), width), np.int32)
+  for r, p in enumerate(prefixes):
+    tokens[r, : len(p)] = p
+  lengths = jnp.asarray([len(p) for p in prefixes], jnp.int32)
+  return np.asarray(_next_token_probs(params, jnp.asarray(tokens), lengths, sp, cfg=cfg))

@@ -21,12 +21,13 @@ class Metrics:
   accepts: jax.Array  # [K] how often draft position i was accepted (n > i).
   overlap: jax.Array  # [K] sum of 1 - TV(p_i, q_i) over the verified positions.
   abstained: jax.Array  # [] steps where every live row's drafter abstained (1-token forward).
+  row_abstained: jax.Array  # [B] steps in which the row was live and its drafter abstained.
 
   @classmethod
   def zeros(cls, batch: int, k: int):
     i32 = lambda *s: jnp.zeros(s, jnp.int32)
     overlap = jnp.zeros((k,), jnp.float32)
-    return cls(i32(), i32(), i32(batch), i32(k + 1), i32(k), i32(k), overlap, i32())
+    return cls(i32(), i32(), i32(batch), i32(k + 1), i32(k), i32(k), overlap, i32(), i32(batch))
 
 
 def counts(m: Metrics, num_new_B) -> dict[str, np.ndarray]:
@@ -38,7 +39,7 @@ def counts(m: Metrics, num_new_B) -> dict[str, np.ndarray]:
 
 def merge(runs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """Adds the counts of several runs; per-row arrays are concatenated."""
-  per_row = ("row_calls", "tokens")
+  per_row = ("row_calls", "row_abstained", "tokens")
   return {
     k: np.concatenate([r[k] for r in runs]) if k in per_row else sum(r[k] for r in runs)
     for k in runs[0]
@@ -64,4 +65,5 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
     "alpha_analytic": (c["overlap"] / attempts).tolist() if c["overlap"].any() else None,
     "position_attempts": c["attempts"].tolist(),
     "abstained_calls": int(c["abstained"]),
+    "row_abstained": c["row_abstained"].tolist(),  # per row: steps its drafter abstained
   }

@@ -9,6 +9,7 @@ One code path runs on one CPU, on an 8-device emulated mesh and on a pod slice; 
 
 Partition rules map a regex over a leaf's path (``layers/3/wq``, ``1/mu/layers/3/wq`` inside an
 optax state) to a ``PartitionSpec``; the first match wins and an unmatched leaf is replicated.
+A model's rules come from its parameter schema (``llama.RULES``, ``schema.partition_rules``).
 Optimiser state mirrors the params' paths, so the same rules shard it. A rule's mesh axis that
 does not divide the leaf's dimension is dropped for that leaf (the dimension is replicated), so
 rules written for a real model also serve a tiny test model.
@@ -30,15 +31,6 @@ from jax.sharding import PartitionSpec as P
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 Rules = Sequence[tuple[str, P]]
-
-# Llama-family params (weights [out, in], see models/llama.py). Column-parallel projections
-# split their output over `tensor`, row-parallel ones their input; `fsdp` takes the other dim.
-LLAMA_RULES: Rules = (
-  (r"(^|/)(embed|lm_head)$", P("tensor", "fsdp")),
-  (r"(^|/)(wq|wk|wv|w_gate|w_up)$", P("tensor", "fsdp")),
-  (r"(^|/)(wo|w_down)$", P("fsdp", "tensor")),
-  (r"(^|/)(bq|bk|bv)$", P("tensor")),
-)
 
 
 @dataclasses.dataclass(frozen=True)

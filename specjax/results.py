@@ -32,3 +32,11 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
   widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
   line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths, strict=True))
   return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+  """The same table in Markdown (for READMEs generated from results JSON)."""
+  fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+  return "\n".join(lines)

@@ -15,6 +15,8 @@ TASKS = {
   "self_distill": "self_distill",
   "sweep": "sweep",
   "verify_cost": "verify_cost",
+  "max_len": "max_len",
+  "feature_cost": "feature_cost",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

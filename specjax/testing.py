@@ -1,60 +1,118 @@
-"""Fakes for fast tests: tiny random models, a random tree drafter, broken verifiers.
+"""Test helpers: the exact-distribution check, fakes (a random tree drafter, a recording
+drafter) and deliberately broken verifiers.
 
 The broken verifiers exist so the exact-distribution tests can show that they fail on a
-wrong algorithm, not only pass on the right one.
+wrong algorithm, not only pass on the right one. The chi-square check needs scipy (the
+``test`` extra); nothing in the library imports this module.
 """
 
 import dataclasses
+import itertools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling, trees, verify
-from specjax.drafters.base import Draft, Stateless
+from specjax.decode import generate
+from specjax.drafters.base import Draft, Drafter, Prefill, Stateless, Verdict, WithFeatures
 from specjax.models import llama
-from specjax.models.config import ModelConfig
+
+# --- The exact-distribution check -------------------------------------------------------------
+
+# A correct sampler must give p > P_PASS (fails by chance 1 time in 1000); a wrong one p < P_FAIL.
+P_PASS, P_FAIL = 1e-3, 1e-6
 
 
-def tiny_config(vocab_size=8, dim=16, num_layers=2, name="tiny", **kw) -> ModelConfig:
-  kw = dict(num_heads=2, num_kv_heads=1, ffn_dim=2 * dim, tie_embeddings=False) | kw
-  return ModelConfig(vocab_size=vocab_size, dim=dim, num_layers=num_layers, name=name, **kw)
+def sequence_distribution(
+  params, cfg, prompt, num_new: int, sp: sampling.SamplingParams, stop_ids: Sequence[int] = ()
+) -> dict[tuple[int, ...], float]:
+  """The target's probability of every row ``generate`` can return for ``prompt``.
 
-
-def tiny_model(seed: int = 0, logit_std: float = 1.5, residual_scale: float = 1.0, **kw):
-  """A random tiny LM whose next-token distributions have moderate entropy."""
-  cfg = tiny_config(**kw)
-  params = llama.init_params(
-    cfg, jax.random.key(seed), embed_std=logit_std / cfg.dim**0.5, residual_scale=residual_scale
-  )
-  return cfg, params
-
-
-def truncated(cfg: ModelConfig, params, num_layers: int):
-  """The first ``num_layers`` layers of a model with its own embeddings and head: a cheap draft."""
-  small = dataclasses.replace(cfg, num_layers=num_layers, name=f"{cfg.name}-first{num_layers}")
-  return small, dict(params, layers=params["layers"][:num_layers])
-
-
-def sequence_probs(params, cfg, prompt, num_new, sp: sampling.SamplingParams) -> np.ndarray:
-  """Enumerates the target's joint distribution over every continuation of ``num_new`` tokens.
-
-  Returns ``[V] * num_new`` probabilities, computed with full forwards (no cache tricks) and
+  A row is ``num_new`` tokens, or fewer ending at its first stop token (the stop token
+  included). Computed by enumerating every continuation with full forwards (no cache) and
   the same ``sampling.probs``: the ground truth the decode loop must reproduce.
   """
   v = cfg.vocab_size
-  conts = np.stack(np.meshgrid(*[np.arange(v)] * num_new, indexing="ij"), -1).reshape(-1, num_new)
-  seqs = np.concatenate([np.tile(np.asarray(prompt), (len(conts), 1)), conts], axis=1)
-  n, t = seqs.shape
-  cache = llama.init_cache(cfg, n, t)
-  pos = jnp.broadcast_to(jnp.arange(t), (n, t))
-  logits, _, _ = llama.forward(params, cfg, jnp.asarray(seqs), pos, cache, llama.causal_mask(t))
+  conts = np.asarray(list(itertools.product(range(v), repeat=num_new)), np.int32)
+  seqs = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(conts), 1)), conts], axis=1)
+  logits, _ = jax.jit(llama.logits_of, static_argnums=1)(params, cfg, jnp.asarray(seqs))
   p = np.asarray(sampling.probs(logits, sp))  # [n, t, V]
-  lp = len(prompt)
-  joint = np.ones(n)
-  for i in range(num_new):
-    joint *= p[np.arange(n), lp - 1 + i, conts[:, i]]
-  return joint.reshape([v] * num_new)
+  lp, out = len(prompt), {}
+  for r, cont in enumerate(conts.tolist()):
+    stops = [i for i, x in enumerate(cont) if x in stop_ids]
+    row = tuple(cont[: stops[0] + 1] if stops else cont)
+    if row not in out:
+      out[row] = float(np.prod([p[r, lp - 1 + i, x] for i, x in enumerate(row)]))
+  return out
+
+
+def chi2_pvalue(rows: Sequence[Sequence[int]], dist: dict[tuple[int, ...], float]) -> float:
+  """Chi-square p-value of sampled ``rows`` against ``dist`` (cells expected < 5 pooled).
+
+  Raises AssertionError if a row the target cannot produce was sampled."""
+  from scipy import stats
+
+  index = {row: i for i, row in enumerate(dist)}
+  counts = np.zeros(len(dist))
+  for row in rows:
+    row = tuple(row)
+    assert dist.get(row, 0.0) > 0, f"sampled {row}, which the target gives probability 0"
+    counts[index[row]] += 1
+  expected = np.asarray(list(dist.values())) * len(rows)
+  small = expected < 5
+  obs = np.append(counts[~small], counts[small].sum())
+  exp = np.append(expected[~small], expected[small].sum())
+  keep = exp > 0
+  return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+
+
+def exact_pvalues(
+  target,
+  drafter: Drafter,
+  dparams,
+  knobs: dict,
+  *,
+  prompts: Sequence[Sequence[int]] = ((1, 2, 3),),
+  num_new: int = 3,
+  rows: int = 4000,
+  calls: int = 5,
+  stop_ids: Sequence[int] = (),
+  verifier=verify.verify,
+) -> list[float]:
+  """Samples ``rows * calls`` rows through the batched ``generate``, the ``prompts`` cycled
+  through each batch (ragged lengths in one batch), and returns one chi-square p-value per
+  prompt against the target's enumerated distribution for that prompt."""
+  tcfg, tparams = target
+  batch = [list(prompts[i % len(prompts)]) for i in range(rows)]
+  sampled: list[list] = [[] for _ in prompts]
+  for call in range(calls):
+    out = generate(
+      tparams,
+      tcfg,
+      batch,
+      drafter=drafter,
+      drafter_params=dparams,
+      max_new_tokens=num_new,
+      max_len=max(map(len, prompts)) + num_new + 4,
+      seed=call,
+      eos_id=list(stop_ids) or None,
+      verifier=verifier,
+      **knobs,
+    )
+    for i, row in enumerate(out.tokens):
+      sampled[i % len(prompts)].append(row)
+  sp = sampling.SamplingParams.create(**knobs)
+  return [
+    chi2_pvalue(got, sequence_distribution(tparams, tcfg, prompt, num_new, sp, stop_ids))
+    for prompt, got in zip(prompts, sampled, strict=True)
+  ]
+
+
+def exact_pvalue(target, drafter, dparams, knobs, verifier=verify.verify, prompt=(1, 2, 3)):
+  """``exact_pvalues`` for one prompt, three tokens, 20,000 samples."""
+  return exact_pvalues(target, drafter, dparams, knobs, prompts=[prompt], verifier=verifier)[0]
 
 
 # --- A random tree drafter -------------------------------------------------------------------
@@ -62,26 +120,33 @@ def sequence_probs(params, cfg, prompt, num_new, sp: sampling.SamplingParams) ->
 
 @dataclasses.dataclass(frozen=True)
 class RandomTreeDrafter(Stateless):
-  """Proposes a tree whose children are drawn from a random q per node.
+  """Proposes a tree whose children come from a random q per node.
 
   Every internal node gets its own random distribution q (through ``sampling.probs``, so top-k
-  and top-p apply); its children are drawn from q *without replacement* by Gumbel-top-k and
-  labelled with q, which is what recursive rejection sampling needs. ``deterministic=True``
-  instead takes q's top tokens in order yet still labels them with the soft q: a wrong
-  pairing that the exact-distribution test must catch. With ``alt_tree`` (same node count)
-  every row picks one of the two topologies at random each step: a dynamic tree, whose
-  parents are data.
+  and top-p apply). ``mode``:
+
+  * ``gumbel``: children drawn from q *without replacement* (Gumbel-top-k), labelled with q:
+    what recursive rejection sampling needs (lossless);
+  * ``top_one_hot``: q's top tokens in order, as deterministic candidates (``probs=None``):
+    lossless too;
+  * ``top_soft``: q's top tokens yet labelled with the soft q: a wrong pairing that the
+    exact-distribution test must catch.
+
+  With ``alt_tree`` (same node count) every row picks one of the two topologies at random each
+  step: a dynamic tree, whose parents are data.
   """
 
   tree: trees.Tree
   spread: float = 1.0
-  deterministic: bool = False
+  mode: str = "gumbel"
   alt_tree: trees.Tree | None = None
   name: str = "random_tree"
 
   def __post_init__(self):
     if self.alt_tree is not None and self.alt_tree.num_nodes != self.tree.num_nodes:
       raise ValueError("alt_tree must have as many nodes as tree.")
+    if self.mode not in ("gumbel", "top_one_hot", "top_soft"):
+      raise ValueError(f"mode={self.mode!r} is unknown.")
 
   @property
   def num_draft(self) -> int:
@@ -111,17 +176,49 @@ class RandomTreeDrafter(Stateless):
     logits_BxN1xV = self.spread * jax.random.normal(key_q, (b, n1, v))
     q_BxN1xV = sampling.probs(logits_BxN1xV, ctx.sampling)
     score_BxN1xV = jnp.log(q_BxN1xV)
-    if not self.deterministic:
+    if self.mode == "gumbel":
       score_BxN1xV += jax.random.gumbel(key_g, (b, n1, v))
     order_BxN1xV = jnp.argsort(-score_BxN1xV, axis=-1)
     order_BxNxV = jnp.take_along_axis(order_BxN1xV, parents_BxN[..., None], axis=1)
     tokens_BxN = jnp.take_along_axis(order_BxNxV, rank_BxN[..., None], axis=2)[..., 0]
+    probs = jnp.take_along_axis(q_BxN1xV, parents_BxN[..., None], axis=1)
     draft = Draft(
       tokens=tokens_BxN.astype(jnp.int32),
-      probs=jnp.take_along_axis(q_BxN1xV, parents_BxN[..., None], axis=1),
+      probs=None if self.mode == "top_one_hot" else probs,
       parents=parents_BxN,
     )
     return draft, state
+
+
+# --- A drafter that records the target features it is handed --------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording(WithFeatures):
+  """Wraps a drafter, asks the target for ``feature_layers``, and records on the host what its
+  ``init`` and ``commit`` are handed: ``prefill`` (prompt lengths, features ``[B, P, F]``) and,
+  per step, ``steps`` entries ``(length_before[B], length_after[B], n[B], features[B, D+1, F])``.
+  Records carry their own lengths, so the order callbacks arrive in does not matter."""
+
+  log: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+  def _record(self, key, *arrays):
+    self.log.setdefault(key, []).append(tuple(None if a is None else np.array(a) for a in arrays))
+
+  def init(self, params, prefill: Prefill):
+    jax.debug.callback(self._record, "prefill", prefill.lengths, prefill.features)
+    return self.inner.init(params, prefill), jnp.zeros_like(prefill.lengths)
+
+  def propose(self, params, state, ctx):
+    draft, inner = self.inner.propose(params, state[0], ctx)
+    return draft, (inner, ctx.lengths)
+
+  def commit(self, state, verdict: Verdict, ctx):
+    inner, before = state
+    jax.debug.callback(
+      self._record, "steps", before, ctx.lengths, verdict.num_accepted, verdict.features
+    )
+    return self.inner.commit(inner, verdict, ctx), before
 
 
 # --- Deliberately wrong verifiers (each must fail the exact-distribution test) ---------------
@@ -132,15 +229,21 @@ def resample_from_target(key, draft, p_BxK1xV, sp):
   b, k = draft.tokens.shape
   key_accept, key_sample = jax.random.split(key)
   p_x = jnp.take_along_axis(p_BxK1xV[:, :k], draft.tokens[..., None], axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(draft.probs, draft.tokens[..., None], axis=-1)[..., 0]
+  q_x = 1.0
+  if draft.probs is not None:
+    q_x = jnp.take_along_axis(draft.probs, draft.tokens[..., None], axis=-1)[..., 0]
   n_B = verify.num_accepted(jax.random.uniform(key_accept, (b, k)) * q_x < p_x)
   dist = jnp.take_along_axis(p_BxK1xV, n_B[:, None, None], axis=1)[:, 0]
   return n_B, sampling.sample(key_sample, dist)
 
 
 def accept_with_target_prob(key, draft, p_BxK1xV, sp):
-  """Wrong: accepts x with probability p(x), ignoring q (the rule for a one-hot draft)."""
-  return verify.rejection_sample_chain(key, draft.tokens, jnp.ones_like(draft.probs), p_BxK1xV)
+  """Wrong: accepts x with probability p(x), ignoring q, then resamples from p itself.
+
+  (Accepting with p(x) alone is the one-hot rule, lossless for any proposal drawn
+  independently of the verifier when the rejected x is removed from p; keeping x in p is the
+  bug.)"""
+  return resample_from_target(key, draft.replace(probs=None), p_BxK1xV, sp)
 
 
 def skip_q_renormalisation(key, draft, p_BxN1xV, sp):

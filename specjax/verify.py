@@ -15,9 +15,9 @@ root, the children of the current node are tried in order; child x is accepted w
 the next siblings' q (renormalised), which is the distribution they were really drawn from when
 children are drawn without replacement (Gumbel-top-k). An accepted child becomes the current
 node with a fresh ``p'``; when every child fails, the target's token is drawn from ``p'``.
-One-hot q (deterministic candidates) makes the same rule "accept with p'(x), else remove x
-from p'". At temperature 0 the tree rule is the longest path whose every token is the target's
-argmax. Typical acceptance (Medusa) is a separate, named, *lossy* verifier.
+Deterministic candidates (``Draft.probs=None``, a one-hot q) make the same rule "accept with
+p'(x), else remove x from p'". At temperature 0 the tree rule is the longest path whose every
+token is the target's argmax. Typical acceptance (Medusa) is a separate, named, *lossy* verifier.
 
 Every verifier has the signature ``(key, draft, p[B, N+1, V], sampling_params) -> (end[B],
 next[B])``: the last accepted node (0 = only the root) and the target's next token.
@@ -47,19 +47,31 @@ def _pick(x_BxKx: jax.Array, n_B: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x_BxKx, n_B[:, None, None], axis=1)[:, 0]
 
 
+def remove(p_xV: jax.Array, x_x: jax.Array) -> jax.Array:
+  """``p`` with token ``x`` removed and renormalised: the residual after a rejected one-hot
+  proposal, ``norm(max(p - onehot(x), 0))``. ``x = -1`` removes nothing."""
+  return residual(p_xV, jax.nn.one_hot(x_x, p_xV.shape[-1], dtype=p_xV.dtype))
+
+
 def rejection_sample_chain(
-  key: jax.Array, draft_BxK: jax.Array, q_BxKxV: jax.Array, p_BxK1xV: jax.Array
+  key: jax.Array, draft_BxK: jax.Array, q_BxKxV: jax.Array | None, p_BxK1xV: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
   """Returns ``(n[B], token[B])``: accepted draft count in [0, K] and the target's next token.
 
-  ``q`` must be the distribution each draft token was really drawn from, and ``p`` the
-  target's distribution at the K+1 verified positions, both after ``sampling.probs``.
+  ``q`` must be the distribution each draft token was really drawn from, or None for
+  deterministic proposals (one-hot q); ``p`` is the target's distribution at the K+1 verified
+  positions. Both after ``sampling.probs``.
   """
   b, k = draft_BxK.shape
   key_accept, key_sample = jax.random.split(key)
   p_x_BxK = jnp.take_along_axis(p_BxK1xV[:, :k], draft_BxK[..., None], axis=-1)[..., 0]
-  q_x_BxK = jnp.take_along_axis(q_BxKxV, draft_BxK[..., None], axis=-1)[..., 0]
   u_BxK = jax.random.uniform(key_accept, (b, k))
+  if q_BxKxV is None:  # one-hot q: accept with p(x); the residual is p without x
+    n_B = num_accepted(u_BxK < p_x_BxK)
+    x_pad_BxK1 = jnp.concatenate([draft_BxK, jnp.full((b, 1), -1, draft_BxK.dtype)], axis=1)
+    x_B = jnp.take_along_axis(x_pad_BxK1, n_B[:, None], axis=1)[:, 0]
+    return n_B, sampling.sample(key_sample, remove(_pick(p_BxK1xV, n_B), x_B))
+  q_x_BxK = jnp.take_along_axis(q_BxKxV, draft_BxK[..., None], axis=-1)[..., 0]
   n_B = num_accepted(u_BxK * q_x_BxK < p_x_BxK)
   # With a zero row appended to q, the residual at n == K is p_K itself: the bonus token.
   q_pad_BxK1xV = jnp.concatenate([q_BxKxV, jnp.zeros_like(q_BxKxV[:, :1])], axis=1)
@@ -105,32 +117,43 @@ def greedy_tree(draft, p_BxN1xV) -> tuple[jax.Array, jax.Array]:
 def rejection_sample_tree(key, draft, p_BxN1xV, sp, renormalise: bool = True):
   """Recursive rejection sampling over the tree (greedy longest path at temperature 0).
 
-  ``renormalise=False`` skips removing rejected siblings from q (wrong; tests show it).
+  ``draft.probs=None`` (deterministic candidates): child x is accepted with p'(x), and on
+  rejection x is removed from p'; a repeated sibling then has p'(x) = 0 and is rejected with no
+  change. ``renormalise=False`` skips removing rejected siblings from a soft q (wrong; tests
+  show it).
   """
   b, n = draft.tokens.shape
   key_accept, key_sample = jax.random.split(key)
   u_BxN = jax.random.uniform(key_accept, (b, n))
+  one_hot = draft.probs is None
 
   def row(tokens_N, q_NxV, parents_N, p_N1xV, u_N):
     def visit(carry, node):
       cur, p_cur, removed_V = carry
-      x, q_V, u = tokens_N[node], q_NxV[node], u_N[node]
+      x, u = tokens_N[node], u_N[node]
       active = parents_N[node] == cur
-      if renormalise:
-        q_V = jnp.where(removed_V, 0.0, q_V)
-        total = jnp.sum(q_V)
-        q_V = q_V / jnp.where(total > 0, total, 1.0)
-      accept = active & (q_V[x] > 0) & (u * q_V[x] < p_cur[x])
+      if one_hot:
+        accept = active & (u < p_cur[x])
+        p_rejected = remove(p_cur, x)
+      else:
+        q_V = q_NxV[node]
+        if renormalise:
+          q_V = jnp.where(removed_V, 0.0, q_V)
+          total = jnp.sum(q_V)
+          q_V = q_V / jnp.where(total > 0, total, 1.0)
+        accept = active & (q_V[x] > 0) & (u * q_V[x] < p_cur[x])
+        p_rejected = residual(p_cur, q_V)
+        removed_V = jnp.where(accept, False, removed_V.at[x].set(removed_V[x] | (active & ~accept)))
       reject = active & ~accept
-      p_next = jnp.where(accept, p_N1xV[node + 1], jnp.where(reject, residual(p_cur, q_V), p_cur))
-      removed_V = jnp.where(accept, False, removed_V.at[x].set(removed_V[x] | reject))
+      p_next = jnp.where(accept, p_N1xV[node + 1], jnp.where(reject, p_rejected, p_cur))
       return (jnp.where(accept, node + 1, cur), p_next, removed_V), None
 
-    init = (jnp.int32(0), p_N1xV[0], jnp.zeros(p_N1xV.shape[-1], bool))
-    (end, p_final, _), _ = jax.lax.scan(visit, init, jnp.arange(n))
+    removed = jnp.zeros((0,) if one_hot else p_N1xV.shape[-1:], bool)
+    (end, p_final, _), _ = jax.lax.scan(visit, (jnp.int32(0), p_N1xV[0], removed), jnp.arange(n))
     return end, p_final
 
-  end_B, p_final_BxV = jax.vmap(row)(draft.tokens, draft.probs, draft.parents, p_BxN1xV, u_BxN)
+  q = jnp.zeros((b, n, 0)) if one_hot else draft.probs  # vmap needs an array
+  end_B, p_final_BxV = jax.vmap(row)(draft.tokens, q, draft.parents, p_BxN1xV, u_BxN)
   sampled_B = sampling.sample(key_sample, p_final_BxV)
   greedy_end_B, greedy_next_B = greedy_tree(draft, p_BxN1xV)
   is_greedy = sp.temperature == 0

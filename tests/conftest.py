@@ -1,24 +1,47 @@
-"""Shared fixtures: tiny random models, compiled once per session."""
+"""Shared fixtures (tiny random models, compiled once per session) and the test environment.
+
+Tests see one CPU device unless a test asks for more in a subprocess. Compiled programs go to a
+persistent XLA cache under ``.pytest_cache/xla`` (override with JAX_COMPILATION_CACHE_DIR): the
+subprocesses a test starts (CLI runs, multi-process workers) reuse what another process already
+compiled, and a second run of the suite skips most compiles.
+"""
 
 import os
+from pathlib import Path
 
-# Tests must see one CPU device unless a test asks for more in a subprocess.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "xla")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from specjax import testing  # noqa: E402
+from specjax.models import tiny  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_compiled_programs():
+  """Frees every compiled program after each test module.
+
+  XLA's CPU backend maps each program's machine code in ~1,500-2,000 memory regions (a SmolLM2
+  generate), and Linux allows 65,530 per process (vm.max_map_count): kept for the whole suite,
+  they ran out and the process crashed inside XLA. Programs a later module needs come back from
+  the persistent cache."""
+  yield
+  jax.clear_caches()
 
 
 @pytest.fixture(scope="session")
 def tiny_pair():
   """Target and an independent draft, vocab 8: clearly different distributions."""
-  target = testing.tiny_model(seed=0)
-  draft = testing.tiny_model(seed=3)
+  target = tiny.random_model(seed=0)
+  draft = tiny.random_model(seed=3)
   return target, draft
 
 
 @pytest.fixture(scope="session")
 def small_target():
   """Vocab 64, 3 layers: long enough greedy runs to be non-trivial."""
-  return testing.tiny_model(seed=0, vocab_size=64, dim=32, num_layers=3)
+  return tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=3)

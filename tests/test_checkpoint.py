@@ -108,6 +108,8 @@ def _specjax_run(cfg, params, prompts, steps):
   return prefill, np.stack(tokens, 1), np.stack(step_logits, 1)
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers renaming past_key_values.
 def test_logits_and_greedy_match_hf(real_model):
   name, cfg, params, tok, hf = real_model
@@ -160,6 +162,7 @@ _EXPECTED_CONFIGS = {
 }
 
 
+@pytest.mark.real_model
 def test_real_config_from_metadata(real_model):
   """The numbers in MODELS.md, read from the files (registry.load names the config)."""
   name, cfg, params, tok, _ = real_model
@@ -375,6 +378,7 @@ def test_gguf_truncated(tmp_path, keep):
     checkpoint.load_gguf(cut)
 
 
+@pytest.mark.real_model
 def test_real_gguf_truncated(tmp_path):
   _skip_unless_installed("smollm2-135m-instruct")
   src = registry.resolve("smollm2-135m-instruct")

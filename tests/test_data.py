@@ -53,6 +53,7 @@ def test_corpora_read_their_documents():
   assert all(a["role"] != b["role"] for a, b in zip(first, first[1:], strict=False))
 
 
+@pytest.mark.real_model
 def test_chat_documents_use_the_tokenizers_template(smollm2_tokenizer):
   ds = data.load_dataset(["chitchat"], smollm2_tokenizer, seq_len=128, max_examples=4)
   text = smollm2_tokenizer.decode(ds.tokens[0])
@@ -60,6 +61,7 @@ def test_chat_documents_use_the_tokenizers_template(smollm2_tokenizer):
   assert "<|im_start|>user\n" in text and "<|im_start|>assistant\n" in text
 
 
+@pytest.mark.real_model
 def test_batch_encode_matches_encode(smollm2_tokenizer):
   texts = [d[:2000] for d, _ in zip(data.corpus_documents("shakespeare"), range(20), strict=False)]
   assert data.encode_batch(smollm2_tokenizer, texts) == [smollm2_tokenizer.encode(t) for t in texts]

@@ -1,11 +1,18 @@
-"""decode.py: greedy exactness, per-row batching, EOS, no retrace, and input checks."""
+"""decode.py: greedy exactness, per-row batching, EOS, no retrace, input checks, public API."""
+
+import dataclasses
+import re
+from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from specjax import decode, testing
+from specjax import decode, sampling, testing
 from specjax.decode import generate
-from specjax.drafters.draft_model import DraftModel
+from specjax.drafters import DraftModel, PromptLookup
+from specjax.models import tiny
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [10], [3, 9, 3, 7, 20]]
 GEN = dict(max_new_tokens=24, max_len=48)
@@ -20,8 +27,8 @@ def ar_tokens(small_target):
 @pytest.fixture(scope="module")
 def drafts(small_target):
   return {
-    "truncated": testing.truncated(*small_target, num_layers=1),
-    "independent": testing.tiny_model(seed=1, vocab_size=64, dim=32, num_layers=1),
+    "truncated": tiny.truncated(*small_target, num_layers=1),
+    "independent": tiny.random_model(seed=1, vocab_size=64, dim=32, num_layers=1),
   }
 
 
@@ -97,6 +104,7 @@ def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
   assert decode.TRACES["generate"] == before
 
 
+@pytest.mark.slow
 def test_same_result_without_jit(small_target, drafts):
   cfg, params = small_target
   dcfg, dparams = drafts["truncated"]
@@ -124,7 +132,7 @@ def _bad_calls(small_target, drafts):
   """Each case: (field the error must name, a call that must raise)."""
   cfg, params = small_target
   dcfg, dparams = drafts["truncated"]
-  ocfg, oparams = testing.tiny_model(seed=1, vocab_size=32)
+  ocfg, oparams = tiny.random_model(seed=1, vocab_size=32)
   run = lambda prompts=PROMPTS, **kw: generate(params, cfg, prompts, **(GEN | kw))
   return {
     "temperature": lambda: run(temperature=-1.0),
@@ -146,3 +154,51 @@ def test_bad_input_raises_before_compiling(small_target, drafts, field):
   with pytest.raises(ValueError, match=field):
     call()
   assert decode.TRACES["generate"] == before
+
+
+def test_next_token_probs_is_what_generate_samples(small_target):
+  """The public next-token distribution equals the enumerated target's first-token marginal."""
+  cfg, params = small_target
+  knobs = dict(temperature=0.8, top_k=5)
+  got = decode.next_token_probs(params, cfg, [[1, 2, 3], [7]], **knobs)
+  for row, prefix in zip(got, ([1, 2, 3], [7]), strict=True):
+    dist = testing.sequence_distribution(
+      params, cfg, prefix, 1, sampling.SamplingParams.create(**knobs)
+    )
+    want = np.array([dist.get((x,), 0.0) for x in range(cfg.vocab_size)])
+    np.testing.assert_allclose(row, want, atol=1e-6)
+  assert (got > 0).sum(axis=1).tolist() == [5, 5]
+  with pytest.raises(ValueError, match="outside"):
+    decode.next_token_probs(params, cfg, [[cfg.vocab_size]])
+
+
+@dataclasses.dataclass(frozen=True)
+class OddRowsAbstain(PromptLookup):
+  """Prompt lookup whose odd rows always abstain."""
+
+  def propose(self, params, state, ctx):
+    draft, state = super().propose(params, state, ctx)
+    return draft.replace(abstain=jnp.arange(ctx.tokens.shape[0]) % 2 == 1), state
+
+
+def test_abstain_counts_per_row(small_target):
+  """Per row: the steps its drafter abstained while it was live; and the steps every live row
+  abstained (one-token forwards) once only the abstaining row is left."""
+  cfg, params = small_target
+  out = generate(params, cfg, PROMPTS[:2], drafter=OddRowsAbstain(2), max_new_tokens=[4, 12])
+  m = out.metrics
+  steps = [calls - 1 for calls in m["row_calls"]]  # the prefill is no step
+  assert m["row_abstained"] == [0, steps[1]]
+  assert m["abstained_calls"] == steps[1] - steps[0] > 0
+
+
+def test_library_does_not_import_testing():
+  """specjax/testing.py is for tests: no library module imports it."""
+  root = Path(decode.__file__).parent
+  offenders = [
+    str(p.relative_to(root))
+    for p in root.rglob("*.py")
+    if p.name != "testing.py"
+    and re.search(r"\bspecjax\.testing\b|from specjax import .*\btesting\b", p.read_text())
+  ]
+  assert offenders == []

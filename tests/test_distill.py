@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from configs import self_distill_smollm2
-from specjax import testing
 from specjax.decode import generate
-from specjax.models import llama, registry
+from specjax.models import llama, registry, tiny
 from specjax.models.tokenizer import Tokenizer
 from specjax.tasks import self_distill as task
 from specjax.train import data, distill
@@ -19,7 +18,7 @@ KW = dict(max_new_tokens=6, max_len=24, batch_size=3, shard_size=6, temperature=
 
 @pytest.fixture(scope="module")
 def model():
-  return testing.tiny_model(seed=0, vocab_size=64, dim=32, num_layers=2)
+  return tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=2)
 
 
 @pytest.fixture(scope="module")
@@ -113,19 +112,15 @@ def test_hidden_states_are_the_targets(model, prompts, tmp_path):
   )
   _, arrays = data.read_shards(tmp_path)
   tokens = arrays["tokens"]
-  b, s = tokens.shape
-  cache = llama.init_cache(cfg, b, s)
-  pos = jnp.broadcast_to(jnp.arange(s), (b, s))
-  _, hidden, _ = llama.forward(
-    params, cfg, jnp.asarray(tokens), pos, cache, llama.causal_mask(s), (0,)
-  )
+  s = tokens.shape[1]
+  _, (final, layer0) = llama.logits_of(params, cfg, jnp.asarray(tokens), ("final", 0))
   valid = np.arange(s)[None, :] < arrays["lengths"][:, None]
   assert arrays["hidden_final"].dtype == np.float16
   assert arrays["hidden_final"].shape == (3, s, cfg.dim)
   assert arrays["hidden_layers"].shape == (3, 1, s, cfg.dim)
   for got, want in (
-    (arrays["hidden_final"], hidden.final),
-    (arrays["hidden_layers"][:, 0], hidden.layers[0]),
+    (arrays["hidden_final"], final),
+    (arrays["hidden_layers"][:, 0], layer0),
   ):
     np.testing.assert_allclose(got[valid], np.asarray(want)[valid], rtol=1e-2, atol=1e-2)
     assert not got[~valid].any()

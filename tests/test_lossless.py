@@ -1,65 +1,27 @@
-"""Exact-distribution tests: speculative sampling reproduces the target's joint distribution.
+"""Exact-distribution tests: speculative sampling reproduces the target's distribution.
 
-Each test draws >= 20,000 three-token continuations through the real batched ``generate``
-path and compares their histogram with the target's enumerated joint distribution by a
-chi-square test. Cells with expected count < 5 are pooled. A correct sampler must give
-p > 1e-3 (fails by chance 1 time in 1000 at most; seeds are fixed, so the run is repeatable);
-each deliberately broken verifier must give p < 1e-6.
+Each test samples rows through the real batched ``generate`` path and compares their histogram
+with the target's enumerated distribution (``specjax.testing``) by a chi-square test; cells
+with expected count < 5 are pooled. A correct sampler must give p > 1e-3 (Bonferroni-divided
+over the prompts checked; seeds are fixed, so the run is repeatable); each deliberately broken
+verifier must give p < 1e-6.
+
+Two kinds of case:
+
+* three tokens after one prompt (vocab 8), with K >= 2: the acceptance rule itself;
+* state carried across steps (vocab 5): five tokens with K = 1 or depth-1 trees, so several
+  speculative steps shape every sample, three prompts of different lengths in one batch (each
+  checked on its own), and a stop id the model emits mid-sample. What a drafter carries from
+  step to step (its cache, the tree compaction, the Lookahead pool) then decides sampled
+  tokens. Every drafter gets this case.
 """
 
-import numpy as np
 import pytest
-from scipy import stats
 
-from specjax import sampling, testing, verify
-from specjax.decode import generate
-from specjax.drafters.base import NoDraft
-from specjax.drafters.draft_model import DraftModel
-
-PROMPT = [1, 2, 3]
-NUM_NEW = 3
-ROWS, CALLS = 4000, 5  # 20,000 samples
-P_PASS, P_FAIL = 1e-3, 1e-6
-
-
-def chi2_pvalue(target, drafter, dparams, knobs, verifier=verify.verify, prompt=PROMPT):
-  """Samples ROWS * CALLS continuations with ``drafter``; chi-square p-value vs the target."""
-  tcfg, tparams = target
-  counts = np.zeros([tcfg.vocab_size] * NUM_NEW)
-  for call in range(CALLS):
-    out = generate(
-      tparams,
-      tcfg,
-      [prompt] * ROWS,
-      drafter=drafter,
-      drafter_params=dparams,
-      max_new_tokens=NUM_NEW,
-      max_len=16,
-      seed=call,
-      verifier=verifier,
-      **knobs,
-    )
-    for row in out.tokens:
-      counts[tuple(row)] += 1
-  expected = (
-    testing.sequence_probs(
-      tparams, tcfg, prompt, NUM_NEW, sampling.SamplingParams.create(**knobs)
-    ).ravel()
-    * counts.sum()
-  )
-  observed = counts.ravel()
-  assert observed[expected == 0].sum() == 0, "sampled a sequence the target gives probability 0"
-  small = expected < 5
-  obs = np.append(observed[~small], observed[small].sum())
-  exp = np.append(expected[~small], expected[small].sum())
-  keep = exp > 0
-  return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
-
-
-def _chi2_pvalue(target, draft, k, knobs, verifier=verify.verify):
-  dcfg, dparams = draft
-  return chi2_pvalue(target, DraftModel(dcfg, k), dparams, knobs, verifier)
-
+from specjax import testing, trees
+from specjax.drafters import DraftModel, Lookahead, NoDraft, PromptLookup
+from specjax.models import tiny
+from specjax.testing import P_FAIL, P_PASS
 
 KNOBS = {
   "t1": dict(temperature=1.0),
@@ -70,21 +32,21 @@ KNOBS = {
 
 @pytest.mark.parametrize("knobs", KNOBS.values(), ids=KNOBS.keys())
 def test_exact_distribution_independent_draft(tiny_pair, knobs):
-  target, draft = tiny_pair
-  assert _chi2_pvalue(target, draft, k=2, knobs=knobs) > P_PASS
+  target, (dcfg, dparams) = tiny_pair
+  assert testing.exact_pvalue(target, DraftModel(dcfg, 2), dparams, knobs) > P_PASS
 
 
 def test_exact_distribution_truncated_draft(tiny_pair):
   """A draft close to the target accepts often: exercises the multi-token and bonus paths."""
   target, _ = tiny_pair
-  draft = testing.truncated(*target, num_layers=1)
-  assert _chi2_pvalue(target, draft, k=3, knobs=dict(temperature=1.0)) > P_PASS
+  dcfg, dparams = tiny.truncated(*target, num_layers=1)
+  assert testing.exact_pvalue(target, DraftModel(dcfg, 3), dparams, dict(temperature=1.0)) > P_PASS
 
 
 def test_autoregressive_exact_distribution(tiny_pair):
   """The K = 0 loop (the baseline every speedup is measured against) samples the target too."""
   target, _ = tiny_pair
-  assert chi2_pvalue(target, NoDraft(), None, dict(temperature=1.0)) > P_PASS
+  assert testing.exact_pvalue(target, NoDraft(), None, dict(temperature=1.0)) > P_PASS
 
 
 BROKEN = {
@@ -96,5 +58,103 @@ BROKEN = {
 @pytest.mark.parametrize("verifier", BROKEN.values(), ids=BROKEN.keys())
 def test_broken_verifier_fails(tiny_pair, verifier):
   """The same test, run on a wrong verifier, must reject it: the test has teeth."""
-  target, draft = tiny_pair
-  assert _chi2_pvalue(target, draft, k=2, knobs=dict(temperature=1.0), verifier=verifier) < P_FAIL
+  target, (dcfg, dparams) = tiny_pair
+  knobs = dict(temperature=1.0)
+  assert testing.exact_pvalue(target, DraftModel(dcfg, 2), dparams, knobs, verifier) < P_FAIL
+
+
+# --- state carried across steps: vocab 5, five tokens, ragged prompts, a stop id --------------
+
+V5_PROMPTS = ([1, 2, 1, 2], [3], [0, 2, 2, 1, 3, 0])
+V5_STOP = (4,)
+
+
+@pytest.fixture(scope="module")
+def v5_pair():
+  """Vocab 5 target (stop id 4 has mass ~0.2 somewhere) and an independent draft."""
+  return tiny.random_model(seed=7, vocab_size=5), tiny.random_model(seed=8, vocab_size=5)
+
+
+def _v5_pvalues(target, drafter, dparams, verifier=None, knobs=None):
+  kw = {} if verifier is None else {"verifier": verifier}
+  return testing.exact_pvalues(
+    target,
+    drafter,
+    dparams,
+    knobs or dict(temperature=1.0),
+    prompts=V5_PROMPTS,
+    num_new=5,
+    rows=6000,
+    calls=5,
+    stop_ids=V5_STOP,
+    **kw,
+  )
+
+
+STATEFUL = {
+  "autoregressive": lambda d: (NoDraft(), None),
+  "draft_model_k1": lambda d: (DraftModel(d[0], 1), d[1]),
+  "draft_model_k2": lambda d: (DraftModel(d[0], 2), d[1]),
+  "prompt_lookup_k1": lambda d: (PromptLookup(1), None),
+  "prompt_lookup_tree_2x1": lambda d: (PromptLookup(1, num_branches=2), None),
+  "prompt_lookup_abstaining": lambda d: (PromptLookup(1, min_ngram=2), None),
+  "lookahead_depth1": lambda d: (Lookahead(window=2, ngram=2, num_candidates=2, pool_size=8), None),
+  "random_tree_3": lambda d: (testing.RandomTreeDrafter(trees.Tree((0, 0, 0)), spread=2.0), None),
+  "top_one_hot_tree_3": lambda d: (
+    testing.RandomTreeDrafter(trees.Tree((0, 0, 0)), spread=2.0, mode="top_one_hot"),
+    None,
+  ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", STATEFUL.values(), ids=STATEFUL.keys())
+def test_exact_distribution_across_steps(v5_pair, make):
+  target, draft = v5_pair
+  drafter, dparams = make(draft)
+  pvalues = _v5_pvalues(target, drafter, dparams)
+  assert min(pvalues) > P_PASS / len(pvalues), pvalues
+
+
+BROKEN_ACROSS_STEPS = {
+  "resample_from_target": (STATEFUL["draft_model_k1"], testing.resample_from_target),
+  "accept_with_target_prob": (STATEFUL["draft_model_k1"], testing.accept_with_target_prob),
+  "lookup_resample_from_target": (STATEFUL["prompt_lookup_k1"], testing.resample_from_target),
+  "skip_q_renormalisation": (STATEFUL["random_tree_3"], testing.skip_q_renormalisation),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make, verifier", BROKEN_ACROSS_STEPS.values(), ids=BROKEN_ACROSS_STEPS)
+def test_broken_verifier_fails_across_steps(v5_pair, make, verifier):
+  target, draft = v5_pair
+  drafter, dparams = make(draft)
+  assert min(_v5_pvalues(target, drafter, dparams, verifier)) < P_FAIL
+
+
+def test_v5_case_stops_mid_sample_and_runs_several_steps(v5_pair):
+  """The case is what it claims: rows end at the stop id before five tokens, and a row takes
+  several target calls."""
+  (tcfg, tparams), (dcfg, dparams) = v5_pair
+  from specjax.decode import generate
+
+  out = generate(
+    tparams, tcfg, list(V5_PROMPTS) * 50, drafter=DraftModel(dcfg, 1), drafter_params=dparams,
+    max_new_tokens=5, max_len=16, temperature=1.0, eos_id=list(V5_STOP),
+  )  # fmt: skip
+  stopped = [r for r in out.tokens if r[-1] in V5_STOP and len(r) < 5]
+  assert 0.1 < len(stopped) / len(out.tokens) < 0.9
+  assert min(out.metrics["row_calls"]) < max(out.metrics["row_calls"])
+  assert out.metrics["target_calls"] >= 4
+
+
+@pytest.mark.slow
+def test_skipping_tree_compaction_fails_across_steps(v5_pair, monkeypatch):
+  """The carried state shapes samples: with the tree's accepted K/V left where they were
+  verified (no compaction), later steps attend to a rejected sibling, and the case sees it."""
+  from specjax import decode
+
+  monkeypatch.setattr(decode, "compact", lambda cache, src, dst: cache)
+  target, _ = v5_pair
+  drafter = testing.RandomTreeDrafter(trees.Tree((0, 0, 0)), spread=2.01)  # a fresh trace
+  assert min(_v5_pvalues(target, drafter, None)) < P_FAIL

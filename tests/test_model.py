@@ -1,21 +1,21 @@
-"""models/: incremental decoding equals a full forward, arbitrary masks, cache compaction."""
+"""models/: incremental decoding = a full forward, masks, compaction, blocks, windows, schema."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from specjax import testing
 from specjax.models import cache as kv
-from specjax.models import llama
+from specjax.models import llama, schema, tiny
 from specjax.models.config import ModelConfig
 
 
 @pytest.fixture(scope="module", params=["tied", "qwen2-style"])
 def model(request):
   if request.param == "tied":
-    return testing.tiny_model(seed=0, vocab_size=32, dim=32, tie_embeddings=True)
-  return testing.tiny_model(
+    return tiny.random_model(seed=0, vocab_size=32, dim=32, tie_embeddings=True)
+  return tiny.random_model(
     seed=0, vocab_size=32, dim=32, num_heads=4, num_kv_heads=2, qkv_bias=True, rope_theta=1e6
   )
 
@@ -73,21 +73,88 @@ def test_compact_moves_an_accepted_path_into_contiguous_slots(model):
   np.testing.assert_array_equal(out.k[0][1, 0, :5, 0], [0, 1, 2, 3, 4])
 
 
-def test_capture_layers_returns_residual_stream(model):
+def test_features_are_the_residual_stream_and_final_state(model):
   cfg, params = model
   tokens = jnp.array([[1, 2, 3]])
-  _, hidden, _ = llama.forward(
+  logits, (last, final, first), _ = llama.forward(
     params,
     cfg,
     tokens,
     jnp.arange(3)[None],
     llama.init_cache(cfg, 1, 4),
     llama.causal_mask(3),
-    capture_layers=(0, cfg.num_layers - 1),
+    features=(cfg.num_layers - 1, "final", 0),
   )
-  assert len(hidden.layers) == 2 and hidden.final.shape == (1, 3, cfg.dim)
-  expect = llama.rms_norm(hidden.layers[-1], params["final_norm"], cfg.norm_eps)
-  np.testing.assert_allclose(hidden.final, expect, atol=1e-6)
+  assert final.shape == first.shape == (1, 3, cfg.dim)
+  np.testing.assert_allclose(
+    final, llama.rms_norm(last, params["final_norm"], cfg.norm_eps), atol=1e-6
+  )
+  np.testing.assert_allclose(logits, llama.head(params, cfg, final), atol=1e-6)
+  with pytest.raises(ValueError, match="layer index"):
+    llama.check_features(cfg, (cfg.num_layers,))
+
+
+def test_forward_is_the_composition_of_public_blocks(model):
+  """embed -> block per layer -> final_norm -> head, called by hand, is forward."""
+  cfg, params = model
+  tokens = jnp.array([[4, 1, 7, 2], [3, 3, 0, 9]])
+  pos = jnp.broadcast_to(jnp.arange(4), (2, 4))
+  cache = llama.init_cache(cfg, 2, 8)
+  want, _, want_cache = llama.forward(params, cfg, tokens, pos, cache, llama.causal_mask(4))
+  attn = llama.attention_inputs(cache.lengths, llama.causal_mask(4), cache.num_slots, 4)
+  x = llama.embed(params, cfg, tokens)
+  for i, p in enumerate(params["layers"]):
+    x, k, v = llama.block(p, cfg, x, pos, cache.k[i], cache.v[i], attn)
+    np.testing.assert_array_equal(k, want_cache.k[i])
+  got = llama.head(params, cfg, llama.final_norm(params, cfg, x))
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_attention_window_follows_the_live_length(model):
+  """A cache of 1000 slots attends over the smallest window that holds every row, and gives
+  the same logits as a cache just big enough."""
+  cfg, params = model
+  assert llama.window_sizes(1000, 1) == (128, 256, 1000)
+  assert llama.window_sizes(1024, 1) == (128, 256, 512, 1024)
+  assert llama.window_sizes(1000, 300) == (1000,)
+  assert llama.window_sizes(100, 5) == (100,)
+  for lengths, window in (([3, 120], 0), ([3, 130], 1), ([600, 2], 2)):
+    attn = llama.attention_inputs(jnp.array(lengths), llama.causal_mask(4), 1000, 4)
+    assert int(attn.window) == window, lengths
+  tokens = jax.random.randint(jax.random.key(2), (2, 140), 0, cfg.vocab_size)
+  small, _, _ = _full(params, cfg, tokens)  # 148 slots: one window
+  pos = jnp.broadcast_to(jnp.arange(140), (2, 140))
+  cache = llama.init_cache(cfg, 2, 1000)
+  big, _, cache = llama.forward(
+    params, cfg, tokens[:, :130], pos[:, :130], cache, llama.causal_mask(130)
+  )
+  cache = cache.replace(lengths=jnp.array([130, 130]))
+  step, _, _ = llama.forward(
+    params, cfg, tokens[:, 130:], pos[:, 130:], cache, llama.causal_mask(10)
+  )
+  np.testing.assert_allclose(big, small[:, :130], atol=1e-5)
+  np.testing.assert_allclose(step, small[:, 130:], atol=1e-5)
+
+
+def test_schema_drives_init_checks_rules_and_names(model):
+  cfg, params = model
+  llama.check_params(cfg, params)
+  with pytest.raises(ValueError, match="1 layers but"):
+    llama.check_params(cfg, dict(params, layers=params["layers"][:1]))
+  bad = dict(
+    params, layers=(dict(params["layers"][0], wq=params["layers"][0]["wk"]),) + params["layers"][1:]
+  )
+  with pytest.raises(ValueError, match=r"layers\[0\]\.wq has shape"):
+    llama.check_params(cfg, bad)
+  names = schema.checkpoint_names(llama.SCHEMA, cfg, cfg.num_layers, "hf")
+  assert names["model.layers.1.self_attn.q_proj.weight"] == ("layers", 1, "wq")
+  assert ("lm_head" in params) == ("lm_head.weight" in names) == (not cfg.tie_embeddings)
+  assert ("bq" in params["layers"][0]) == cfg.qkv_bias
+  gguf = schema.checkpoint_names(llama.SCHEMA, cfg, cfg.num_layers, "gguf")
+  assert gguf["blk.0.ffn_down.weight"] == ("layers", 0, "w_down")
+  rules = dict(llama.RULES)
+  assert rules[r"(^|/)wo$"] == P("fsdp", "tensor") and rules[r"(^|/)embed$"] == P("tensor", "fsdp")
+  assert not any("norm" in pattern for pattern in rules)
 
 
 @pytest.mark.parametrize(

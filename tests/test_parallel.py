@@ -8,6 +8,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from specjax import parallel
+from specjax.models import llama
 from specjax.train import loop
 
 # -- meshes -----------------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def test_rules_shard_params_and_optimizer_state_alike():
   params = jax.eval_shape(objective.init, jax.random.key(0), tparams)
   opt_state = jax.eval_shape(train_worker.OPTIM.optimizer().init, params)
   mesh = AbstractMesh((1, 2, 4), parallel.AXES)
-  specs = parallel.partition_specs({"params": params, "opt": opt_state}, parallel.LLAMA_RULES, mesh)
+  specs = parallel.partition_specs({"params": params, "opt": opt_state}, llama.RULES, mesh)
   layer = specs["params"]["layers"][0]
   assert layer["wq"] == P("tensor", "fsdp")  # column-parallel [out, in]
   assert layer["wo"] == P("fsdp", "tensor")  # row-parallel
@@ -74,7 +75,7 @@ def test_rules_replicate_dims_the_axis_does_not_divide():
     "wq": jax.ShapeDtypeStruct((4, 6), np.float32),
     "bq": jax.ShapeDtypeStruct((5,), np.float32),
   }
-  specs = parallel.partition_specs(tree, parallel.LLAMA_RULES, mesh)
+  specs = parallel.partition_specs(tree, llama.RULES, mesh)
   assert specs["wq"] == P("tensor", "fsdp")  # 4 % 2 == 0, 6 % 3 == 0
   assert specs["bq"] == P(None)  # 5 % 2 != 0: replicated
 
@@ -89,6 +90,8 @@ def test_distributed_config_errors():
 # -- the same step on 8 devices ---------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_eight_device_layouts_match_one_device():
   """data, fsdp, tensor and a mixed layout: same losses as one device, for 3 optimiser steps."""
   layouts = {

@@ -2,10 +2,11 @@
 
 import jax.numpy as jnp
 import pytest
-from test_lossless import P_PASS, chi2_pvalue
 
+from specjax import testing
 from specjax.decode import generate
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.testing import P_PASS
 
 REPETITIVE = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 5, 6, 5], [7, 1, 7, 2, 7, 1], [3, 3, 3]]
 
@@ -34,7 +35,7 @@ def test_greedy_prompt_lookup_equals_autoregressive(small_target, k):
 )
 def test_prompt_lookup_exact_distribution(tiny_pair, knobs):
   target, _ = tiny_pair
-  assert chi2_pvalue(target, PromptLookup(2), None, knobs, prompt=[1, 2, 1, 2, 1]) > P_PASS
+  assert testing.exact_pvalue(target, PromptLookup(2), None, knobs, prompt=[1, 2, 1, 2, 1]) > P_PASS
 
 
 @pytest.mark.parametrize(
@@ -46,6 +47,7 @@ def test_bad_prompt_lookup_config(kw, field):
     PromptLookup(**kw)
 
 
+@pytest.mark.slow
 def test_abstaining_rows_take_one_token_steps_and_stay_exact(small_target, tiny_pair):
   """min_ngram=2: rows without a 2-gram match abstain; an all-abstaining step is an AR step."""
   cfg, params = small_target
@@ -59,4 +61,6 @@ def test_abstaining_rows_take_one_token_steps_and_stay_exact(small_target, tiny_
     assert 0 < solo.metrics["abstained_calls"] < solo.metrics["target_calls"] - 1
   target, _ = tiny_pair
   drafter = PromptLookup(2, min_ngram=2)
-  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0), prompt=[1, 2, 1, 2]) > P_PASS
+  assert (
+    testing.exact_pvalue(target, drafter, None, dict(temperature=1.0), prompt=[1, 2, 1, 2]) > P_PASS
+  )

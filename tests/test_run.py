@@ -22,11 +22,12 @@ def small_config():
   c = tiny.get_config()
   c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
   c.update(max_new_tokens=12, max_len=40, batch_size=2)
-  c.drafter.num_draft = 2
+  c.drafter.draft_model.num_draft = 2
   c.benchmark.repeats = 1
   return c
 
 
+@pytest.mark.slow
 def test_sweep_over_categories_and_drafters(small_config, tmp_path):
   c = small_config
   c.output_dir = str(tmp_path)
@@ -35,7 +36,7 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
   c.sweep.verify_sizes = (1, 4)
   c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),), "random": ((5, 9, 11),)}
   c.sweep.variants = {
-    "lookup_tree": {"name": "prompt_lookup", "num_branches": 2},
+    "lookup_tree": {"name": "prompt_lookup", "prompt_lookup": {"num_branches": 2}},
     "lookahead": {"name": "lookahead", "lookahead": {"window": 3, "ngram": 3, "num_candidates": 2}},
   }
   record = sweep.run(c)
@@ -71,6 +72,7 @@ def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
   assert "speculative" in capsys.readouterr().out
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
   "override, message",
   [
@@ -78,7 +80,11 @@ def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
     ("--config.task=fly", "config.task='fly' is unknown"),
     ("--config.tempreature=0.5", "did you mean 'temperature'"),
     ("--config.top_p=1.5", "top_p must be in (0, 1]"),
-    ("--config.drafter.num_draft=-1", "num_draft (K) must be an integer >= 0"),
+    (
+      "--config.drafter.draft_model.num_draft=0",
+      "draft_model.num_draft (K) must be an integer >= 1",
+    ),
+    ("--config.drafter.prompt_lookup.max_ngrm=2", "did you mean 'max_ngram'"),
   ],
 )
 def test_cli_rejects_bad_config(override, message, request):
@@ -88,8 +94,8 @@ def test_cli_rejects_bad_config(override, message, request):
 
 
 def test_check_runs_before_loading(small_config):
-  small_config.drafter.num_layers = 5  # deeper than the 2-layer target
-  with pytest.raises(ValueError, match="drafter.num_layers"):
+  small_config.drafter.draft_model.num_layers = 5  # deeper than the 2-layer target
+  with pytest.raises(ValueError, match="drafter.draft_model.num_layers"):
     build.drafter(small_config, build.target(small_config))
 
 
@@ -105,8 +111,8 @@ def test_locked_config_rejects_new_keys():
   "overrides, message",
   [
     (dict(name="lookahead", max_nodes=8), "config.drafter.max_nodes=8"),
-    (dict(name="prompt_lookup", num_draft=20), "config.drafter.max_depth=16"),
-    (dict(name="prompt_lookup", max_ngram=64), "max_ngram=64"),
+    (dict(name="prompt_lookup", prompt_lookup=dict(num_draft=20)), "config.drafter.max_depth=16"),
+    (dict(name="prompt_lookup", prompt_lookup=dict(max_ngram=64)), "max_ngram=64"),
     (dict(name="lookahead", lookahead=dict(num_candidates=0)), "num_candidates"),
     (dict(name="lookahead", lookahead=dict(pool_size=2)), "pool_size=2"),
   ],

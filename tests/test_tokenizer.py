@@ -213,6 +213,7 @@ def test_strings_are_varied():
   assert len(set(STRINGS)) > 250
 
 
+@pytest.mark.real_model
 def test_smollm2_ids_match_hf(smollm2):
   import tokenizers
 
@@ -234,6 +235,8 @@ def test_smollm2_ids_match_hf(smollm2):
   )
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 def test_qwen_ids_match_hf(qwen):
   import tokenizers
 
@@ -251,6 +254,7 @@ def test_qwen_ids_match_hf(qwen):
   )
 
 
+@pytest.mark.real_model
 def test_decode_round_trip(smollm2, qwen):
   for (_, tok), normalize in (
     (smollm2, lambda s: s),
@@ -260,6 +264,7 @@ def test_decode_round_trip(smollm2, qwen):
     assert bad == []
 
 
+@pytest.mark.real_model
 def test_special_ids(smollm2, qwen):
   _, small = smollm2
   assert (small.eos_id, small.bos_id, small.vocab_size) == (2, 1, 49152)
@@ -283,6 +288,7 @@ _CONVERSATIONS = [
 ]
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("which", ["smollm2", "qwen"])
 def test_chat_template_matches_hf(which, request):
   path, tok = request.getfixturevalue(which)
@@ -293,6 +299,7 @@ def test_chat_template_matches_hf(which, request):
       assert tok.apply_chat_template(messages, add_generation_prompt=gen) == want
 
 
+@pytest.mark.real_model
 def test_chatml_fallback_without_template(smollm2):
   _, tok = smollm2
   bare = Tokenizer(tok.backend, eos_id=tok.eos_id, fingerprint=tok.fingerprint())
@@ -301,6 +308,7 @@ def test_chatml_fallback_without_template(smollm2):
   )
 
 
+@pytest.mark.real_model
 def test_fingerprints(smollm2, qwen):
   assert smollm2[1].fingerprint() != qwen[1].fingerprint()
   assert len(qwen[1].fingerprint()) == 64
@@ -310,6 +318,7 @@ def test_fingerprints(smollm2, qwen):
     assert big.fingerprint() == qwen[1].fingerprint()
 
 
+@pytest.mark.real_model
 def test_from_directory_matches_gguf(smollm2, tmp_path):
   """An HF tokenizer directory (tokenizer.json) gives the same ids, special ids and fingerprint."""
   path, tok = smollm2

@@ -15,8 +15,9 @@ import pytest
 import train_worker
 
 from configs import train_tiny
-from specjax import parallel, testing
+from specjax import parallel
 from specjax.models import checkpoint as model_checkpoint
+from specjax.models import tiny
 from specjax.tasks import train as train_task
 from specjax.train import checkpoint, data, export, loop, losses, metrics_log, objectives, step
 
@@ -60,12 +61,12 @@ def test_distill_kl_is_zero_only_at_the_teacher():
 
 
 def test_objective_rejects_mismatched_draft():
-  tcfg = testing.tiny_config(vocab_size=64, dim=32)
+  tcfg = tiny.tiny_config(vocab_size=64, dim=32)
   with pytest.raises(ValueError, match="vocab_size"):
-    objectives.DraftDistill(tcfg, testing.tiny_config(vocab_size=32, dim=32))
+    objectives.DraftDistill(tcfg, tiny.tiny_config(vocab_size=32, dim=32))
   with pytest.raises(ValueError, match="draft.dim must be 32"):
-    objectives.DraftDistill(tcfg, testing.tiny_config(vocab_size=64, dim=16), embed="copy")
-  objectives.DraftDistill(tcfg, testing.tiny_config(vocab_size=64, dim=16), embed="random")
+    objectives.DraftDistill(tcfg, tiny.tiny_config(vocab_size=64, dim=16), embed="copy")
+  objectives.DraftDistill(tcfg, tiny.tiny_config(vocab_size=64, dim=16), embed="random")
 
 
 def test_frozen_embedding_is_not_trained():
@@ -150,6 +151,7 @@ _SAVE_THEN_DIE = """
 import os, signal, sys
 import jax, jax.numpy as jnp
 from specjax.train import checkpoint, step
+from specjax.models import tiny
 ckpt = checkpoint.Checkpointer(sys.argv[1], keep=3)
 state = lambda s: step.TrainState(jnp.int32(s), {"w": jnp.full((2048, 2048), float(s))}, (),
                                   jnp.zeros(2, jnp.uint32))
@@ -160,6 +162,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.multiprocess
 def test_kill_mid_save_leaves_no_valid_partial_checkpoint(tmp_path):
   proc = subprocess.run(
     [sys.executable, "-c", _SAVE_THEN_DIE, str(tmp_path)],
@@ -188,6 +191,8 @@ def test_kill_mid_save_leaves_no_valid_partial_checkpoint(tmp_path):
   ckpt.close()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_kill_9_mid_run_then_resume_gives_the_same_curve(tmp_path):
   args = {"layouts": {"run": {}}, "steps": 40, "checkpoint_every": 5}
   straight = train_worker.run_subprocess(args | {"workdir": str(tmp_path / "a")})
@@ -232,14 +237,18 @@ def _tiny_config(tmp_path, **train):
     ({"data.sources": ("no/such/dir",)}, "neither a corpus .* nor an existing"),
     ({"data.seq_len": 1}, "data.seq_len must be >= 2"),
     ({"distributed.num_processes": 2}, "coordinator_address"),
-    ({"draft.embed": "shared"}, "draft.embed='shared' is unknown"),
+    ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
+    ({"objective.name": "medusa"}, "objective.name='medusa' is unknown"),
   ],
 )
 def test_train_task_rejects_bad_config(tmp_path, override, message):
   c = _tiny_config(tmp_path)
   for key, value in override.items():
-    section, field = key.split(".")
-    c[section][field] = value
+    *sections, field = key.split(".")
+    node = c
+    for section in sections:
+      node = node[section]
+    node[field] = value
   with pytest.raises(ValueError, match=message):
     train_task.run(c)
 
@@ -267,7 +276,7 @@ def test_batch_larger_than_the_data_is_rejected():
 
 
 def test_export_loads_back_as_a_draft_model(tmp_path):
-  cfg, params = testing.tiny_model(seed=2, vocab_size=64, dim=32, num_layers=2)
+  cfg, params = tiny.random_model(seed=2, vocab_size=64, dim=32, num_layers=2)
   export.save_model(tmp_path / "draft", cfg, params)
   export.save_model(tmp_path / "draft", cfg, params)  # replacing an export works too
   cfg2, params2 = model_checkpoint.load_safetensors(tmp_path / "draft")
@@ -277,6 +286,8 @@ def test_export_loads_back_as_a_draft_model(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # no temp dirs left
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_train_cli_distils_a_better_draft(tmp_path):
   """python -m specjax.run --config=configs/train_tiny.py, shortened: tau rises with training."""
   cmd = [sys.executable, "-m", "specjax.run", "--config=configs/train_tiny.py"] + [

@@ -16,6 +16,8 @@ import train_worker
 
 from specjax.train import metrics_log
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 LAYOUT = {"data": 2, "fsdp": 2}  # data across the two processes, fsdp within each
 
 

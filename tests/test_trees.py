@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_lossless import P_FAIL, P_PASS, chi2_pvalue
 
 from specjax import testing, trees, verify
 from specjax.decode import generate
@@ -12,6 +11,7 @@ from specjax.drafters.base import Draft
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.sampling import SamplingParams
+from specjax.testing import P_FAIL, P_PASS
 
 REPETITIVE = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 5, 6, 5], [7, 1, 7, 2, 7, 1], [3, 3, 3]]
 TREE = trees.Tree.from_spec((3, 2))  # 3 children of the root, 2 under each: 9 nodes, depth 2
@@ -108,7 +108,7 @@ def test_greedy_tree_takes_longest_matching_path():
   tokens = jnp.asarray([[0, 0, 1, 2, 3]])
   argmax = [0, 2, 2, 1, 3, 1]  # per node 0..5: what the target predicts after it
   p = jax.nn.one_hot(jnp.asarray([argmax]), 4)
-  draft = Draft(tokens=tokens, probs=jax.nn.one_hot(tokens, 4), parents=parents)
+  draft = Draft(tokens=tokens, parents=parents)  # deterministic candidates (one-hot q)
   end, nxt = verify.rejection_sample_tree(jax.random.key(0), draft, p, SamplingParams.create(0.0))
   assert end.tolist() == [5] and nxt.tolist() == [1]
 
@@ -126,7 +126,7 @@ KNOBS = {
 def test_tree_exact_distribution(tiny_pair, knobs):
   target, _ = tiny_pair
   drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)
-  assert chi2_pvalue(target, drafter, None, knobs) > P_PASS
+  assert testing.exact_pvalue(target, drafter, None, knobs) > P_PASS
 
 
 def test_dynamic_tree_exact_distribution(tiny_pair):
@@ -134,37 +134,44 @@ def test_dynamic_tree_exact_distribution(tiny_pair):
   target, _ = tiny_pair
   alt = trees.Tree.from_paths([[0], [1], [0, 0], [0, 0, 0]])  # 4 nodes, depth 3
   drafter = testing.RandomTreeDrafter(trees.Tree.from_spec((2, 1)), spread=2.0, alt_tree=alt)
-  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0)) > P_PASS
+  assert testing.exact_pvalue(target, drafter, None, dict(temperature=1.0)) > P_PASS
 
 
 def test_deterministic_topk_with_soft_q_fails(tiny_pair):
   """Top-k picks are not draws from q: labelling them with the soft q is not lossless."""
   target, _ = tiny_pair
-  drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0, deterministic=True)
-  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0)) < P_FAIL
+  drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0, mode="top_soft")
+  assert testing.exact_pvalue(target, drafter, None, dict(temperature=1.0)) < P_FAIL
 
 
 def test_verifier_without_q_renormalisation_fails(tiny_pair):
   target, _ = tiny_pair
   drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)
   knobs = dict(temperature=1.0)
-  assert chi2_pvalue(target, drafter, None, knobs, verifier=testing.skip_q_renormalisation) < P_FAIL
+  assert (
+    testing.exact_pvalue(target, drafter, None, knobs, verifier=testing.skip_q_renormalisation)
+    < P_FAIL
+  )
 
 
+@pytest.mark.slow
 def test_prompt_lookup_tree_and_lookahead_exact_distribution(tiny_pair):
   target, _ = tiny_pair
   knobs, prompt = dict(temperature=1.0), [1, 2, 1, 2, 1]
   lookup = PromptLookup(2, num_branches=2)
-  assert chi2_pvalue(target, lookup, None, knobs, prompt=prompt) > P_PASS
+  assert testing.exact_pvalue(target, lookup, None, knobs, prompt=prompt) > P_PASS
   lookahead = Lookahead(window=3, ngram=3, num_candidates=2, pool_size=8)
-  assert chi2_pvalue(target, lookahead, None, knobs, prompt=prompt) > P_PASS
+  assert testing.exact_pvalue(target, lookahead, None, knobs, prompt=prompt) > P_PASS
 
 
+@pytest.mark.slow
 def test_typical_acceptance_is_lossy_but_greedy_at_temperature_0(tiny_pair, small_target):
   target, _ = tiny_pair
   drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)
   typical = verify.TypicalAcceptance(epsilon=0.3, delta=0.3)
-  assert chi2_pvalue(target, drafter, None, dict(temperature=1.0), verifier=typical) < P_FAIL
+  assert (
+    testing.exact_pvalue(target, drafter, None, dict(temperature=1.0), verifier=typical) < P_FAIL
+  )
   cfg, params = small_target
   kw = dict(max_new_tokens=16, max_len=40)
   ar = generate(params, cfg, REPETITIVE, **kw)

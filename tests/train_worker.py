@@ -25,7 +25,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from specjax import parallel, testing
+from specjax import parallel
+from specjax.models import tiny
 from specjax.train import data, loop, objectives, step
 
 OPTIM = step.OptimConfig(learning_rate=1e-2, decay_steps=20)
@@ -91,8 +92,8 @@ class SlowDataset:
 
 def setup(slow_s: float = 0.0):
   """(objective, target params, dataset): a 2-layer target, a 1-layer draft, random text."""
-  tcfg, tparams = testing.tiny_model(seed=0, vocab_size=64, dim=32, num_layers=2)
-  dcfg = testing.tiny_config(vocab_size=64, dim=32, num_layers=1, name="draft")
+  tcfg, tparams = tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=2)
+  dcfg = tiny.tiny_config(vocab_size=64, dim=32, num_layers=1, name="draft")
   objective = objectives.DraftDistill(tcfg, dcfg, embed="copy")
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 64, (64, 16))

@@ -3,20 +3,32 @@
 A drafter is a frozen (hashable, static) dataclass with three pure functions over its own
 state pytree:
 
-    init(params, prompt[B,P], prompt_lengths[B], num_slots) -> state
-    propose(params, state, ctx) -> (Draft, state)
-    commit(state, verdict, ctx) -> state
+    init(params, prefill: Prefill) -> state
+    propose(params, state, ctx: DraftContext) -> (Draft, state)
+    commit(state, verdict: Verdict, ctx: DraftContext) -> state
 
-``propose`` returns draft tokens per row and the distribution q each was drawn from (after
-``sampling.probs``), which is what the verifier needs to stay lossless: a chain of K tokens,
-or a tree of N nodes with their ``parents`` (see trees.py). A drafter may also ask for extra
-tokens to ride along in the same target forward with its own attention mask (Lookahead's
-Jacobi window); their target logits come back in the verdict. Adding a drafter never touches
-decode.py.
+``propose`` returns draft tokens per row and, for sampled tokens, the distribution q each was
+drawn from (after ``sampling.probs``), which is what the verifier needs to stay lossless: a
+chain of K tokens, or a tree of N nodes with their ``parents`` (see trees.py). Deterministic
+candidates (n-gram matches, argmax or top-k picks) set ``probs=None``: they are verified as
+one-hot proposals and cost no V-wide array. A drafter may also ask for extra tokens to ride
+along in the same target forward with its own attention mask (Lookahead's Jacobi window);
+their target logits come back in the verdict.
+
+Feature-level drafters (Medusa, EAGLE) name the target hidden states they read in
+``feature_layers``: ``"final"`` (the final normed state the LM head reads) and/or layer indices
+(the residual stream after that layer), concatenated along the last axis into F. The prefill
+hands ``init`` the prompt's features; every verify hands ``commit`` the features of the root and
+of each accepted node, from the same target forward. With ``feature_layers = ()`` (the default)
+nothing extra is computed or carried.
 
 Static sizes a drafter declares: ``num_draft`` (D, the most draft tokens one step can accept:
 K for a chain, the tree's depth), ``num_nodes`` (N, draft tokens verified per step) and
 ``num_extra`` (E, extra tokens per step).
+
+Each drafter also owns its config subsection (``config.drafter.<name>``): ``config()`` gives
+its fields and defaults, ``check`` validates them before anything loads, and ``build`` makes the
+drafter and its params once the target is loaded. ``specjax.drafters`` keeps the registry.
 """
 
 import dataclasses
@@ -24,6 +36,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import struct
 
 from specjax.models.config import ModelConfig
@@ -36,11 +49,11 @@ class Draft:
 
   ``probs[b, i]`` is the distribution token ``i`` was drawn from *given its earlier siblings*
   (before the verifier's renormalisation): for Gumbel-top-k children of one node, all share the
-  node's q; for a deterministic proposal (n-gram match, argmax) it is one-hot on the token.
+  node's q. ``probs=None`` means every token is a deterministic proposal (one-hot q).
   """
 
   tokens: jax.Array  # [B, N] int32: draft nodes 1..N (node 0 is the newest token).
-  probs: jax.Array  # [B, N, V] float32
+  probs: jax.Array | None = None  # [B, N, V] float32, or None: deterministic candidates.
   parents: jax.Array | None = None  # [B, N] int32 parent node of nodes 1..N; None = a chain.
   extra_tokens: jax.Array | None = None  # [B, E] tokens fed beside the tree, never accepted.
   extra_offsets: jax.Array | None = None  # [B, E] their positions relative to the newest token.
@@ -57,7 +70,21 @@ class Verdict:
   num_accepted: jax.Array  # [B] n: draft tokens kept.
   path: jax.Array  # [B, D] accepted node ids (1-based) at depths 1..D; valid where d < n.
   next_token: jax.Array  # [B] the target's token after the accepted ones.
+  # [B, D + 1, F] target features of the root (index 0) and of the accepted nodes along the
+  # path, valid up to index n: index n is the state whose logits gave next_token. None when
+  # the drafter asks for no features.
+  features: jax.Array | None = None
   extra_logits: jax.Array | None = None  # [B, E, V] target logits at the extra tokens.
+
+
+@struct.dataclass
+class Prefill:
+  """What ``Drafter.init`` sees: the prompts, and the target's features over them."""
+
+  tokens: jax.Array  # [B, P] prompts, right-padded.
+  lengths: jax.Array  # [B] prompt lengths.
+  features: jax.Array | None  # [B, P, F] target features at every prompt position, or None.
+  num_slots: int = struct.field(pytree_node=False)  # cache slots per row (as the target's).
 
 
 @struct.dataclass
@@ -76,6 +103,7 @@ class Drafter(Protocol):
   num_draft: int  # D: most draft tokens accepted per step (static).
   num_nodes: int  # N: draft tokens verified per step (N = D for a chain).
   num_extra: int  # E: extra tokens fed to the target per step (0 for most drafters).
+  feature_layers: tuple  # target features read: () none, "final", layer indices.
 
   def check_target(self, target_cfg: ModelConfig) -> None: ...
 
@@ -83,7 +111,7 @@ class Drafter(Protocol):
 
   def draft_calls_per_step(self) -> int: ...
 
-  def init(self, params: Any, prompt_BxP, prompt_lengths_B, num_slots: int) -> Any: ...
+  def init(self, params: Any, prefill: Prefill) -> Any: ...
 
   def propose(self, params: Any, state: Any, ctx: DraftContext) -> tuple[Draft, Any]: ...
 
@@ -91,7 +119,9 @@ class Drafter(Protocol):
 
 
 class Chain:
-  """Sizes of a chain drafter: it verifies its K draft tokens and nothing else."""
+  """Sizes of a chain drafter that reads no target features and verifies only its K tokens."""
+
+  feature_layers: tuple = ()
 
   @property
   def num_nodes(self) -> int:
@@ -105,6 +135,24 @@ class Chain:
     """Raises a ValueError if the drafter cannot work within ``max_len`` tokens per row."""
     del max_len
 
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    """This drafter's config subsection (``config.drafter.<name>``) with its defaults."""
+    return ml_collections.ConfigDict()
+
+  @classmethod
+  def check(cls, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict):
+    """Cheap checks of the subsection ``c`` (and the run ``config``), before anything loads.
+
+    Returns the drafter where it can be made without the target (its budget is then checked
+    too), else None."""
+    del c, config
+
+  @classmethod
+  def build(cls, c: ml_collections.ConfigDict, config: ml_collections.ConfigDict, target):
+    """``(drafter, drafter_params)`` from the subsection ``c`` and the loaded target."""
+    raise NotImplementedError
+
 
 class Stateless(Chain):
   """Defaults for a drafter with no model and no state (it reads only the token buffer)."""
@@ -115,7 +163,7 @@ class Stateless(Chain):
   def draft_calls_per_step(self) -> int:
     return 0
 
-  def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
+  def init(self, params, prefill):
     return ()
 
   def commit(self, state, verdict, ctx):
@@ -129,17 +177,30 @@ class NoDraft(Stateless):
   name: str = "none"
   num_draft: int = 0
 
+  @classmethod
+  def build(cls, c, config, target):
+    return cls(), None
+
   def propose(self, params, state, ctx):
-    b = ctx.tokens.shape[0]
-    empty = Draft(
-      tokens=jnp.zeros((b, 0), jnp.int32), probs=jnp.zeros((b, 0, ctx.vocab_size), jnp.float32)
-    )
-    return empty, state
+    return Draft(tokens=jnp.zeros((ctx.tokens.shape[0], 0), jnp.int32)), state
 
 
-def check_num_draft(num_draft: int) -> None:
-  if int(num_draft) != num_draft or num_draft < 0:
-    raise ValueError(
-      f"num_draft (K) must be an integer >= 0, got {num_draft}; use K = 0 for autoregressive "
-      "decoding."
-    )
+@dataclasses.dataclass(frozen=True)
+class WithFeatures:
+  """``inner`` unchanged but for ``feature_layers``: the target computes those features and
+  hands them to ``init`` and ``commit``, which ``inner`` ignores. Measures the feature path's
+  cost (tasks/feature_cost.py) and is the base of drafters that watch it (testing.Recording)."""
+
+  inner: Any
+  feature_layers: tuple
+
+  def __getattr__(self, attr):  # everything else is the inner drafter's
+    if attr == "inner":  # not set yet (copy, pickle): no recursion
+      raise AttributeError(attr)
+    return getattr(self.inner, attr)
+
+
+def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
+  if int(num_draft) != num_draft or num_draft < low:
+    hint = "; use K = 0 for autoregressive decoding" if low == 0 else ""
+    raise ValueError(f"{field} (K) must be an integer >= {low}, got {num_draft}{hint}.")

@@ -5,19 +5,26 @@ samples one at a time, K forwards in all. Re-feeding slot L-1 makes the cache ri
 the last step accepted: after a full acceptance the draft never saw its K-th token, and
 otherwise the rewrite is identical to what is there. So the draft cache needs no commit:
 like the target's, it is rolled back by lengths alone (it borrows the target's).
+
+Config (``config.drafter.draft_model``): ``num_draft`` K; ``source`` = ``truncate`` (the
+target's first ``num_layers`` layers) or ``model`` (the ``model`` subsection, any model source:
+registry, gguf, safetensors, random).
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import struct
 
 from specjax import sampling
-from specjax.drafters.base import Chain, Draft, DraftContext, check_num_draft
-from specjax.models import llama
+from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, check_num_draft
+from specjax.models import llama, source, tiny
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
+
+FIELD = "config.drafter.draft_model"
 
 
 @struct.dataclass
@@ -32,9 +39,43 @@ class DraftModel(Chain):
   name: str = "draft_model"
 
   def __post_init__(self):
-    check_num_draft(self.num_draft)
-    if self.num_draft == 0:
-      raise ValueError("num_draft must be >= 1 for the draft_model drafter; use drafter='none'.")
+    check_num_draft(self.num_draft, low=1)
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.num_draft = 4  # K: draft tokens per step
+    c.source = "truncate"  # truncate: the target's first num_layers layers | model
+    c.num_layers = 1  # layers kept when source = truncate
+    c.model = ml_collections.ConfigDict(  # used when source = model (fields: models/source.py)
+      {"source": "registry", "name": "", "path": ""}
+    )
+    return c
+
+  @classmethod
+  def check(cls, c, config):
+    check_num_draft(c.num_draft, f"{FIELD}.num_draft", low=1)
+    source.choice(c.source, ("truncate", "model"), "drafter.draft_model.source")
+    if c.source == "model":
+      source.check(c.model, "drafter.draft_model.model")
+    return None  # its sizes are known once the model is loaded
+
+  @classmethod
+  def build(cls, c, config, target: source.Model):
+    if c.source == "truncate":
+      if not 1 <= c.num_layers < target.cfg.num_layers:
+        raise ValueError(
+          f"{FIELD}.num_layers={c.num_layers} must be in [1, {target.cfg.num_layers}) to "
+          "truncate the target into a draft."
+        )
+      dcfg, dparams = tiny.truncated(target.cfg, target.params, c.num_layers)
+    else:
+      draft = source.load(c.model)
+      source.check_same_tokenizer(target, draft)
+      dcfg, dparams = draft.cfg, draft.params
+    d = cls(dcfg, c.num_draft)
+    d.check_target(target.cfg)
+    return d, dparams
 
   def check_target(self, target_cfg: ModelConfig) -> None:
     if target_cfg.vocab_size != self.cfg.vocab_size:
@@ -46,14 +87,14 @@ class DraftModel(Chain):
   def draft_calls_per_step(self) -> int:
     return self.num_draft
 
-  def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
-    b, p = prompt_BxP.shape
-    cache = llama.init_cache(self.cfg, b, num_slots)
+  def init(self, params, prefill: Prefill):
+    b, p = prefill.tokens.shape
+    cache = llama.init_cache(self.cfg, b, prefill.num_slots)
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
     _, _, cache = llama.forward(
-      params, self.cfg, prompt_BxP, positions, cache, llama.causal_mask(p)
+      params, self.cfg, prefill.tokens, positions, cache, llama.causal_mask(p), windowed=False
     )
-    return DraftModelState(cache=cache.replace(lengths=prompt_lengths_B))
+    return DraftModelState(cache=cache.replace(lengths=prefill.lengths))
 
   def _step(self, params, cache, tokens_BxT, positions_BxT, key, sp):
     """One draft forward: returns (q of the last token [B, V], its sample [B], cache)."""

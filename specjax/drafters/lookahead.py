@@ -14,13 +14,15 @@ Each step feeds the target, in ONE forward beside the newest token:
 After the forward, ``commit`` reads those argmaxes as a new level, records the W n-grams
 ``(level 0[i], ..., level N-2[i], new[i])`` in the pool (a per-row ring buffer of static size,
 duplicates skipped), and slides the window up one level. Pool and window are drafter state
-carried by the while_loop; W, N, G and the pool size are static config.
+carried by the while_loop; W, N, G and the pool size are static config
+(``config.drafter.lookahead``).
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import struct
 
@@ -58,6 +60,28 @@ class Lookahead(Stateless):
         f"lookahead pool_size={self.pool_size} is smaller than num_candidates="
         f"{self.num_candidates} (G): the pool could never offer G n-grams. Raise pool_size."
       )
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.window = 5  # W: Jacobi window columns
+    c.ngram = 4  # N: n-gram size (window levels = N - 1; draft depth N - 1)
+    c.num_candidates = 5  # G: pool n-grams verified per step
+    c.pool_size = 256  # n-grams kept per row
+    return c
+
+  @classmethod
+  def check(cls, c, config):
+    try:
+      d = cls.build(c, config, None)[0]
+    except ValueError as e:
+      raise ValueError(f"config.drafter.lookahead: {e}") from None
+    d.check_context(config.max_len)
+    return d
+
+  @classmethod
+  def build(cls, c, config, target):
+    return cls(c.window, c.ngram, c.num_candidates, c.pool_size), None
 
   # --- static sizes -------------------------------------------------------------------------
 
@@ -100,7 +124,8 @@ class Lookahead(Stateless):
 
   # --- drafter interface --------------------------------------------------------------------
 
-  def init(self, params, prompt_BxP, prompt_lengths_B, num_slots):
+  def init(self, params, prefill):
+    prompt_BxP, prompt_lengths_B = prefill.tokens, prefill.lengths
     b = prompt_BxP.shape[0]
     levels, w = self.ngram - 1, self.window
     # Start the window from tokens of the prompt, spread by a fixed pseudo-random pick.
@@ -127,8 +152,7 @@ class Lookahead(Stateless):
     offsets_E, mask_ExT = self._window_layout()
     e = offsets_E.shape[0]
     draft = Draft(
-      tokens=tokens_BxN,
-      probs=jax.nn.one_hot(tokens_BxN, ctx.vocab_size, dtype=jnp.float32),
+      tokens=tokens_BxN,  # deterministic pool n-grams: probs=None (one-hot q)
       parents=jnp.broadcast_to(jnp.asarray(self.tree.parents, jnp.int32), (b, g * k)),
       extra_tokens=state.window.reshape(b, e),
       extra_offsets=jnp.broadcast_to(jnp.asarray(offsets_E), (b, e)),

@@ -11,16 +11,20 @@ the step is a one-token forward, as cheap as an AR step. Raising ``min_ngram`` m
 drafter abstain more and guess less. Where verifying K + 1 tokens costs about as much as one
 (accelerators), ``abstain=False`` verifies a repeat of the newest token instead.
 
-Each branch is deterministic given the context, so its q is one-hot: the verifier then
-accepts a token with probability p'(x) and on rejection removes x from p', which is the
+Each branch is deterministic given the context (``Draft.probs=None``, a one-hot q): the
+verifier accepts a token with probability p'(x) and on rejection removes x from p', which is the
 lossless rule for deterministic proposals. Branches that repeat a sibling's token waste a
-node but stay lossless (that sibling's q' is empty after the first rejection).
+node but stay lossless (p'(x) is 0 after the first rejection of x).
+
+Config (``config.drafter.prompt_lookup``): num_draft, max_ngram, min_ngram, num_branches,
+abstain, as the fields below.
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from specjax import trees
@@ -38,9 +42,7 @@ class PromptLookup(Stateless):
   name: str = "prompt_lookup"
 
   def __post_init__(self):
-    check_num_draft(self.num_draft)
-    if self.num_draft == 0:
-      raise ValueError("num_draft must be >= 1 for the prompt_lookup drafter.")
+    check_num_draft(self.num_draft, low=1)
     if not 1 <= self.min_ngram <= self.max_ngram:
       raise ValueError(
         f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
@@ -48,6 +50,29 @@ class PromptLookup(Stateless):
       )
     if int(self.num_branches) != self.num_branches or self.num_branches < 1:
       raise ValueError(f"num_branches must be an integer >= 1, got {self.num_branches}.")
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.num_draft = 4  # K: draft tokens per branch
+    c.max_ngram = 3  # longest suffix n-gram searched for
+    c.min_ngram = 1  # shortest
+    c.num_branches = 1  # > 1: a tree of the best distinct matches
+    c.abstain = True  # no match in a row: a one-token step instead of a guess
+    return c
+
+  @classmethod
+  def check(cls, c, config):
+    try:
+      d = cls.build(c, config, None)[0]
+    except ValueError as e:
+      raise ValueError(f"config.drafter.prompt_lookup: {e}") from None
+    d.check_context(config.max_len)
+    return d
+
+  @classmethod
+  def build(cls, c, config, target):
+    return cls(c.num_draft, c.max_ngram, c.min_ngram, c.num_branches, c.abstain), None
 
   @property
   def tree(self) -> trees.Tree:
@@ -106,8 +131,7 @@ class PromptLookup(Stateless):
     idx_BxGK = start_BxG[:, :, None] + jnp.arange(k)
     idx_BxGK = jnp.minimum(idx_BxGK, ctx.lengths[:, None, None]).reshape(b, g * k)
     tokens_BxN = gather_rows(ctx.tokens, idx_BxGK)
-    probs_BxNxV = jax.nn.one_hot(tokens_BxN, ctx.vocab_size, dtype=jnp.float32)
     parents = None
     if g > 1:
       parents = jnp.broadcast_to(jnp.asarray(np.asarray(self.tree.parents), jnp.int32), (b, g * k))
-    return Draft(tokens_BxN, probs_BxNxV, parents=parents, abstain=abstain_B), state
+    return Draft(tokens_BxN, parents=parents, abstain=abstain_B), state

@@ -3,9 +3,9 @@
     cfg, params = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     cfg, params = load_safetensors("path/to/hf_checkpoint_dir")
 
-Both return exactly the pytree documented in ``specjax.models.llama``: fp32 ``jnp`` arrays with
-projections stored ``[in, out]`` so that ``x @ w`` works. GGUF and HF both store ``[out, in]``.
-Every hyper-parameter comes from the file's own metadata; nothing is typed by hand.
+Both return the params of ``specjax.models.llama`` (fp32, matrices ``[out, in]`` as both formats
+store them), named by ``llama.SCHEMA``'s GGUF and HF columns. Every hyper-parameter comes from
+the file's own metadata; nothing is typed by hand.
 """
 
 import json
@@ -14,44 +14,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from specjax.models import llama, schema
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
 SUPPORTED_HF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-
-# GGUF per-layer tensor name -> llama.py per-layer key.
-_GGUF_LAYER_KEYS = {
-  "attn_norm.weight": "attn_norm",
-  "attn_q.weight": "wq",
-  "attn_k.weight": "wk",
-  "attn_v.weight": "wv",
-  "attn_output.weight": "wo",
-  "attn_q.bias": "bq",
-  "attn_k.bias": "bk",
-  "attn_v.bias": "bv",
-  "ffn_norm.weight": "mlp_norm",
-  "ffn_gate.weight": "w_gate",
-  "ffn_up.weight": "w_up",
-  "ffn_down.weight": "w_down",
-}
-
-# HF per-layer tensor name (after ``model.layers.{i}.``) -> llama.py per-layer key.
-_HF_LAYER_KEYS = {
-  "input_layernorm.weight": "attn_norm",
-  "self_attn.q_proj.weight": "wq",
-  "self_attn.k_proj.weight": "wk",
-  "self_attn.v_proj.weight": "wv",
-  "self_attn.o_proj.weight": "wo",
-  "self_attn.q_proj.bias": "bq",
-  "self_attn.k_proj.bias": "bk",
-  "self_attn.v_proj.bias": "bv",
-  "post_attention_layernorm.weight": "mlp_norm",
-  "mlp.gate_proj.weight": "w_gate",
-  "mlp.up_proj.weight": "w_up",
-  "mlp.down_proj.weight": "w_down",
-}
-
 
 # ----------------------------------------------------------------------------------------------
 # GGUF
@@ -197,37 +165,24 @@ def load_gguf(path_or_reader) -> tuple[ModelConfig, Params]:
   arch = gguf_field(reader, "general.architecture")
   tensors = {t.name: t for t in reader.tensors}
 
-  def take(name):
+  def load(name, path):
     t = tensors.pop(name, None)
     if t is None:
       raise ValueError(f"GGUF file lacks tensor {name!r} required by a {arch} model.")
-    return _dequantize(t)
+    w = _dequantize(t)
+    # Only the llama converter permutes q/k rows; qwen2 files keep HF's row order.
+    if arch == "llama" and path[-1] in ("wq", "bq"):
+      w = _unpermute_rows(w, cfg.num_heads)
+    elif arch == "llama" and path[-1] in ("wk", "bk"):
+      w = _unpermute_rows(w, cfg.num_kv_heads)
+    # Moving each weight to jax as soon as it is read keeps peak host memory near one copy.
+    return _to_device(w)
 
-  layers = []
-  for i in range(cfg.num_layers):
-    layer = {}
-    for suffix, key in _GGUF_LAYER_KEYS.items():
-      name = f"blk.{i}.{suffix}"
-      if name not in tensors and key in ("bq", "bk", "bv") and not cfg.qkv_bias:
-        continue
-      w = take(name)
-      # Only the llama converter permutes q/k; qwen2 files keep HF's row order.
-      if arch == "llama" and key in ("wq", "bq"):
-        w = _unpermute_rows(w, cfg.num_heads)
-      elif arch == "llama" and key in ("wk", "bk"):
-        w = _unpermute_rows(w, cfg.num_kv_heads)
-      layer[key] = w
-    # Moving each layer to jax as soon as it is built keeps peak host memory near one copy.
-    layers.append(_to_device(layer))
-
-  params = {"embed": take("token_embd.weight"), "final_norm": take("output_norm.weight")}
-  if not cfg.tie_embeddings:
-    params["lm_head"] = take("output.weight")
-  params = _to_device(params)
-  params["layers"] = tuple(layers)
+  names = schema.checkpoint_names(llama.SCHEMA, cfg, cfg.num_layers, "gguf")
+  params = schema.assemble({path: load(n, path) for n, path in names.items()}, cfg.num_layers)
   if tensors:
     raise ValueError(f"GGUF file has tensors a {arch} model does not use: {sorted(tensors)[:8]}")
-  _check_shapes(cfg, params)
+  llama.check_params(cfg, params)
   return cfg, params
 
 
@@ -305,33 +260,20 @@ def load_safetensors(directory) -> tuple[ModelConfig, Params]:
   cfg = _hf_config(json.loads(config_path.read_text()))
   tensors = _read_safetensors(_safetensors_files(directory))
 
-  def take(name):
+  def load(name):
     w = tensors.pop(name, None)
     if w is None:
       raise ValueError(f"Checkpoint in {directory} lacks tensor {name!r}.")
-    return np.asarray(w, dtype=np.float32)
+    return _to_device(w)
 
-  layers = []
-  for i in range(cfg.num_layers):
-    layer = {}
-    for suffix, key in _HF_LAYER_KEYS.items():
-      if key in ("bq", "bk", "bv") and not cfg.qkv_bias:
-        continue
-      w = take(f"model.layers.{i}.{suffix}")
-      layer[key] = w
-    layers.append(_to_device(layer))
-
-  params = {"embed": take("model.embed_tokens.weight"), "final_norm": take("model.norm.weight")}
+  names = schema.checkpoint_names(llama.SCHEMA, cfg, cfg.num_layers, "hf")
+  params = schema.assemble({path: load(n) for n, path in names.items()}, cfg.num_layers)
   if cfg.tie_embeddings:
     tensors.pop("lm_head.weight", None)  # Some tied checkpoints still write a copy.
-  else:
-    params["lm_head"] = take("lm_head.weight")
-  params = _to_device(params)
-  params["layers"] = tuple(layers)
   leftover = [n for n in tensors if not n.endswith("rotary_emb.inv_freq")]
   if leftover:
     raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(leftover)[:8]}")
-  _check_shapes(cfg, params)
+  llama.check_params(cfg, params)
   return cfg, params
 
 
@@ -339,40 +281,6 @@ def load_safetensors(directory) -> tuple[ModelConfig, Params]:
 # Shared
 
 
-def _expected_shapes(cfg):
-  d, f = cfg.dim, cfg.ffn_dim
-  qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-  layer = {
-    "attn_norm": (d,),
-    "wq": (qd, d),
-    "wk": (kvd, d),
-    "wv": (kvd, d),
-    "wo": (d, qd),
-    "bq": (qd,),
-    "bk": (kvd,),
-    "bv": (kvd,),
-    "mlp_norm": (d,),
-    "w_gate": (f, d),
-    "w_up": (f, d),
-    "w_down": (d, f),
-  }
-  top = {"embed": (cfg.vocab_size, d), "final_norm": (d,), "lm_head": (cfg.vocab_size, d)}
-  return top, layer
-
-
-def _check_shapes(cfg, params):
-  # A metadata/tensor disagreement would otherwise show up as a shape error deep inside jit.
-  top, layer = _expected_shapes(cfg)
-  for key, w in params.items():
-    if key != "layers" and w.shape != top[key]:
-      raise ValueError(f"{key} has shape {w.shape}, expected {top[key]} for {cfg}.")
-  for i, p in enumerate(params["layers"]):
-    for key, w in p.items():
-      if w.shape != layer[key]:
-        raise ValueError(f"layers[{i}].{key} has shape {w.shape}, expected {layer[key]}.")
-
-
-def _to_device(arrays):
-  """fp32 jax arrays from a flat dict of numpy arrays (``jax.device_put``: ~2x faster than
-  ``jnp.asarray`` on CPU)."""
-  return {k: jax.device_put(np.asarray(w, dtype=np.float32)) for k, w in arrays.items()}
+def _to_device(w):
+  """An fp32 jax array (``jax.device_put``: ~2x faster than ``jnp.asarray`` on CPU)."""
+  return jax.device_put(np.asarray(w, dtype=np.float32))

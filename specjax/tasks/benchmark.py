@@ -1,14 +1,13 @@
 """task=benchmark: AR and speculative decoding on the same prompts, in one process.
 
-Each mode is run once to compile, then ``benchmark.repeats`` times; the median of those is
-the steady-state time. The draft model is also timed alone as an AR decoder, which gives
-the cost ratio c = draft step time / target step time. Writes a JSON record and prints a
-table; speedups are ratios of times measured in this same run.
+Each mode is run once to compile (saying what compiles), then ``benchmark.repeats`` timed
+passes interleave the modes; the median of a mode's passes is its steady-state time
+(``tasks/timing.py``). The draft model is also timed alone as an AR decoder, which gives the
+cost ratio c = draft step time / target step time. Writes a JSON record and prints a table;
+speedups are ratios of times measured in this same run.
 """
 
 import platform
-import statistics
-import time
 
 import jax
 import ml_collections
@@ -16,6 +15,7 @@ import ml_collections
 from specjax import baselines, build, metrics, results
 from specjax.decode import generate
 from specjax.models import registry
+from specjax.tasks import timing
 
 COLUMNS = (
   "mode",
@@ -28,25 +28,6 @@ COLUMNS = (
   "tokens_per_s",
   "speedup",
 )
-
-
-def _time(batches, fn, repeats: int):
-  """Runs every batch once to compile and warm up, then ``repeats`` timed passes."""
-  t0 = time.perf_counter()
-  outs = [fn(b) for b in batches]
-  first = time.perf_counter() - t0
-  steady = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    outs = [fn(b) for b in batches]
-    steady.append(time.perf_counter() - t0)
-  med = statistics.median(steady)
-  return outs, {
-    "first_pass_s": first,
-    "compile_s": max(first - med, 0.0),
-    "steady_s": med,
-    "steady_all_s": steady,
-  }
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
@@ -70,14 +51,15 @@ def run(config: ml_collections.ConfigDict) -> dict:
   if drafter.name == "draft_model":
     modes["draft_ar"] = lambda b: generate(dparams, drafter.cfg, b, **common)
 
-  record = {"config": config.to_dict(), "machine": _machine(), "modes": {}}
+  record = {"config": config.to_dict(), "machine": machine(), "modes": {}}
   outputs = {}
-  batches = req.batches()
-  for mode, fn in modes.items():
-    outs, timing = _time(batches, fn, config.benchmark.repeats)
+  describe = f"{target.cfg.name}, batch {req.batch_size}, max_len {req.max_len}"
+  timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)
+  for mode, t in timed.items():
+    outs = t.pop("outs")
     outputs[mode] = [row for out in outs for row in out.tokens]
     m = metrics.summarize(metrics.merge([out.counts for out in outs]))
-    record["modes"][mode] = m | timing | {"tokens_per_s": m["tokens"] / timing["steady_s"]}
+    record["modes"][mode] = m | t | {"tokens_per_s": m["tokens"] / t["steady_s"]}
 
   ar, spec = record["modes"]["ar"], record["modes"]["speculative"]
   spec["speedup"] = spec["tokens_per_s"] / ar["tokens_per_s"]
@@ -132,7 +114,7 @@ def _baselines(config, target, req, ar: dict, summary: dict) -> None:
     summary |= {"hf": hf, "ar_vs_hf": ar["tokens_per_s"] / hf["tokens_per_s"]}
 
 
-def _machine() -> dict:
+def machine() -> dict:
   dev = jax.devices()[0]
   return {
     "platform": dev.platform,

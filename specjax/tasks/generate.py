@@ -1,6 +1,7 @@
 """task=generate: speculative generation on the configured prompts; prints text and metrics."""
 
 import ml_collections
+from tqdm.auto import tqdm
 
 from specjax import build, metrics
 from specjax.decode import generate
@@ -11,6 +12,11 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = build.target(config)
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
+  batches = req.batches()
+  tqdm.write(
+    f"compiling {drafter.name} decoding ({target.cfg.name}, batch {req.batch_size}, max_len "
+    f"{req.max_len}); the first batch includes it"
+  )
   outs = [
     generate(
       target.params,
@@ -21,7 +27,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       verifier=build.verifier(config),
       **req.generate_kwargs(),
     )
-    for batch in req.batches()
+    for batch in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2)
   ]
   rows = [row for out in outs for row in out.tokens]
   for i, (prompt, row) in enumerate(zip(req.prompts, rows, strict=False)):

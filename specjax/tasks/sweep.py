@@ -22,7 +22,8 @@ from tqdm import tqdm
 from specjax import build, metrics, results
 from specjax.decode import generate
 from specjax.models import llama
-from specjax.tasks.benchmark import _machine
+from specjax.tasks import timing
+from specjax.tasks.benchmark import machine
 
 COLUMNS = (
   "batch",
@@ -52,7 +53,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = build.target(config)
   drafters = {name: build.drafter(c, target)[0] for name, c in variants.items()}
   verifier = build.verifier(config)
-  record = {"config": config.to_dict(), "machine": _machine(), "runs": []}
+  record = {"config": config.to_dict(), "machine": machine(), "runs": []}
   if config.sweep.verify_sizes:
     record["verify_cost"] = verify_cost(target, config.sweep.verify_sizes, config.max_len)
     print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
@@ -70,23 +71,15 @@ def run(config: ml_collections.ConfigDict) -> dict:
       modes[name] = lambda b, d=d, kw=kw: generate(
         target.params, target.cfg, b, drafter=d, verifier=verifier, **kw
       )
-    texts, outs, timings = {}, {}, {m: [] for m in modes}
-    for mode, fn in modes.items():  # compile and warm up every mode first
-      t0 = time.perf_counter()
-      outs[mode] = [fn(b) for b in req.batches()]
-      timings[mode].append(time.perf_counter() - t0)
-    for _ in range(config.benchmark.repeats):  # then interleave: load drifts hit every mode alike
-      for mode, fn in modes.items():
-        t0 = time.perf_counter()
-        outs[mode] = [fn(b) for b in req.batches()]
-        timings[mode].append(time.perf_counter() - t0)
-    for mode in modes:
-      texts[mode] = [row for out in outs[mode] for row in out.tokens]
-      m = metrics.summarize(metrics.merge([out.counts for out in outs[mode]]))
-      first, steady = timings[mode][0], statistics.median(timings[mode][1:])
-      timing = {"first_pass_s": first, "steady_s": steady, "steady_all_s": timings[mode][1:]}
-      run_ = {"batch": batch_size, "category": category, "variant": mode} | m | timing
-      run_["tokens_per_s"] = m["tokens"] / steady
+    texts = {}
+    describe = f"{category}, batch {batch_size}"
+    timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)
+    for mode, t in timed.items():
+      outs = t.pop("outs")
+      texts[mode] = [row for out in outs for row in out.tokens]
+      m = metrics.summarize(metrics.merge([out.counts for out in outs]))
+      run_ = {"batch": batch_size, "category": category, "variant": mode} | m | t
+      run_["tokens_per_s"] = m["tokens"] / t["steady_s"]
       record["runs"].append(run_)
       tqdm.write(
         f"  B={batch_size} {category} {mode}: tau {m['tau']:.2f}, {run_['tokens_per_s']:.1f} tok/s"
@@ -165,6 +158,6 @@ def run_verify_cost(config: ml_collections.ConfigDict) -> list[dict]:
   target = build.target(config)
   rows = verify_cost(target, config.sweep.verify_sizes, config.max_len)
   print(results.table(rows, ("tokens", "ms", "vs_1_token")))
-  record = {"config": config.to_dict(), "machine": _machine(), "verify_cost": rows}
+  record = {"config": config.to_dict(), "machine": machine(), "verify_cost": rows}
   print(f"wrote {results.write_json(f'{config.output_dir}/verify_cost.json', record)}")
   return rows

@@ -3,14 +3,16 @@
     python -m specjax.run --config=configs/train_tiny.py            # seconds, random target
     python -m specjax.run --config=configs/distill_draft_smollm2.py  # SmolLM2-135M
 
-Order of work: every config field is checked (and the mesh against the devices, after joining a
-multi-process run) before any model or text is loaded; then the target is loaded and frozen, the
-data is read (``config.data.sources``: corpora and/or self-distilled directories; a random
-target with no sources samples its own text with ``specjax.decode.generate``), and
-``specjax.train.loop.train`` runs. Process 0 then exports the untrained and the trained draft as
-HF-style directories (``workdir/draft_init``, ``workdir/draft_final``) that the benchmark task
-loads as a draft model, decodes the config's prompts with each through the draft-model drafter
-(tau, per-position alpha), and writes ``workdir/train.json``.
+What is trained is ``config.objective.name`` from ``specjax.train.objectives.REGISTRY``, with
+its own subsection ``config.objective.<name>``. Order of work: every config field is checked
+(and the mesh against the devices, after joining a multi-process run) before any model or text
+is loaded; then the target is loaded and frozen, the data is read (``config.data.sources``:
+corpora and/or self-distilled directories; a random target with no sources samples its own
+text with ``specjax.decode.generate``), and ``specjax.train.loop.train`` runs. Process 0 then
+exports the untrained and the trained drafter (``workdir/draft_init``, ``workdir/draft_final``:
+for ``draft_distill``, HF-style directories the draft-model drafter loads), decodes the
+config's prompts with each through the objective's drafter (tau, per-position alpha), and
+writes ``workdir/train.json``.
 """
 
 import dataclasses
@@ -26,11 +28,10 @@ from jax.experimental import multihost_utils
 
 from specjax import build, metrics, parallel, results
 from specjax.decode import generate
-from specjax.drafters.draft_model import DraftModel
-from specjax.models.config import ModelConfig
-from specjax.train import data, export, loop, objectives, step
+from specjax.models import source
+from specjax.train import data, loop, objectives, step
 
-_SECTIONS = ("draft", "data", "distill", "train", "optim", "mesh", "distributed", "evaluate")
+_SECTIONS = ("objective", "data", "train", "optim", "mesh", "distributed", "evaluate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +53,17 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   t, d = config.train, config.data
   if d.seq_len < 2:
     raise ValueError(f"config.data.seq_len must be >= 2, got {d.seq_len}.")
-  if config.draft.embed not in objectives.EMBED_MODES:
-    raise ValueError(
-      f"config.draft.embed={config.draft.embed!r} is unknown; choose one of "
-      f"{', '.join(objectives.EMBED_MODES)}."
-    )
+  objectives.check(config)
   if d.eval_examples < 0:
     raise ValueError(f"config.data.eval_examples must be >= 0, got {d.eval_examples}.")
-  for source in d.sources:
-    if source in data.CORPORA:
-      data.corpus_path(source)
-    elif Path(source).is_dir():
-      data.read_manifest(source)
+  for src in d.sources:
+    if src in data.CORPORA:
+      data.corpus_path(src)
+    elif Path(src).is_dir():
+      data.read_manifest(src)
     else:
       raise ValueError(
-        f"config.data.sources has {source!r}, which is neither a corpus "
+        f"config.data.sources has {src!r}, which is neither a corpus "
         f"({', '.join(data.CORPORA)}) nor an existing self-distillation directory. Create it "
         "with the self_distill task, or fix the path."
       )
@@ -86,20 +83,6 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
     distributed=parallel.DistributedConfig(**config.distributed),
     loop=loop.LoopConfig(workdir=config.workdir, **t),
     optim=step.OptimConfig(**config.optim),
-  )
-
-
-def draft_config(config: ml_collections.ConfigDict, target: ModelConfig) -> ModelConfig:
-  d = config.draft
-  return dataclasses.replace(
-    target,
-    dim=d.dim or target.dim,
-    num_layers=d.num_layers,
-    num_heads=d.num_heads,
-    num_kv_heads=d.num_kv_heads,
-    ffn_dim=d.ffn_dim,
-    head_dim=d.head_dim,
-    name=d.name,
   )
 
 
@@ -146,7 +129,7 @@ def _load_data(config, target: build.Model):
   return data.split(ds, d.eval_examples) if d.eval_examples else (ds, None)
 
 
-def _tau(target: build.Model, drafter: DraftModel, params, req: build.Request) -> dict:
+def _tau(target: build.Model, drafter, params, req: build.Request) -> dict:
   outs = [
     generate(
       target.params, target.cfg, b, drafter=drafter, drafter_params=params, **req.generate_kwargs()
@@ -171,19 +154,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
 
   t0 = time.perf_counter()
-  target = build.load_model(config.target)
-  objective = objectives.DraftDistill(
-    target.cfg,
-    draft_config(config, target.cfg),
-    temperature=config.distill.temperature,
-    embed=config.draft.embed,
-  )
+  target = source.load(config.target)
+  objective = objectives.build(config, target.cfg)
   train_ds, eval_ds = _load_data(config, target)
   host_target = jax.device_get(target.params)
   print(
-    f"target {target.cfg.name} ({target.cfg.num_params() / 1e6:.1f} M params), draft "
-    f"{objective.draft_cfg.num_layers} layers x {objective.draft_cfg.dim} "
-    f"({objective.draft_cfg.num_params() / 1e6:.1f} M), {len(train_ds)} train / "
+    f"target {target.cfg.name} ({target.cfg.num_params() / 1e6:.1f} M params), "
+    f"{objective.name}: {objective.describe()}, {len(train_ds)} train / "
     f"{len(eval_ds) if eval_ds else 0} eval rows of {train_ds.seq_len} tokens, mesh "
     f"{dict(mesh.shape)} over {jax.process_count()} process(es); setup "
     f"{time.perf_counter() - t0:.1f} s"
@@ -211,9 +188,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
     "eval": [r for r in result.history if "eval/loss" in r][-1:],
   }
   for name, params in (("draft_init", init), ("draft_final", final)):
-    export.save_model(workdir / name, objective.draft_cfg, params, target.tokenizer)
+    objective.export(workdir / name, params, target.tokenizer)
   if config.evaluate.enabled:
-    drafter = DraftModel(objective.draft_cfg, config.drafter.num_draft)
+    drafter = objective.drafter(config)
     req = build.request(config, target)
     record["decode"] = {
       "init": _tau(target, drafter, init, req),

@@ -342,14 +342,9 @@ def _examples(prompts, continuations, max_len) -> dict[str, np.ndarray]:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "capture_layers"))
 def _forward_hidden(params, tokens_BxS, *, cfg, capture_layers):
-  b, s = tokens_BxS.shape
-  positions_BxS = jnp.broadcast_to(jnp.arange(s), (b, s))
-  cache = llama.init_cache(cfg, b, s)
-  _, hidden, _ = llama.forward(
-    params, cfg, tokens_BxS, positions_BxS, cache, llama.causal_mask(s), capture_layers
-  )
   # The logits are unused, so XLA drops the LM head.
-  return hidden.final.astype(jnp.float16), tuple(h.astype(jnp.float16) for h in hidden.layers)
+  _, (final, *layers) = llama.logits_of(params, cfg, tokens_BxS, (llama.FINAL, *capture_layers))
+  return final.astype(jnp.float16), tuple(h.astype(jnp.float16) for h in layers)
 
 
 def _hidden_states(params, cfg, arrays, capture_layers, capture_final, batch_size):

@@ -1,7 +1,8 @@
 """A trained draft as an HF-style directory that ``specjax.build`` already loads as a draft model.
 
     export.save_model("results/distill/draft_final", cfg, params, tokenizer)
-    # then: --config.drafter.source=model with drafter.model = {source: safetensors, path: ...}
+    # then: --config.drafter.draft_model.source=model with
+    #   drafter.draft_model.model = {source: safetensors, path: ...}
 
 The directory holds ``config.json`` (LlamaForCausalLM), ``model.safetensors`` (HF tensor names,
 fp32) and, when the model has a tokenizer, ``tokenizer.json`` / ``tokenizer_config.json`` so the
@@ -18,12 +19,9 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from specjax.models import checkpoint
+from specjax.models import llama, schema
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
-
-# llama.py per-layer key -> HF tensor name suffix: the inverse of the loader's table.
-_LAYER_NAMES = {key: hf for hf, key in checkpoint._HF_LAYER_KEYS.items()}
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -47,17 +45,10 @@ def hf_config(cfg: ModelConfig) -> dict:
 
 
 def hf_tensors(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
+  """HF-named fp32 tensors, by ``llama.SCHEMA``'s HF column (the loader reads the same names)."""
   host = jax.device_get(params)
-  tensors = {
-    "model.embed_tokens.weight": host["embed"],
-    "model.norm.weight": host["final_norm"],
-  }
-  if not cfg.tie_embeddings:
-    tensors["lm_head.weight"] = host["lm_head"]
-  for i, layer in enumerate(host["layers"]):
-    for key, value in layer.items():
-      tensors[f"model.layers.{i}.{_LAYER_NAMES[key]}"] = value
-  return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+  names = schema.checkpoint_names(llama.SCHEMA, cfg, cfg.num_layers, "hf")
+  return {n: np.ascontiguousarray(schema.lookup(host, p), np.float32) for n, p in names.items()}
 
 
 def _tokenizer_files(tokenizer, directory: Path) -> None:

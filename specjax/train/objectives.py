@@ -9,22 +9,28 @@ heads train by supplying another objective, not another loop:
     model_params(params, frozen) -> params    what the drafter decodes with
     rules, frozen_rules                       partition rules (see specjax/parallel.py)
     signature() -> dict                       shapes a checkpoint must match (JSON-able)
+    drafter(config) -> Drafter                the drafter that decodes with model_params
+    export(directory, params, tokenizer)      the trained drafter, in a format it loads from
 
 ``frozen`` is the target's params: sharded like the trainable ones, never differentiated.
-``DraftDistill`` is the first objective: a small Llama-family draft model distilled from the
-target by forward KL over every counted position of target-written text (DistillSpec).
+Objectives are chosen by name (``config.objective.name``) from ``REGISTRY``; each reads its own
+config subsection (``config.objective.<name>``, defaults from its ``config()``) in ``build``.
+``DraftDistill`` is the first: a small Llama-family draft model distilled from the target by
+forward KL over every counted position of target-written text (DistillSpec).
 """
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
+import ml_collections
 
 from specjax import parallel
+from specjax.drafters.draft_model import DraftModel
 from specjax.models import llama
 from specjax.models.config import ModelConfig
-from specjax.train import losses
+from specjax.train import export, losses
 from specjax.typing import Params
 
 EMBED_MODES = ("random", "copy", "frozen")
@@ -45,16 +51,16 @@ class Objective(Protocol):
 
   def signature(self) -> dict[str, Any]: ...
 
+  def describe(self) -> str: ...
+
+  def drafter(self, config: ml_collections.ConfigDict) -> Any: ...
+
+  def export(self, directory: Path, params: Params, tokenizer) -> Path: ...
+
 
 def full_logits(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array) -> jax.Array:
   """Causal logits over whole sequences: one forward into an empty cache of exactly T slots."""
-  b, t = tokens_BxT.shape
-  positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-  cache = llama.init_cache(cfg, b, t)
-  logits_BxTxV, _, _ = llama.forward(
-    params, cfg, tokens_BxT, positions_BxT, cache, llama.causal_mask(t)
-  )
-  return logits_BxTxV
+  return llama.logits_of(params, cfg, tokens_BxT)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +79,56 @@ class DraftDistill:
   embed: str = "copy"
   init_std: float = 0.02  # embedding std for embed = random
   name: str = "draft_distill"
-  rules: parallel.Rules = parallel.LLAMA_RULES
-  frozen_rules: parallel.Rules = parallel.LLAMA_RULES
+  rules: parallel.Rules = llama.RULES
+  frozen_rules: parallel.Rules = llama.RULES
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    """``config.objective.draft_distill``: the draft's shape and the KL temperature."""
+    c = ml_collections.ConfigDict()
+    c.name = "tiny-draft"  # the exported draft's name
+    c.num_layers = 1
+    c.dim = 0  # 0 = the target's (needed by embed = copy | frozen)
+    c.num_heads = 4
+    c.num_kv_heads = 2
+    c.ffn_dim = 128
+    c.head_dim = 0  # 0 = dim // num_heads
+    c.embed = "copy"  # random | copy (target's embedding, trained) | frozen (not trained)
+    c.temperature = 1.0  # KL at this temperature
+    return c
+
+  @classmethod
+  def check(cls, c: ml_collections.ConfigDict) -> None:
+    if c.embed not in EMBED_MODES:
+      raise ValueError(
+        f"config.objective.draft_distill.embed={c.embed!r} is unknown; choose one of "
+        f"{', '.join(EMBED_MODES)}."
+      )
+
+  @classmethod
+  def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "DraftDistill":
+    draft_cfg = dataclasses.replace(
+      target,
+      dim=c.dim or target.dim,
+      num_layers=c.num_layers,
+      num_heads=c.num_heads,
+      num_kv_heads=c.num_kv_heads,
+      ffn_dim=c.ffn_dim,
+      head_dim=c.head_dim,
+      name=c.name,
+    )
+    return cls(target, draft_cfg, temperature=c.temperature, embed=c.embed)
+
+  def describe(self) -> str:
+    d = self.draft_cfg
+    return f"draft {d.num_layers} layers x {d.dim} ({d.num_params() / 1e6:.1f} M params)"
+
+  def drafter(self, config: ml_collections.ConfigDict) -> DraftModel:
+    return DraftModel(self.draft_cfg, config.drafter.draft_model.num_draft)
+
+  def export(self, directory: Path, params: Params, tokenizer) -> Path:
+    """An HF-style directory that ``drafter.draft_model.model.source=safetensors`` loads."""
+    return export.save_model(directory, self.draft_cfg, params, tokenizer)
 
   def __post_init__(self):
     if self.draft_cfg.vocab_size != self.target_cfg.vocab_size:
@@ -129,3 +183,33 @@ class DraftDistill:
       "draft": dataclasses.asdict(self.draft_cfg),
       "target": self.target_cfg.name,
     }
+
+
+REGISTRY: dict[str, type] = {"draft_distill": DraftDistill}
+
+
+def default_config(name: str = "draft_distill") -> ml_collections.ConfigDict:
+  """The ``objective`` config section: ``name`` and every registered objective's subsection."""
+  c = ml_collections.ConfigDict()
+  c.name = name  # one of REGISTRY
+  for key, cls in REGISTRY.items():
+    c[key] = cls.config()
+  return c
+
+
+def _cls(config: ml_collections.ConfigDict) -> type:
+  if config.objective.name not in REGISTRY:
+    raise ValueError(
+      f"config.objective.name={config.objective.name!r} is unknown; choose one of "
+      f"{', '.join(REGISTRY)}."
+    )
+  return REGISTRY[config.objective.name]
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """The chosen objective's own checks, before anything is loaded."""
+  _cls(config).check(config.objective[config.objective.name])
+
+
+def build(config: ml_collections.ConfigDict, target: ModelConfig) -> Objective:
+  return _cls(config).build(config.objective[config.objective.name], target)

@@ -1,15 +1,15 @@
 """Training-free drafters on SmolLM2-135M-Instruct, per prompt category, batch 1 and 4.
 
     bash scripts/install_models.sh smollm2
-    python -m specjax.run --config=configs/training_free_smollm2.py
+    python -m specjax.run --config=experiments/training_free/config.py
 
 Runs AR and every variant below on four prompt categories (rewrite/summarise a given passage,
 code continuation, open chat, QA over a passage), greedy, and prints tau, target calls per
 token and the speedup over AR measured in the same process; writes
-results/training_free_smollm2/{b1,b4}/sweep.json. Variants: prompt lookup as a chain and as
+experiments/training_free/results/{b1,b4}/sweep.json. Variants: prompt lookup as a chain and as
 trees of the best distinct matches (abstaining without a 2-gram match, or guessing from any
 1-gram), and Lookahead decoding over a (W, N, G) grid. Every variant's text is checked to equal
-AR's. Batch 4 (``--config=configs/training_free_smollm2.py:b4``) reruns the leading variants.
+AR's. Batch 4 (``--config=experiments/training_free/config.py:b4``) reruns the leading variants.
 The batch-1 run also times one target forward over T tokens for the tree sizes used.
 """
 
@@ -57,20 +57,16 @@ CATEGORIES = {
 }
 
 
-VARIANTS = {
-  "lookup_k4": {"name": "prompt_lookup", "num_draft": 4},
-  "lookup_k4_n2": {"name": "prompt_lookup", "num_draft": 4, "min_ngram": 2},
+VARIANTS = {  # name -> config.drafter overrides
+  "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  "lookup_k4_n2": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4, "min_ngram": 2}},
   "lookup_tree_2x4_n2": {
     "name": "prompt_lookup",
-    "num_draft": 4,
-    "num_branches": 2,
-    "min_ngram": 2,
+    "prompt_lookup": {"num_draft": 4, "num_branches": 2, "min_ngram": 2},
   },
   "lookup_tree_3x4_n2": {
     "name": "prompt_lookup",
-    "num_draft": 4,
-    "num_branches": 3,
-    "min_ngram": 2,
+    "prompt_lookup": {"num_draft": 4, "num_branches": 3, "min_ngram": 2},
   },
   "lookahead_3_3_2": {
     "name": "lookahead",
@@ -90,12 +86,12 @@ BATCH4_VARIANTS = ("lookup_k4_n2", "lookup_tree_2x4_n2", "lookahead_3_3_2")
 
 def get_config(arg: str = "b1"):
   """``arg``: b1 (batch 1, every variant) or b4 (batch 4, the prompt lookup and Lookahead
-  variants that led at batch 1), e.g. ``--config=configs/training_free_smollm2.py:b4``."""
+  variants that led at batch 1), e.g. ``--config=experiments/training_free/config.py:b4``."""
   if arg not in ("b1", "b4"):
     raise ValueError(f"config argument {arg!r} is unknown; use b1 or b4.")
   c = demo.get_config()
   c.task = "sweep"
-  c.output_dir = f"results/training_free_smollm2/{arg}"
+  c.output_dir = f"experiments/training_free/results/{arg}"
   c.prompts = CATEGORIES["rewrite"]
   c.max_new_tokens = 64
   c.max_len = 384

