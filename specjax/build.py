@@ -46,8 +46,10 @@ class Request:
     return [cycled[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
 
   def generate_kwargs(self) -> dict[str, Any]:
+    """``generate``'s keyword arguments; every batch is padded like the longest prompt, so the
+    whole request compiles once per mode."""
     keys = ("max_new_tokens", "max_len", "temperature", "top_k", "top_p", "seed", "eos_id")
-    return {k: getattr(self, k) for k in keys}
+    return {k: getattr(self, k) for k in keys} | {"pad_to": max(map(len, self.prompts))}
 
 
 def check(config: ml_collections.ConfigDict) -> None:

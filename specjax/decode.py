@@ -6,9 +6,15 @@ cache. A step verifies ``[newest, draft nodes 1..N]`` in one target forward at s
 ``L_b .. L_b+N`` (positions ``L_b + depth``), keeps ``n_b`` draft tokens along one path plus
 one target token, and advances ``L_b`` by ``n_b + 1``. A chain is the tree with one branch:
 its accepted tokens already sit in order; for a tree the accepted path's K/V entries are
-compacted next to the prefix. Rejected slots are simply left past the length. A row stops at
-a stop token, at its token budget or with a full cache, and is then frozen by a mask; plain
-autoregression is the same loop with a K = 0 drafter.
+taken along the path. Rejected entries are never written. A row stops at a stop token, at its
+token budget or with a full cache, and is then frozen by a mask; plain autoregression is the
+same loop with a K = 0 drafter.
+
+The verify forward only reads the cache (``llama.forward_kv``); the accepted path's K/V is
+written at the start of the next step, before that step's forward reads the cache. Written
+there, XLA updates the loop-carried cache in place, and the optional one-token ``lax.cond``
+(abstaining drafters) takes the cache read-only: measured, writing after the read made XLA copy
+every layer's cache every step (30 copies of 3 MB per step for SmolLM2 at max_len 4096).
 """
 
 import collections
@@ -27,7 +33,7 @@ from specjax import sampling, trees, verify
 from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
 from specjax.metrics import Metrics
 from specjax.models import llama
-from specjax.models.cache import KVCache, compact, gather_rows, write_rows
+from specjax.models.cache import KVCache, gather_rows, write_rows
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
 
@@ -43,6 +49,8 @@ class DecodeState:
   num_new: jax.Array  # [B] tokens generated so far.
   stopped: jax.Array  # [B] bool: the row emitted a stop token.
   cache: KVCache  # target cache; cache.lengths is the committed length L.
+  pending: llama.NewKV  # L x [B, G, D + 1, Dh]: the last step's root and accepted path K/V,
+  pending_at: jax.Array  # [B] to be written at these slots when the next step begins.
   drafter_state: Any
   key: jax.Array
   metrics: Metrics
@@ -77,7 +85,7 @@ class Verified:
   path: jax.Array  # [B, D] accepted node ids at depths 1..D (valid where d < n).
   next_token: jax.Array  # [B] the target's token after them.
   forward_tokens: jax.Array  # [B, T] the tokens the forward saw: root, nodes, extras.
-  cache: KVCache  # with the accepted path's K/V next to the prefix; lengths not yet moved.
+  path_kv: llama.NewKV  # L x [B, G, D + 1, Dh]: K/V of the root and the path's nodes, in order.
   features: jax.Array | None  # [B, D + 1, F] at the root and the accepted nodes.
   extra_logits: jax.Array | None  # [B, E, V] at the extra tokens.
   overlap: jax.Array  # [B, D] 1 - TV(p_i, q_i) at chain positions (0 for trees).
@@ -96,7 +104,7 @@ def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   positions = jnp.broadcast_to(jnp.arange(p), (b, p))
   logits_BxPxV, feats, cache = llama.forward(
     tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p),
-    st.drafter.feature_layers, windowed=False,  # runs once: no window branches to compile
+    st.drafter.feature_layers, window=p,  # an empty cache: the prompt's p slots are all
   )  # fmt: skip
   last_BxV = jnp.take_along_axis(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
   first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
@@ -148,7 +156,7 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _St
   d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
   L_B = cache.lengths
   tokens_BxT, positions_BxT, mask, anc, depth_BxN1 = _verify_inputs(draft, root_Bx1, L_B)
-  logits, feats, cache = llama.forward(
+  logits, feats, new_kv = llama.forward_kv(
     tparams, st.target_cfg, tokens_BxT, positions_BxT, cache, mask, st.drafter.feature_layers
   )
   p_BxN1xV = sampling.probs(logits[:, : n_nodes + 1], sp)
@@ -156,15 +164,15 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _St
   n_B = jnp.take_along_axis(depth_BxN1, end_B[:, None], axis=1)[:, 0]
   if anc is None:  # a chain: the accepted nodes already sit in order
     path_BxD = jnp.broadcast_to(jnp.arange(1, d + 1), (L_B.shape[0], d))
-  else:  # a tree: move the accepted path's K/V entries next to the prefix
+  else:
     path_BxD = trees.path_to(anc, depth_BxN1, end_B, d)
-    cache = compact(cache, L_B[:, None] + path_BxD, L_B + 1)
+  path_kv = take_path(new_kv, path_slots(path_BxD))
   features = _features(feats, st.drafter)
   if features is not None:  # the root's and the accepted nodes' (node i sits at position i)
     features = gather_rows(features, jnp.concatenate([jnp.zeros_like(n_B)[:, None], path_BxD], 1))
   extra_logits = logits[:, n_nodes + 1 :] if draft.extra_tokens is not None else None
   return Verified(
-    n_B, path_BxD, next_B, tokens_BxT, cache, features, extra_logits,
+    n_B, path_BxD, next_B, tokens_BxT, path_kv, features, extra_logits,
     _overlap(draft, p_BxN1xV, d), jnp.bool_(True),
   )  # fmt: skip
 
@@ -173,10 +181,13 @@ def _verify_root_only(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, 
   """``_verify`` when every row abstains: a one-token forward (an AR step), same shapes."""
   b = root_Bx1.shape[0]
   d = st.drafter.num_draft
-  logits, feats, cache = llama.forward(
+  logits, feats, new_kv = llama.forward_kv(
     tparams, st.target_cfg, root_Bx1, cache.lengths[:, None], cache, llama.causal_mask(1),
     st.drafter.feature_layers,
   )  # fmt: skip
+  t_pad = ((0, 0), (0, 0), (0, d), (0, 0))  # the root's K/V, then D unused entries
+  pad = lambda kv: tuple(jnp.pad(x, t_pad) for x in kv)  # noqa: E731
+  path_kv = llama.NewKV(pad(new_kv.k), pad(new_kv.v))
   next_B = sampling.sample(jax.random.split(key)[1], sampling.probs(logits[:, 0], sp))
   tokens_BxT = jnp.concatenate([root_Bx1, draft.tokens], axis=1)
   extra_logits = None
@@ -189,13 +200,36 @@ def _verify_root_only(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, 
   zeros_B, path_BxD = jnp.zeros((b,), jnp.int32), jnp.zeros((b, d), jnp.int32)
   overlap = jnp.zeros((b, d), jnp.float32)
   return Verified(
-    zeros_B, path_BxD, next_B, tokens_BxT, cache, features, extra_logits, overlap, jnp.bool_(False)
+    zeros_B,
+    path_BxD,
+    next_B,
+    tokens_BxT,
+    path_kv,
+    features,
+    extra_logits,
+    overlap,
+    jnp.bool_(False),
   )
 
 
+def path_slots(path_BxD: jax.Array) -> jax.Array:
+  """``[B, D + 1]`` the forward positions of the root (0) and the accepted path's nodes."""
+  return jnp.concatenate([jnp.zeros((path_BxD.shape[0], 1), path_BxD.dtype), path_BxD], axis=1)
+
+
+def take_path(new_kv: llama.NewKV, slots_BxD1: jax.Array) -> llama.NewKV:
+  """The new K/V at the given forward positions, in order: a tree's accepted path becomes
+  contiguous (what DESIGN.md calls compaction) without moving anything in the cache."""
+  take = lambda x: jnp.take_along_axis(x, slots_BxD1[:, None, :, None], axis=2)  # noqa: E731
+  return llama.NewKV(tuple(map(take, new_kv.k)), tuple(map(take, new_kv.v)))
+
+
 def verify_step(tparams, sp, key, draft: Draft, s: DecodeState, live_B, st: _Static) -> Verified:
-  """The target's one forward of the step. A drafter may abstain per row (nothing worth
-  verifying); when every live row does, the forward is one token, as cheap as an AR step."""
+  """The target's one forward of the step, over a cache it only reads, and the verdict.
+
+  A drafter may abstain per row (nothing worth verifying); when every live row does, the
+  forward is one token, as cheap as an AR step. The cache enters that ``lax.cond`` read-only,
+  so it is never copied."""
   root_Bx1 = gather_rows(s.tokens, s.cache.lengths[:, None])
   args = (tparams, sp, key, draft, root_Bx1, s.cache)
   full = functools.partial(_verify, st=st)
@@ -256,6 +290,7 @@ def live_rows(s: DecodeState, limits: Limits, max_len: int) -> jax.Array:
 
 def _step(tparams, dparams, st: _Static, sp, limits: Limits, s: DecodeState) -> DecodeState:
   """One step for every row: propose -> verify -> accept -> commit."""
+  s = s.replace(cache=llama.write_kv(s.cache, s.pending, s.pending_at))  # the last step's path
   live_B = live_rows(s, limits, st.max_len)
   key, key_draft, key_verify = jax.random.split(s.key, 3)
   ctx = DraftContext(s.tokens, s.cache.lengths, key_draft, sp, st.target_cfg.vocab_size)
@@ -265,14 +300,16 @@ def _step(tparams, dparams, st: _Static, sp, limits: Limits, s: DecodeState) -> 
   v = verify_step(tparams, sp, key_verify, draft, s, live_B, st)
   # accept: write the path and the target's token; cut rows at stop ids and budgets
   a = accept(s, v, live_B, limits, st.drafter.num_draft)
-  # commit: the target cache by its lengths alone, the drafter by the verdict
-  cache = v.cache.replace(lengths=s.cache.lengths + a.count)
+  # commit: the target cache by its lengths (its K/V is written as the next step begins), the
+  # drafter by the verdict
+  cache = s.cache.replace(lengths=s.cache.lengths + a.count)
   verdict = Verdict(v.num_accepted, v.path, v.next_token, v.features, v.extra_logits)
   dstate = st.drafter.commit(dstate, verdict, ctx.replace(lengths=cache.lengths))
   metrics = count_step(s.metrics, draft, v, live_B, st.drafter)
   return DecodeState(
-    a.tokens, s.num_new + a.count, s.stopped | a.stopped, cache, dstate, key, metrics
-  )
+    a.tokens, s.num_new + a.count, s.stopped | a.stopped, cache, v.path_kv, s.cache.lengths,
+    dstate, key, metrics,
+  )  # fmt: skip
 
 
 def _generate(tparams, dparams, prompt_BxP, prompt_len_B, sp, limits: Limits, key, *, st):
@@ -282,11 +319,15 @@ def _generate(tparams, dparams, prompt_BxP, prompt_len_B, sp, limits: Limits, ke
   tokens, first_B, cache, prefill = _prefill(tparams, st, prompt_BxP, prompt_len_B, sp, key_prefill)
   metrics = Metrics.zeros(b, st.drafter.num_draft)
   metrics = metrics.replace(target_calls=metrics.target_calls + 1, row_calls=metrics.row_calls + 1)
+  cfg, d1 = st.target_cfg, st.drafter.num_draft + 1
+  zeros = tuple(jnp.zeros((b, cfg.num_kv_heads, d1, cfg.head_dim)) for _ in range(cfg.num_layers))
   state = DecodeState(
     tokens=tokens,
     num_new=jnp.ones((b,), jnp.int32),
     stopped=jnp.isin(first_B, limits.stop_ids),
     cache=cache,
+    pending=llama.NewKV(zeros, zeros),  # nothing yet: zeros past the prompt, overwritten
+    pending_at=prompt_len_B,
     drafter_state=st.drafter.init(dparams, prefill),
     key=key_loop,
     metrics=metrics,
@@ -311,7 +352,7 @@ class Generation:
 
 def prompt_width(longest: int, max_len: int) -> int:
   """Prompts are padded to a power-of-two bucket (>= 16) so most batches share one compile."""
-  return min(max_len, max(16, 1 << (longest - 1).bit_length()))
+  return min(max_len, max(16, 1 << (max(longest, 1) - 1).bit_length()))
 
 
 def generate(
@@ -329,6 +370,7 @@ def generate(
   seed: int | jax.Array = 0,
   eos_id: int | Sequence[int] | None = None,
   verifier: Callable = verify.verify,
+  pad_to: int = 0,
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
@@ -350,6 +392,8 @@ def generate(
   Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
   tokens per row and, with the batch size, the drafter and the model, fixes the compiled
   shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile).
+  Prompts are padded to a power-of-two width; ``pad_to`` (e.g. the longest prompt of a whole
+  run) makes every batch of a run share one width, hence one compiled program.
   """
   sp = SamplingParams.create(temperature, top_k, top_p)
   drafter.check_target(target_cfg)
@@ -363,7 +407,7 @@ def generate(
     raise ValueError(f"max_new_tokens has {len(budgets)} entries for {b} prompts.")
   check_prompts(prompts, budgets, max_len, target_cfg.vocab_size)
 
-  width = prompt_width(max(map(len, prompts)), max_len)
+  width = prompt_width(max(pad_to, *map(len, prompts)), max_len)
   prompt_BxP = np.zeros((b, width), np.int32)
   for r, prompt in enumerate(prompts):
     prompt_BxP[r, : len(prompt)] = prompt

@@ -111,7 +111,7 @@ def test_same_result_without_jit(small_target, drafts):
   kw = dict(
     drafter=DraftModel(dcfg, 2),
     drafter_params=dparams,
-    max_new_tokens=6,
+    max_new_tokens=4,
     max_len=16,
     temperature=1.0,
     seed=4,
@@ -202,3 +202,14 @@ def test_library_does_not_import_testing():
     and re.search(r"\bspecjax\.testing\b|from specjax import .*\btesting\b", p.read_text())
   ]
   assert offenders == []
+
+
+def test_pad_to_shares_one_program_across_prompt_lengths(small_target, ar_tokens):
+  """Batches padded to a run's longest prompt compile once and give the same tokens."""
+  cfg, params = small_target
+  kw = dict(GEN, pad_to=20)
+  first = generate(params, cfg, PROMPTS[:1], **kw)
+  before = decode.TRACES["generate"]
+  second = generate(params, cfg, PROMPTS[1:2], **kw)
+  assert decode.TRACES["generate"] == before
+  assert [first.tokens[0], second.tokens[0]] == ar_tokens[:2]

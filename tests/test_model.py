@@ -1,4 +1,4 @@
-"""models/: incremental decoding = a full forward, masks, compaction, blocks, windows, schema."""
+"""models/: incremental decoding = a full forward, tree masks, blocks, windows, schema."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from specjax.models import cache as kv
 from specjax.models import llama, schema, tiny
 from specjax.models.config import ModelConfig
 
@@ -63,16 +62,6 @@ def test_tree_mask_equals_separate_branches(model):
     np.testing.assert_allclose(tree_logits[0, sl], chain[0, 3:5], atol=1e-5)
 
 
-def test_compact_moves_an_accepted_path_into_contiguous_slots(model):
-  cfg, params = model
-  cache = llama.init_cache(cfg, 2, 8)
-  marks = jnp.arange(8, dtype=jnp.float32)[None, None, :, None]
-  cache = cache.replace(k=tuple(jnp.broadcast_to(marks, c.shape) for c in cache.k))
-  out = kv.compact(cache, jnp.array([[4, 6], [2, 3]]), jnp.array([2, 2]))
-  np.testing.assert_array_equal(out.k[0][0, 0, :5, 0], [0, 1, 4, 6, 4])
-  np.testing.assert_array_equal(out.k[0][1, 0, :5, 0], [0, 1, 2, 3, 4])
-
-
 def test_features_are_the_residual_stream_and_final_state(model):
   cfg, params = model
   tokens = jnp.array([[1, 2, 3]])
@@ -94,33 +83,52 @@ def test_features_are_the_residual_stream_and_final_state(model):
     llama.check_features(cfg, (cfg.num_layers,))
 
 
-def test_forward_is_the_composition_of_public_blocks(model):
-  """embed -> block per layer -> final_norm -> head, called by hand, is forward."""
+@pytest.mark.parametrize("write", [True, False], ids=["write_then_read", "read_only"])
+def test_forward_is_the_composition_of_public_blocks(model, write):
+  """embed -> block per layer -> final_norm -> head, called by hand, is forward (writing the
+  cache as it goes) and forward_kv (reading it, the new K/V kept apart), on a filled prefix."""
   cfg, params = model
   tokens = jnp.array([[4, 1, 7, 2], [3, 3, 0, 9]])
-  pos = jnp.broadcast_to(jnp.arange(4), (2, 4))
-  cache = llama.init_cache(cfg, 2, 8)
-  want, _, want_cache = llama.forward(params, cfg, tokens, pos, cache, llama.causal_mask(4))
-  attn = llama.attention_inputs(cache.lengths, llama.causal_mask(4), cache.num_slots, 4)
-  x = llama.embed(params, cfg, tokens)
+  cache = llama.init_cache(cfg, 2, 12)
+  _, _, cache = llama.forward(
+    params, cfg, tokens, jnp.broadcast_to(jnp.arange(4), (2, 4)), cache, llama.causal_mask(4)
+  )
+  cache = cache.replace(lengths=jnp.array([4, 2]))  # row 1 keeps only 2 prefix tokens
+  pos = cache.lengths[:, None] + jnp.arange(3)
+  new = jnp.array([[5, 6, 7], [8, 9, 1]])
+  want, _, want_cache = llama.forward(params, cfg, new, pos, cache, llama.causal_mask(3))
+  kv_logits, _, new_kv = llama.forward_kv(params, cfg, new, pos, cache, llama.causal_mask(3))
+  np.testing.assert_allclose(kv_logits, want, atol=1e-5)
+  attn = llama.attention_inputs(cache.lengths, llama.causal_mask(3), cache.num_slots, write=write)
+  x = llama.embed(params, cfg, new)
   for i, p in enumerate(params["layers"]):
-    x, k, v = llama.block(p, cfg, x, pos, cache.k[i], cache.v[i], attn)
-    np.testing.assert_array_equal(k, want_cache.k[i])
+    x, k_i, v_i = llama.block(p, cfg, x, pos, cache.k[i], cache.v[i], attn)
+    if write:
+      np.testing.assert_array_equal(k_i, want_cache.k[i])
+    else:
+      np.testing.assert_allclose(k_i, new_kv.k[i], atol=1e-6)
+      np.testing.assert_allclose(llama.write_kv(cache, new_kv).v[i], want_cache.v[i], atol=1e-6)
   got = llama.head(params, cfg, llama.final_norm(params, cfg, x))
-  np.testing.assert_allclose(got, want, atol=1e-6)
+  np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_attention_window_follows_the_live_length(model):
-  """A cache of 1000 slots attends over the smallest window that holds every row, and gives
+  """A cache of 1000 slots reads the smallest window that holds every row's prefix, and gives
   the same logits as a cache just big enough."""
   cfg, params = model
-  assert llama.window_sizes(1000, 1) == (128, 256, 1000)
-  assert llama.window_sizes(1024, 1) == (128, 256, 512, 1024)
-  assert llama.window_sizes(1000, 300) == (1000,)
-  assert llama.window_sizes(100, 5) == (100,)
-  for lengths, window in (([3, 120], 0), ([3, 130], 1), ([600, 2], 2)):
-    attn = llama.attention_inputs(jnp.array(lengths), llama.causal_mask(4), 1000, 4)
-    assert int(attn.window) == window, lengths
+  assert llama.window_sizes(1000) == (128, 256, 1000)
+  assert llama.window_sizes(1024) == (128, 256, 512, 1024)
+  assert llama.window_sizes(100) == (100,)
+  for lengths, write, window in (
+    ([3, 124], True, 0),  # writing first: the window holds the prefix and the 4 new tokens
+    ([3, 125], True, 1),
+    ([3, 128], False, 0),  # reading only: the prefix alone
+    ([3, 129], False, 1),
+    ([600, 2], False, 2),
+  ):
+    mask = llama.causal_mask(4)
+    attn = llama.attention_inputs(jnp.array(lengths), mask, 1000, write=write)
+    assert int(attn.window) == window, (lengths, write)
   tokens = jax.random.randint(jax.random.key(2), (2, 140), 0, cfg.vocab_size)
   small, _, _ = _full(params, cfg, tokens)  # 148 slots: one window
   pos = jnp.broadcast_to(jnp.arange(140), (2, 140))
@@ -132,8 +140,12 @@ def test_attention_window_follows_the_live_length(model):
   step, _, _ = llama.forward(
     params, cfg, tokens[:, 130:], pos[:, 130:], cache, llama.causal_mask(10)
   )
+  kv_step, _, _ = llama.forward_kv(
+    params, cfg, tokens[:, 130:], pos[:, 130:], cache, llama.causal_mask(10)
+  )
   np.testing.assert_allclose(big, small[:, :130], atol=1e-5)
   np.testing.assert_allclose(step, small[:, 130:], atol=1e-5)
+  np.testing.assert_allclose(kv_step, small[:, 130:], atol=1e-5)
 
 
 def test_schema_drives_init_checks_rules_and_names(model):

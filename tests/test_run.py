@@ -8,8 +8,8 @@ import pytest
 from ml_collections import config_dict
 
 from configs import tiny
-from specjax import build
-from specjax.tasks import benchmark, sweep
+from specjax import build, report
+from specjax.tasks import benchmark, feature_cost, max_len, sweep
 
 
 def _run(*overrides, cwd):
@@ -127,3 +127,46 @@ def test_unknown_verifier(small_config):
   small_config.verifier = "lenient"
   with pytest.raises(ValueError, match="config.verifier='lenient' is unknown"):
     build.check(small_config)
+
+
+def test_max_len_task_times_every_size_and_keeps_the_text(small_config, tmp_path):
+  c = small_config
+  c.output_dir = str(tmp_path)
+  c.max_len = 40
+  c.max_len_sweep = config_dict.ConfigDict({"sizes": (40, 300)})  # 300: two attention windows
+  record = max_len.run(c)
+  saved = json.loads((tmp_path / "max_len.json").read_text())
+  assert {(r["mode"], r["max_len"]) for r in saved["runs"]} == {
+    (m, n) for m in ("ar", "draft_model") for n in (40, 300)
+  }
+  assert saved["greedy_texts_identical"] is True and record["runs"][0]["vs_smallest"] == 1.0
+
+
+def test_feature_cost_task_counts_what_features_add(small_config, tmp_path):
+  c = small_config
+  c.output_dir = str(tmp_path)
+  record = feature_cost.run(c)
+  runs = {(r["mode"], r["features"]): r for r in record["runs"]}
+  assert len(runs) == 6
+  for mode in ("ar", "draft_model"):
+    none, final = runs[mode, "none"], runs[mode, "final"]
+    assert none["gbytes"] < final["gbytes"] and none["hlo_ops"] <= final["hlo_ops"], mode
+    assert none["tokens"] == final["tokens"]
+
+
+def test_report_fills_the_readme_block_from_json(tmp_path):
+  folder = tmp_path / "exp"
+  (folder / "results").mkdir(parents=True)
+  (folder / "results" / "r.json").write_text('{"rows": [{"a": 1, "b": 0.5}]}')
+  (folder / "config.py").write_text(
+    "import json\n"
+    "from specjax import results\n"
+    "def report(d):\n"
+    "  rows = json.loads((d / 'r.json').read_text())['rows']\n"
+    "  return results.markdown_table(rows, ('a', 'b'))\n"
+  )
+  (folder / "README.md").write_text("# exp\n\n<!-- results -->\nold\n<!-- /results -->\n\nend\n")
+  report.render(folder)
+  text = (folder / "README.md").read_text()
+  assert "| a | b |" in text and "| 1 | 0.5 |" in text and "old" not in text
+  assert text.startswith("# exp") and text.endswith("end\n")

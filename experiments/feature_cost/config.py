@@ -19,3 +19,14 @@ def get_config():
   c.output_dir = "experiments/feature_cost/results"
   c.benchmark.repeats = 3
   return c
+
+
+def report(results_dir):
+  """The README's results block, from results/feature_cost.json."""
+  import json
+
+  from specjax import results
+
+  record = json.loads((results_dir / "feature_cost.json").read_text())
+  cols = ("mode", "features", "hlo_ops", "gflops", "gbytes", "tau", "tokens_per_s", "vs_none")
+  return results.markdown_table(record["runs"], cols)

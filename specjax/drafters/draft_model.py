@@ -92,7 +92,7 @@ class DraftModel(Chain):
     cache = llama.init_cache(self.cfg, b, prefill.num_slots)
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
     _, _, cache = llama.forward(
-      params, self.cfg, prefill.tokens, positions, cache, llama.causal_mask(p), windowed=False
+      params, self.cfg, prefill.tokens, positions, cache, llama.causal_mask(p), window=p
     )
     return DraftModelState(cache=cache.replace(lengths=prefill.lengths))
 

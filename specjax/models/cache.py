@@ -62,14 +62,3 @@ def write_rows(buf: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 0
 def gather_rows(buf: jax.Array, index_BxT: jax.Array, axis: int = 0) -> jax.Array:
   """Returns ``buf[b]`` indexed by ``index[b]`` along the row's ``axis``, for every row b."""
   return jax.vmap(lambda row, idx: jnp.take(row, idx, axis=axis))(buf, index_BxT)
-
-
-def compact(cache: KVCache, src_BxT: jax.Array, dst_offsets_B: jax.Array) -> KVCache:
-  """Copies slots ``src[b, :]`` of every layer to contiguous slots starting at ``dst_offsets[b]``.
-
-  Used after tree verification: the accepted root-to-leaf path, scattered across the verified
-  nodes' slots, is moved into the slots right after the committed prefix. ``lengths`` is not
-  changed; the caller commits.
-  """
-  move = lambda buf: write_rows(buf, gather_rows(buf, src_BxT, axis=1), dst_offsets_B, axis=1)
-  return cache.replace(k=tuple(map(move, cache.k)), v=tuple(map(move, cache.v)))

@@ -1,22 +1,26 @@
 """A Llama-family decoder (Llama, SmolLM2, Qwen2) as public building blocks over a params dict.
 
     x = embed(params, cfg, tokens[B,T])                                   # [B, T, D]
-    attn = attention_inputs(cache.lengths, mask, cache.num_slots, T)      # shared by every layer
-    x, k, v = block(params["layers"][i], cfg, x, positions[B,T], k_i, v_i, attn)
+    attn = attention_inputs(cache.lengths, mask, cache.num_slots)         # shared by every layer
+    x, k_new, v_new = block(params["layers"][i], cfg, x, positions[B,T], k_i, v_i, attn)
     logits = head(params, cfg, final_norm(params, cfg, x))                # [B, T, V] float32
 
-``forward`` is their composition over every layer and the cache; a drafter that needs one
-decoder layer (EAGLE) or the target's head (Medusa) calls the same blocks.
+``forward_kv`` is their composition over every layer: it only *reads* the cache and returns the
+new tokens' keys/values; ``write_kv`` puts them at slots ``cache.lengths[b] + t``, and
+``forward`` does both. ``lengths`` itself is left for the caller to commit. A drafter that needs
+one decoder layer (EAGLE) or the target's head (Medusa) calls the same blocks.
 
 ``mask[T, T]`` (or ``[B, T, T]``) says which of the T new tokens each new token sees: a lower
 triangle for a chain, an ancestor mask for a tree. Every token also sees the row's committed
-cache prefix ``[0, cache.lengths[b])``. New keys/values are written at slots
-``cache.lengths[b] + t``; ``lengths`` itself is left for the caller to commit.
+cache prefix ``[0, cache.lengths[b])``. Attention scores the new tokens against that prefix and
+against each other (the new K/V, not yet in the cache) under one softmax.
 
-Attention reads only a window of the cache: the smallest of a few static sizes (powers of two
-from 128, and the whole cache) that holds every row's prefix and new tokens, chosen per call
-with ``lax.switch``. A short prompt in a cache sized for 4096 tokens then attends over 128 or
-256 slots, not 4096, and the compiled code has one small attention branch per size.
+The prefix is read through a window of the cache: the smallest of a few static sizes (powers of
+two from 128 up to half the cache, then the whole cache) that holds every row's prefix, chosen
+per call with ``lax.switch``. A short prompt in a cache sized for 4096 tokens then attends over
+128 or 256 slots, not 4096, and the compiled code has one small attention branch per size.
+Because the forward never writes the cache, a ``lax.cond`` between two forwards (decode.py's
+one-token step for abstaining drafters) passes the cache in read-only and XLA does not copy it.
 
 Parameters are described once in ``SCHEMA`` (shapes, random init, partition specs, GGUF and HF
 names). Matrices are ``[out, in]``, as checkpoints store them: a one-token forward then reads
@@ -153,34 +157,41 @@ class AttentionInputs:
   mask: jax.Array  # [B, T, T] which new tokens each new token sees.
   window: jax.Array  # [] int32: index into ``windows`` of the window this call reads.
   windows: tuple[int, ...] = struct.field(pytree_node=False)  # static window sizes (slots)
+  # Static: True = each layer writes the new K/V into its cache, then reads prefix and new
+  # tokens from the cache; False = the cache is only read (prefix) and the new K/V is kept apart.
+  write: bool = struct.field(pytree_node=False, default=True)
 
 
-def window_sizes(num_slots: int, num_new: int) -> tuple[int, ...]:
-  """Static attention windows for a cache of ``num_slots``: powers of two from ``MIN_WINDOW``
-  that can hold ``num_new`` new tokens and are at most half the cache, then the whole cache."""
+def window_sizes(num_slots: int) -> tuple[int, ...]:
+  """Static prefix windows for a cache of ``num_slots``: powers of two from ``MIN_WINDOW`` that
+  are at most half the cache, then the whole cache."""
   sizes, w = [], MIN_WINDOW
   while 2 * w <= num_slots:
-    if w >= num_new:
-      sizes.append(w)
+    sizes.append(w)
     w *= 2
   return (*sizes, num_slots)
 
 
 def attention_inputs(
-  lengths_B: jax.Array, mask: jax.Array, num_slots: int, num_new: int, windowed: bool = True
+  lengths_B: jax.Array,
+  mask: jax.Array,
+  num_slots: int,
+  window: int | None = None,
+  write: bool = True,
 ) -> AttentionInputs:
-  """The smallest window holding every row's prefix and its ``num_new`` new tokens
-  (``windowed=False``: the whole cache, one compiled branch)."""
-  b = lengths_B.shape[0]
-  windows = window_sizes(num_slots, num_new) if windowed else (num_slots,)
-  needed = jnp.max(lengths_B) + num_new
-  window = jnp.sum(jnp.asarray(windows[:-1]) < needed).astype(jnp.int32)
-  mask_BxTxT = jnp.broadcast_to(mask, (b, num_new, num_new))
-  return AttentionInputs(lengths_B, mask_BxTxT, window, windows)
+  """The smallest window holding every row's prefix (and, when writing, its new tokens); or,
+  with ``window``, exactly that many slots (static: one compiled branch; the caller guarantees
+  that everything read fits, e.g. ``window=0`` to read nothing from an empty cache)."""
+  b, t = lengths_B.shape[0], mask.shape[-1]
+  windows = window_sizes(num_slots) if window is None else (window,)
+  needed = jnp.max(lengths_B) + (t if write else 0)
+  index = jnp.sum(jnp.asarray(windows[:-1]) < needed).astype(jnp.int32)
+  return AttentionInputs(lengths_B, jnp.broadcast_to(mask, (b, t, t)), index, windows, write)
 
 
 def visibility(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) -> jax.Array:
-  """[B, T, S] visibility: the committed prefix, plus the new tokens allowed by ``mask``."""
+  """[B, T, S] which cache slots each new token sees once written at ``lengths``: the
+  committed prefix, plus the new tokens' slots that ``mask`` allows."""
   t = mask_BxTxT.shape[-1]
   rel_BxS = jnp.arange(num_slots)[None, :] - lengths_B[:, None]
   is_new_BxS = (rel_BxS >= 0) & (rel_BxS < t)
@@ -192,18 +203,36 @@ def visibility(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) -> j
   return (rel_BxS < 0)[:, None, :] | (is_new_BxS[:, None, :] & new_BxTxS)
 
 
-def _attend_window(cfg, size, q_BxGxRTxDh, k_cache, v_cache, lengths_B, mask_BxTxT):
-  """Softmax attention of the grouped queries over the first ``size`` slots of the cache."""
-  b, g, rt, hd = q_BxGxRTxDh.shape
+def _attend_written(cfg, size, q_BxGxRTxDh, k_cache, v_cache, lengths_B, mask_BxTxT):
+  """Softmax attention over the first ``size`` slots of a cache that already holds the new
+  tokens' K/V (prefix and new tokens read alike)."""
+  scale = 1.0 / jnp.sqrt(q_BxGxRTxDh.shape[-1]).astype(q_BxGxRTxDh.dtype)
+  scores = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k_cache[:, :, :size]) * scale
+  visible_Bx1xRTxW = jnp.tile(visibility(lengths_B, mask_BxTxT, size), (1, cfg.groups, 1))[:, None]
+  scores = jnp.where(visible_Bx1xRTxW, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+  return jnp.einsum("bgqs,bgsd->bgqd", weights, v_cache[:, :, :size])
+
+
+def _attend_window(cfg, size, q_BxGxRTxDh, k_cache, v_cache, k_new, v_new, lengths_B, mask_BxTxT):
+  """Softmax attention of the grouped queries over the first ``size`` cache slots (the row's
+  prefix) and the T new tokens (as ``mask`` allows), under one softmax."""
+  scale = 1.0 / jnp.sqrt(q_BxGxRTxDh.shape[-1]).astype(q_BxGxRTxDh.dtype)
+  lowest = jnp.finfo(jnp.float32).min
+  new_visible_Bx1xRTxT = jnp.tile(mask_BxTxT, (1, cfg.groups, 1))[:, None]
+  scores_new = jnp.einsum("bgqd,bgtd->bgqt", q_BxGxRTxDh, k_new) * scale
+  scores_new = jnp.where(new_visible_Bx1xRTxT, scores_new.astype(jnp.float32), lowest)
+  if size == 0:  # an empty cache: the new tokens see only each other
+    weights = jax.nn.softmax(scores_new, axis=-1).astype(v_new.dtype)
+    return jnp.einsum("bgqt,bgtd->bgqd", weights, v_new)
   k_BxGxWxDh, v_BxGxWxDh = k_cache[:, :, :size], v_cache[:, :, :size]
-  scores = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k_BxGxWxDh) / jnp.sqrt(hd).astype(
-    q_BxGxRTxDh.dtype
-  )
-  visible_BxTxW = visibility(lengths_B, mask_BxTxT, size)
-  visible_Bx1xRTxW = jnp.tile(visible_BxTxW, (1, cfg.groups, 1))[:, None]
-  scores = jnp.where(visible_Bx1xRTxW, scores, jnp.finfo(scores.dtype).min)
-  weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v_cache.dtype)
-  return jnp.einsum("bgqs,bgsd->bgqd", weights, v_BxGxWxDh)
+  prefix_Bx1x1xW = (jnp.arange(size) < lengths_B[:, None])[:, None, None, :]
+  scores_old = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k_BxGxWxDh) * scale
+  scores_old = jnp.where(prefix_Bx1x1xW, scores_old.astype(jnp.float32), lowest)
+  weights = jax.nn.softmax(jnp.concatenate([scores_old, scores_new], axis=-1), axis=-1)
+  weights = weights.astype(v_cache.dtype)
+  out = jnp.einsum("bgqs,bgsd->bgqd", weights[..., :size], v_BxGxWxDh)
+  return out + jnp.einsum("bgqt,bgtd->bgqd", weights[..., size:], v_new)
 
 
 def attention(
@@ -211,34 +240,45 @@ def attention(
   cfg: ModelConfig,
   x_BxTxD: jax.Array,
   positions_BxT: jax.Array,
-  k_cache: jax.Array,
-  v_cache: jax.Array,
+  k_cache: jax.Array | None,
+  v_cache: jax.Array | None,
   attn: AttentionInputs,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Self-attention of one layer: writes the new K/V into the cache, reads the window."""
+  """Self-attention of one layer over the cached prefix and the new tokens.
+
+  Returns the output and, with ``attn.write``, the layer's cache with the new keys/values
+  written at ``lengths + t`` (written first, then read: XLA updates a loop-carried cache in
+  place); without, the new keys and values ``[B, G, T, Dh]`` alone (for ``write_kv``) and the
+  cache only read."""
   b, t, _ = x_BxTxD.shape
   hd, g = cfg.head_dim, cfg.num_kv_heads
   q, k, v = linear(x_BxTxD, p["wq"]), linear(x_BxTxD, p["wk"]), linear(x_BxTxD, p["wv"])
   if cfg.qkv_bias:
     q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
   q_BxTxHxDh = rope(q.reshape(b, t, cfg.num_heads, hd), positions_BxT, cfg.rope_theta)
-  k_BxTxGxDh = rope(k.reshape(b, t, g, hd), positions_BxT, cfg.rope_theta)
-  v_BxTxGxDh = v.reshape(b, t, g, hd)
-  k_cache = write_rows(k_cache, k_BxTxGxDh.transpose(0, 2, 1, 3), attn.lengths, axis=1)
-  v_cache = write_rows(v_cache, v_BxTxGxDh.transpose(0, 2, 1, 3), attn.lengths, axis=1)
+  k_BxGxTxDh = rope(k.reshape(b, t, g, hd), positions_BxT, cfg.rope_theta).transpose(0, 2, 1, 3)
+  v_BxGxTxDh = v.reshape(b, t, g, hd).transpose(0, 2, 1, 3)
 
   # Queries grouped per kv head: [B, G, R*T, Dh] against the cache's [B, G, S, Dh].
   q_BxGxRTxDh = q_BxTxHxDh.reshape(b, t, g, cfg.groups, hd).transpose(0, 2, 3, 1, 4)
   q_BxGxRTxDh = q_BxGxRTxDh.reshape(b, g, cfg.groups * t, hd)
-  args = (q_BxGxRTxDh, k_cache, v_cache, attn.lengths, attn.mask)
-  branches = [lambda *a, w=w: _attend_window(cfg, w, *a) for w in attn.windows]
+  if attn.write:
+    k_cache = write_rows(k_cache, k_BxGxTxDh, attn.lengths, axis=1)
+    v_cache = write_rows(v_cache, v_BxGxTxDh, attn.lengths, axis=1)
+    args = (q_BxGxRTxDh, k_cache, v_cache, attn.lengths, attn.mask)
+    branches = [lambda *a, w=w: _attend_written(cfg, w, *a) for w in attn.windows]
+  else:
+    args = (q_BxGxRTxDh, k_cache, v_cache, k_BxGxTxDh, v_BxGxTxDh, attn.lengths, attn.mask)
+    branches = [lambda *a, w=w: _attend_window(cfg, w, *a) for w in attn.windows]
   if len(branches) == 1:
     out_BxGxRTxDh = branches[0](*args)
   else:
     out_BxGxRTxDh = jax.lax.switch(attn.window, branches, *args)
   out = out_BxGxRTxDh.reshape(b, g, cfg.groups, t, hd).transpose(0, 3, 1, 2, 4)
   out = out.reshape(b, t, cfg.num_heads * hd)
-  return linear(out, p["wo"]), k_cache, v_cache
+  if attn.write:
+    return linear(out, p["wo"]), k_cache, v_cache
+  return linear(out, p["wo"]), k_BxGxTxDh, v_BxGxTxDh
 
 
 def mlp(p: Params, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:
@@ -255,13 +295,14 @@ def block(
   v_cache: jax.Array,
   attn: AttentionInputs,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """One pre-norm decoder layer: returns the residual stream after it and the layer's cache."""
-  a, k_cache, v_cache = attention(
+  """One pre-norm decoder layer: the residual stream after it, and (see ``attention``) the
+  layer's cache with the new K/V written, or the new K/V alone."""
+  a, k_new, v_new = attention(
     p, cfg, rms_norm(x_BxTxD, p["attn_norm"], cfg.norm_eps), positions_BxT, k_cache, v_cache, attn
   )
   x_BxTxD = x_BxTxD + a
   x_BxTxD = x_BxTxD + mlp(p, cfg, rms_norm(x_BxTxD, p["mlp_norm"], cfg.norm_eps))
-  return x_BxTxD, k_cache, v_cache
+  return x_BxTxD, k_new, v_new
 
 
 # --- the whole model --------------------------------------------------------------------------
@@ -279,6 +320,60 @@ def check_features(cfg: ModelConfig, features: tuple) -> None:
       )
 
 
+@struct.dataclass
+class NewKV:
+  """The T new tokens' keys and values of every layer, ``L x [B, G, T, Dh]``."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+
+def forward_kv(
+  params: Params,
+  cfg: ModelConfig,
+  tokens_BxT: jax.Array,
+  positions_BxT: jax.Array,
+  cache: KVCache | None,
+  mask: jax.Array,
+  features: tuple = (),
+  window: int | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, ...], NewKV]:
+  """Runs the T new tokens of every row against the cached prefixes, reading the cache only:
+  ``(logits [B,T,V], features, new K/V)``.
+
+  ``features`` names hidden states to return, each ``[B, T, D]``, in order: ``"final"`` or a
+  layer index (the residual stream after that layer). Nothing extra is kept when it is empty.
+  ``window`` fixes the attended prefix slots statically (no window switch to compile); a
+  ``cache`` of None is an empty prefix (``window`` 0).
+  """
+  b, t = tokens_BxT.shape
+  if cache is None:
+    lengths, window = jnp.zeros((b,), jnp.int32), 0
+    layer_kv = [(None, None)] * cfg.num_layers
+  else:
+    lengths, layer_kv = cache.lengths, list(zip(cache.k, cache.v, strict=True))
+  attn = attention_inputs(lengths, mask, 0 if cache is None else cache.num_slots, window, False)
+  x = embed(params, cfg, tokens_BxT)
+  new_k, new_v, after = [], [], {}
+  for i, (p, (k_i, v_i)) in enumerate(zip(params["layers"], layer_kv, strict=True)):
+    x, k_new, v_new = block(p, cfg, x, positions_BxT, k_i, v_i, attn)
+    new_k.append(k_new)
+    new_v.append(v_new)
+    if i in features:
+      after[i] = x
+  h = final_norm(params, cfg, x)
+  after[FINAL] = h
+  return head(params, cfg, h), tuple(after[f] for f in features), NewKV(tuple(new_k), tuple(new_v))
+
+
+def write_kv(cache: KVCache, new: NewKV, at_B: jax.Array | None = None) -> KVCache:
+  """The cache with every layer's new K/V written at slots ``at[b] + t`` (default: the
+  committed lengths), in place."""
+  at_B = cache.lengths if at_B is None else at_B
+  write = lambda buf, x: write_rows(buf, x, at_B, axis=1)  # noqa: E731
+  return cache.replace(k=tuple(map(write, cache.k, new.k)), v=tuple(map(write, cache.v, new.v)))
+
+
 def forward(
   params: Params,
   cfg: ModelConfig,
@@ -287,17 +382,12 @@ def forward(
   cache: KVCache,
   mask: jax.Array,
   features: tuple = (),
-  windowed: bool = True,
+  window: int | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...], KVCache]:
-  """Runs the T new tokens of every row: ``(logits [B,T,V], features, cache)``.
-
-  ``features`` names hidden states to return, each ``[B, T, D]``, in order: ``"final"`` or a
-  layer index (the residual stream after that layer). Nothing extra is kept when it is empty.
-  ``windowed=False`` attends over the whole cache with no window switch: less to compile, for
-  a forward that runs once (a prefill).
-  """
-  t = tokens_BxT.shape[1]
-  attn = attention_inputs(cache.lengths, mask, cache.num_slots, t, windowed)
+  """Runs the T new tokens of every row, writing their K/V into the cache layer by layer
+  before reading it: ``(logits [B,T,V], features, cache)``. Arguments as ``forward_kv``;
+  ``window``, when given, must also hold the new tokens' slots."""
+  attn = attention_inputs(cache.lengths, mask, cache.num_slots, window)
   x = embed(params, cfg, tokens_BxT)
   new_k, new_v, after = [], [], {}
   for i, p in enumerate(params["layers"]):
@@ -321,10 +411,10 @@ def init_cache(cfg: ModelConfig, batch: int, num_slots: int, dtype=jnp.float32) 
 
 
 def logits_of(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, features: tuple = ()):
-  """Causal logits (and features) over whole sequences: one forward into an empty cache."""
+  """Causal logits (and features) over whole sequences: one forward, no cache."""
   b, t = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-  logits, feats, _ = forward(
-    params, cfg, tokens_BxT, positions_BxT, init_cache(cfg, b, t), causal_mask(t), features
+  logits, feats, _ = forward_kv(
+    params, cfg, tokens_BxT, positions_BxT, None, causal_mask(t), features
   )
   return logits, feats

@@ -5,7 +5,9 @@
 Drafters that read no target features (AR, prompt lookup, Lookahead, a draft model) must pay
 nothing for the feature path. For AR and the configured drafter, this task compiles the whole
 generation three ways: as is (``feature_layers = ()``), and wrapped to ask for the final
-hidden state and for three layers (EAGLE-3's choice), everything else equal. For each it reads
+hidden state or for three layers (EAGLE-3's choice) and to keep, per row, the newest valid one
+in its state, as a Medusa or EAGLE drafter does (features nobody uses are dropped by XLA, so a
+wrapper that only asked would measure nothing). For each it reads
 XLA's cost analysis of the compiled program (flops, bytes accessed), counts the optimised HLO
 instructions, and times decoding with interleaved passes in this process. Writes
 ``feature_cost.json`` and prints a table.
@@ -17,16 +19,34 @@ import ml_collections
 import numpy as np
 
 from specjax import build, decode, metrics, results, sampling
-from specjax.drafters.base import WithFeatures
+from specjax.drafters.base import Prefill, Verdict, WithFeatures
 from specjax.tasks import timing
 from specjax.tasks.benchmark import machine
 
 COLUMNS = ("mode", "features", "hlo_ops", "gflops", "gbytes", "tokens_per_s", "vs_none")
 
 
+class KeepFeatures(WithFeatures):
+  """``inner`` plus the newest valid target feature of every row, kept in the drafter state
+  (what Medusa heads and EAGLE draft from): the feature path as a real consumer uses it."""
+
+  def init(self, params, prefill: Prefill):
+    last = jnp.take_along_axis(prefill.features, (prefill.lengths - 1)[:, None, None], axis=1)
+    return self.inner.init(params, prefill), last[:, 0]
+
+  def propose(self, params, state, ctx):
+    draft, inner = self.inner.propose(params, state[0], ctx)
+    return draft, (inner, state[1])
+
+  def commit(self, state, verdict: Verdict, ctx):
+    n = verdict.num_accepted
+    last = jnp.take_along_axis(verdict.features, n[:, None, None], axis=1)[:, 0]
+    return self.inner.commit(state[0], verdict, ctx), last
+
+
 def compiled_cost(target, drafter, dparams, prompts, kw) -> dict:
   """Cost analysis and instruction count of ``generate``'s compiled program for these shapes."""
-  width = decode.prompt_width(max(map(len, prompts)), kw["max_len"])
+  width = decode.prompt_width(max(kw["pad_to"], *map(len, prompts)), kw["max_len"])
   st = decode._Static(target.cfg, drafter, kw["max_len"], decode.verify.verify)
   args = (
     target.params, dparams, jnp.zeros((len(prompts), width), jnp.int32),
@@ -59,7 +79,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   modes, rows = {}, []
   for base, (d, dp) in bases.items():
     for label, layers in variants.items():
-      wrapped = d if not layers else WithFeatures(d, layers)
+      wrapped = d if not layers else KeepFeatures(d, layers)
       rows.append(
         {"mode": base, "features": label}
         | compiled_cost(target, wrapped, dp, req.prompts[: req.batch_size], kw)

@@ -4,7 +4,7 @@
 
 Attention reads a window that follows the rows' live length (``models/llama.py``), not the
 whole cache, so a short prompt should decode about as fast with ``max_len`` 4096 as with 256.
-For every value in ``max_len_sweep.values`` the target runs autoregressively and with the
+For every value in ``max_len_sweep.sizes`` the target runs autoregressively and with the
 configured drafter (``drafter.name``, unless ``none``) on the same prompts; every mode and
 size is compiled first, then the timed passes interleave. Prints tokens/s per size and mode,
 relative to the smallest size, checks that the greedy texts agree across sizes, and writes
@@ -24,9 +24,9 @@ COLUMNS = ("mode", "max_len", "tokens", "tau", "steady_s", "tokens_per_s", "vs_s
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
-  sizes = tuple(config.max_len_sweep.values)
+  sizes = tuple(config.max_len_sweep.sizes)
   if not sizes or any(int(v) != v or v < 2 for v in sizes):
-    raise ValueError(f"config.max_len_sweep.values must be integers >= 2, got {sizes}.")
+    raise ValueError(f"config.max_len_sweep.sizes must be integers >= 2, got {sizes}.")
   for size in sizes:
     c = copy.deepcopy(config)
     with c.unlocked():

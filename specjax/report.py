@@ -1,0 +1,51 @@
+"""Regenerates an experiment README's results block from its JSON: tables are never typed by hand.
+
+    python -m specjax.report experiments/attention_window [experiments/feature_cost ...]
+
+An experiment's ``config.py`` defines ``report(results_dir) -> str`` (Markdown built from the JSON
+under ``results/``); this writes it between the ``<!-- results -->`` and ``<!-- /results -->``
+lines of the experiment's ``README.md`` (atomically; the rest of the README is kept).
+"""
+
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+BEGIN, END = "<!-- results -->", "<!-- /results -->"
+
+
+def render(experiment: str | Path) -> Path:
+  folder = Path(experiment)
+  spec = importlib.util.spec_from_file_location(f"_experiment_{folder.name}", folder / "config.py")
+  if spec is None or not (folder / "config.py").is_file():
+    raise ValueError(f"{folder} has no config.py: pass an experiment folder (experiments/NAME).")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "report"):
+    raise ValueError(f"{folder}/config.py defines no report(results_dir): nothing to render.")
+  readme = folder / "README.md"
+  text = readme.read_text()
+  if BEGIN not in text or END not in text:
+    raise ValueError(f"{readme} has no {BEGIN} ... {END} block to fill.")
+  block = f"{BEGIN}\n{module.report(folder / 'results').strip()}\n{END}"
+  text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".README.", suffix=".tmp")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.chmod(tmp, 0o644)
+  os.replace(tmp, readme)
+  return readme
+
+
+def main(argv: list[str]) -> None:
+  if not argv:
+    sys.exit("usage: python -m specjax.report experiments/NAME [experiments/NAME ...]")
+  for folder in argv:
+    print(f"wrote {render(folder)}")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
