@@ -395,6 +395,22 @@ def generate(
   Prompts are padded to a power-of-two width; ``pad_to`` (e.g. the longest prompt of a whole
   run) makes every batch of a run share one width, hence one compiled program.
   """
+  args, st = _arguments(
+    target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
+    temperature, top_k, top_p, seed, eos_id, verifier, pad_to,
+  )  # fmt: skip
+  tokens, num_new, metrics = _generate_jit(*args, st=st)
+  tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+  rows = [tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)]
+  counts = metrics_lib.counts(jax.device_get(metrics), num_new)
+  return Generation(tokens=rows, counts=counts, metrics=metrics_lib.summarize(counts))
+
+
+def _arguments(
+  target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
+  temperature, top_k, top_p, seed, eos_id, verifier, pad_to,
+):  # fmt: skip
+  """Checks ``generate``'s arguments (before anything compiles) and makes the jitted call's."""
   sp = SamplingParams.create(temperature, top_k, top_p)
   drafter.check_target(target_cfg)
   drafter.check_context(max_len)
@@ -412,22 +428,31 @@ def generate(
   for r, prompt in enumerate(prompts):
     prompt_BxP[r, : len(prompt)] = prompt
   key = jax.random.key(seed) if isinstance(seed, int) else seed
-  st = _Static(target_cfg, drafter, max_len, verifier)
   limits = Limits(jnp.asarray(budgets, jnp.int32), _stop_ids(eos_id))
-  tokens, num_new, metrics = _generate_jit(
-    target_params,
-    drafter_params,
-    jnp.asarray(prompt_BxP),
-    jnp.asarray([len(p) for p in prompts], jnp.int32),
-    sp,
-    limits,
-    key,
-    st=st,
-  )
-  tokens, num_new = np.asarray(tokens), np.asarray(num_new)
-  rows = [tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)]
-  counts = metrics_lib.counts(jax.device_get(metrics), num_new)
-  return Generation(tokens=rows, counts=counts, metrics=metrics_lib.summarize(counts))
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+  args = (target_params, drafter_params, jnp.asarray(prompt_BxP), lengths, sp, limits, key)
+  return args, _Static(target_cfg, drafter, max_len, verifier)
+
+
+def compiled(
+  target_params,
+  target_cfg: ModelConfig,
+  prompts: Sequence[Sequence[int]],
+  *,
+  drafter: Drafter = AUTOREGRESSIVE,
+  drafter_params: Any = None,
+  max_new_tokens: int | Sequence[int] = 32,
+  max_len: int = 256,
+  verifier: Callable = verify.verify,
+  pad_to: int = 0,
+) -> jax.stages.Compiled:
+  """The compiled program ``generate`` runs for these shapes (ahead of time, nothing run):
+  for ``cost_analysis()``, ``as_text()`` (the optimised HLO) or timing a compile."""
+  args, st = _arguments(
+    target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
+    0.0, 0, 1.0, 0, None, verifier, pad_to,
+  )  # fmt: skip
+  return _generate_jit.lower(*args, st=st).compile()
 
 
 def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from specjax import decode, sampling, testing
 from specjax.decode import generate
-from specjax.drafters import DraftModel, PromptLookup
+from specjax.drafters import DraftModel, Lookahead, PromptLookup
 from specjax.models import tiny
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [10], [3, 9, 3, 7, 20]]
@@ -213,3 +213,22 @@ def test_pad_to_shares_one_program_across_prompt_lengths(small_target, ar_tokens
   second = generate(params, cfg, PROMPTS[1:2], **kw)
   assert decode.TRACES["generate"] == before
   assert [first.tokens[0], second.tokens[0]] == ar_tokens[:2]
+
+
+@pytest.mark.parametrize(
+  "drafter", [decode.AUTOREGRESSIVE, PromptLookup(2), Lookahead(3, 3, 2, 16)], ids=lambda d: d.name
+)
+def test_the_loop_updates_the_cache_in_place(small_target, drafter):
+  """No copy of a loop-carried cache buffer in the compiled program: with a cache big enough for
+  window switching, with the abstain cond (prompt lookup) and with a tree (Lookahead). Either
+  costs a copy of every layer's cache every step (measured: the max_len 4096 slowdown)."""
+  cfg, params = small_target
+  program = decode.compiled(params, cfg, PROMPTS, drafter=drafter, max_len=300)
+  slots = 300 + drafter.num_nodes + drafter.num_extra + 1
+  shape = f"f32[{len(PROMPTS)},{cfg.num_kv_heads},{slots},{cfg.head_dim}]"
+  copies = [
+    line
+    for line in program.as_text().splitlines()
+    if " copy(" in line and shape in line and "broadcast" not in line
+  ]
+  assert copies == [], copies[:3]

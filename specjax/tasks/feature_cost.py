@@ -3,22 +3,22 @@
     python -m specjax.run --config=experiments/feature_cost/config.py
 
 Drafters that read no target features (AR, prompt lookup, Lookahead, a draft model) must pay
-nothing for the feature path. For AR and the configured drafter, this task compiles the whole
-generation three ways: as is (``feature_layers = ()``), and wrapped to ask for the final
-hidden state or for three layers (EAGLE-3's choice) and to keep, per row, the newest valid one
-in its state, as a Medusa or EAGLE drafter does (features nobody uses are dropped by XLA, so a
-wrapper that only asked would measure nothing). For each it reads
+nothing for the feature path. This task compiles the whole generation of the configured
+drafter three ways: as is (``feature_layers = ()``), and wrapped to ask for the final hidden
+state or for three layers (EAGLE-3's choice), keep per row the newest valid one in its state
+and read it in every proposal, as a Medusa or EAGLE drafter does (features nobody reads are
+dead code that XLA drops, so a wrapper that only asked would measure nothing). AR runs as is,
+for reference. For each it reads
 XLA's cost analysis of the compiled program (flops, bytes accessed), counts the optimised HLO
 instructions, and times decoding with interleaved passes in this process. Writes
 ``feature_cost.json`` and prints a table.
 """
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from specjax import build, decode, metrics, results, sampling
+from specjax import build, decode, metrics, results
 from specjax.drafters.base import Prefill, Verdict, WithFeatures
 from specjax.tasks import timing
 from specjax.tasks.benchmark import machine
@@ -28,7 +28,8 @@ COLUMNS = ("mode", "features", "hlo_ops", "gflops", "gbytes", "tokens_per_s", "v
 
 class KeepFeatures(WithFeatures):
   """``inner`` plus the newest valid target feature of every row, kept in the drafter state
-  (what Medusa heads and EAGLE draft from): the feature path as a real consumer uses it."""
+  (what Medusa heads and EAGLE draft from) and read by every proposal: the feature path as a
+  real consumer uses it. (A state nothing reads is dead code to XLA, features included.)"""
 
   def init(self, params, prefill: Prefill):
     last = jnp.take_along_axis(prefill.features, (prefill.lengths - 1)[:, None, None], axis=1)
@@ -36,7 +37,9 @@ class KeepFeatures(WithFeatures):
 
   def propose(self, params, state, ctx):
     draft, inner = self.inner.propose(params, state[0], ctx)
-    return draft, (inner, state[1])
+    # Read the feature as a head would, without changing the draft: it is never NaN.
+    nan_B = jnp.isnan(state[1]).any(axis=-1)
+    return draft.replace(tokens=jnp.where(nan_B[:, None], 0, draft.tokens)), (inner, state[1])
 
   def commit(self, state, verdict: Verdict, ctx):
     n = verdict.num_accepted
@@ -46,20 +49,15 @@ class KeepFeatures(WithFeatures):
 
 def compiled_cost(target, drafter, dparams, prompts, kw) -> dict:
   """Cost analysis and instruction count of ``generate``'s compiled program for these shapes."""
-  width = decode.prompt_width(max(kw["pad_to"], *map(len, prompts)), kw["max_len"])
-  st = decode._Static(target.cfg, drafter, kw["max_len"], decode.verify.verify)
-  args = (
-    target.params, dparams, jnp.zeros((len(prompts), width), jnp.int32),
-    jnp.asarray([len(p) for p in prompts], jnp.int32), sampling.SamplingParams.create(0.0),
-    decode.Limits(jnp.full((len(prompts),), kw["max_new_tokens"]), decode._stop_ids(None)),
-    jax.random.key(0),
+  keys = ("max_new_tokens", "max_len", "pad_to")
+  program = decode.compiled(
+    target.params, target.cfg, prompts, drafter=drafter, drafter_params=dparams,
+    **{k: kw[k] for k in keys},
   )  # fmt: skip
-  compiled = decode._generate_jit.lower(*args, st=st).compile()
-  cost = compiled.cost_analysis()
+  cost = program.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  hlo = compiled.as_text()
   return {
-    "hlo_ops": sum(" = " in line for line in hlo.splitlines()),
+    "hlo_ops": sum(" = " in line for line in program.as_text().splitlines()),
     "gflops": float(cost.get("flops", np.nan)) / 1e9,
     "gbytes": float(cost.get("bytes accessed", np.nan)) / 1e9,
   }
@@ -78,7 +76,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   kw = req.generate_kwargs()
   modes, rows = {}, []
   for base, (d, dp) in bases.items():
-    for label, layers in variants.items():
+    # A K = 0 drafter proposes nothing a feature could shape: its features would be dead code.
+    for label, layers in variants.items() if d.num_draft else [("none", ())]:
       wrapped = d if not layers else KeepFeatures(d, layers)
       rows.append(
         {"mode": base, "features": label}
