@@ -7,8 +7,6 @@ import pytest
 
 from specjax import build
 from specjax.decode import generate
-from specjax.drafters.lookahead import Lookahead
-from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import registry, source
 from specjax.models.tokenizer import Tokenizer
 
@@ -16,17 +14,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
-
-PROMPTS = [
-  "What is the capital of France?",
-  "Write a haiku about autumn leaves.",
-  "def fibonacci(n):",
-  "Explain photosynthesis to a child in two sentences.",
-  "List three prime numbers greater than 10.",
-  "Translate 'good morning' into Spanish.",
-  "Summarise: The cat sat on the mat. It was warm. The cat fell asleep.",
-  "import numpy as np\n\n# compute the mean of an array\n",
-]
 
 
 def _needs(name):
@@ -86,19 +73,6 @@ def test_registry_drafters_reproduce_their_outputs_and_ar(smol):
     assert out.tokens == want["tokens"] == before["runs"]["none"]["tokens"], name
     assert out.metrics["target_calls"] == want["target_calls"], name
     assert out.metrics["row_calls"] == want["row_calls"], name
-
-
-@pytest.mark.parametrize("batch", [1])
-def test_smollm2_greedy_tree_drafters_equal_autoregressive(smol, batch):
-  """Prompt lookup trees and Lookahead (tree verification + K/V compaction) on real weights."""
-  cfg, params, tok = smol
-  prompts = _chat(tok, PROMPTS[:batch])
-  kw = dict(max_new_tokens=32, max_len=128)
-  ar = generate(params, cfg, prompts, **kw)
-  for drafter in (PromptLookup(3, num_branches=3), Lookahead(window=4, ngram=3, num_candidates=3)):
-    spec = generate(params, cfg, prompts, drafter=drafter, **kw)
-    assert spec.tokens == ar.tokens, drafter.name
-    assert spec.metrics["target_calls"] < ar.metrics["target_calls"], drafter.name
 
 
 def test_tokenizer_mismatch_is_refused():
