@@ -13,6 +13,12 @@ by cross-entropy learns that distribution (what sets acceptance), not only its g
     python -m specjax.run --config=configs/self_distill_smollm2.py:tiny --config.output_dir=/tmp/d
 
 is a seconds-long smoke run on a random tiny target (random token prompts, no corpora).
+
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:greedy
+
+writes the target's *greedy* replies to 768 chat and Python prompts to
+data/self_distill/smollm2_greedy/: the text a greedy decode produces, which is what drafters
+for temperature 0 (Medusa heads) must predict.
 """
 
 from ml_collections import config_dict
@@ -58,8 +64,12 @@ def get_config(arg: str | None = None):
     c.distill.prompt_min_tokens = 4
     c.distill.prompt_max_tokens = 16
     c.distill.shard_size = 8
+  elif arg == "greedy":
+    c.output_dir = "data/self_distill/smollm2_greedy"
+    c.temperature = 0.0
+    c.distill.sources = ("chitchat", "python")
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of self_distill_smollm2.py; the one variant is tiny."
+      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny or greedy."
     )
   return c

@@ -17,6 +17,7 @@ TASKS = {
   "verify_cost": "verify_cost",
   "max_len": "max_len",
   "feature_cost": "feature_cost",
+  "medusa_tree": "medusa_tree",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

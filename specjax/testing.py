@@ -249,3 +249,33 @@ def accept_with_target_prob(key, draft, p_BxK1xV, sp):
 def skip_q_renormalisation(key, draft, p_BxN1xV, sp):
   """Wrong: after a sibling is rejected, keeps using q instead of q without that token."""
   return verify.rejection_sample_tree(key, draft, p_BxN1xV, sp, renormalise=False)
+
+
+def keep_rejected_candidate(key, draft, p_BxN1xV, sp):
+  """Wrong: treats sampled children as deterministic candidates *and* keeps a rejected one in
+  p' (accept x with p'(x), else try the next sibling against the same p')."""
+  return verify.rejection_sample_tree(
+    key, draft.replace(probs=None), p_BxN1xV, sp, remove_rejected=False
+  )
+
+
+def children_as_deterministic(key, draft, p_BxN1xV, sp):
+  """Treats sampled children as deterministic candidates (one-hot q, the rejected one removed
+  from p'): lossless, since each child is drawn without looking at the target; it only accepts
+  less often than verifying with the children's q."""
+  return verify.verify(key, draft.replace(probs=None), p_BxN1xV, sp)
+
+
+def medusa_drafter(
+  target_cfg, tree, num_heads: int, vocab_ids=None, sampled: bool = True, seed: int = 0,
+  scale: float = 1.0,
+):  # fmt: skip
+  """A Medusa drafter with random heads (their own random projections) over ``target_cfg``
+  (``vocab_ids``: a reduced draft vocabulary), and its params."""
+  from specjax.drafters import medusa
+
+  v = target_cfg.vocab_size
+  ids = jnp.arange(v, dtype=jnp.int32) if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+  heads = medusa.HeadsConfig(target_cfg.dim, num_heads, len(ids), v, own_proj=True)
+  params = medusa.random_heads(heads, jax.random.key(seed), scale) | {"vocab_ids": ids}
+  return medusa.Medusa(heads, tree, sampled), params

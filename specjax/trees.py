@@ -20,6 +20,7 @@ A chain of K tokens is the tree with one branch (``Tree.chain(K)``).
 """
 
 import dataclasses
+import heapq
 from collections.abc import Sequence
 
 import jax
@@ -128,6 +129,38 @@ class Tree:
     order = sorted(nodes, key=lambda n: (len(n), n))
     index = {(): 0} | {n: i + 1 for i, n in enumerate(order)}
     return cls(tuple(index[n[:-1]] for n in order))
+
+  @classmethod
+  def from_accuracy(cls, accuracy, num_nodes: int) -> tuple["Tree", float]:
+    """The ``num_nodes``-node tree with the largest expected accepted length (Medusa §2.3.3).
+
+    ``accuracy[d][i]`` is how often depth ``d + 1``'s ``i``-th candidate is the right token
+    (measured on held-out text); a node reached by child choices ``(c_1, ..., c_d)`` is taken
+    to be accepted with probability ``prod_k accuracy[k - 1][c_k]`` (depths independent), and
+    the expected accepted length is the sum over nodes. Grown greedily: the next node is the
+    most probable child or next sibling of a node already in, which is optimal when accuracy
+    falls with the rank. Returns the tree and its expected accepted length (root excluded).
+    """
+    acc = np.asarray(accuracy, np.float64)
+    if acc.ndim != 2 or acc.size == 0 or (acc < 0).any() or (acc > 1).any():
+      raise ValueError(
+        f"tree accuracy must be a [depths, ranks] table of probabilities, got shape {acc.shape}."
+      )
+    if int(num_nodes) != num_nodes or num_nodes < 1:
+      raise ValueError(f"tree num_nodes must be an integer >= 1, got {num_nodes}.")
+    depths, ranks = acc.shape
+    prob = lambda path: float(np.prod([acc[d, c] for d, c in enumerate(path)]))  # noqa: E731
+    heap, chosen, expected = [(-acc[0, 0], (0,))], [], 0.0
+    while heap and len(chosen) < num_nodes:
+      neg_p, path = heapq.heappop(heap)
+      chosen.append(path)
+      expected -= neg_p
+      if path[-1] + 1 < ranks:
+        sibling = path[:-1] + (path[-1] + 1,)
+        heapq.heappush(heap, (-prob(sibling), sibling))
+      if len(path) < depths:
+        heapq.heappush(heap, (-prob(path + (0,)), path + (0,)))
+    return cls.from_paths(chosen), expected
 
   @classmethod
   def from_spec(cls, branching: Sequence[int]) -> "Tree":

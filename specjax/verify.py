@@ -114,13 +114,17 @@ def greedy_tree(draft, p_BxN1xV) -> tuple[jax.Array, jax.Array]:
   return end_B, jnp.take_along_axis(argmax_BxN1, end_B[:, None], axis=1)[:, 0]
 
 
-def rejection_sample_tree(key, draft, p_BxN1xV, sp, renormalise: bool = True):
+def rejection_sample_tree(
+  key, draft, p_BxN1xV, sp, renormalise: bool = True, remove_rejected: bool = True
+):
   """Recursive rejection sampling over the tree (greedy longest path at temperature 0).
 
   ``draft.probs=None`` (deterministic candidates): child x is accepted with p'(x), and on
   rejection x is removed from p'; a repeated sibling then has p'(x) = 0 and is rejected with no
-  change. ``renormalise=False`` skips removing rejected siblings from a soft q (wrong; tests
-  show it).
+  change. The same one-hot rule is lossless for *sampled* children too (each is a proposal
+  drawn without looking at the target), only less often accepting than the rule with their q.
+  ``renormalise=False`` (keep rejected siblings in a soft q) and ``remove_rejected=False``
+  (keep a rejected one-hot candidate in p') are wrong; tests show it.
   """
   b, n = draft.tokens.shape
   key_accept, key_sample = jax.random.split(key)
@@ -134,7 +138,7 @@ def rejection_sample_tree(key, draft, p_BxN1xV, sp, renormalise: bool = True):
       active = parents_N[node] == cur
       if one_hot:
         accept = active & (u < p_cur[x])
-        p_rejected = remove(p_cur, x)
+        p_rejected = remove(p_cur, x) if remove_rejected else p_cur
       else:
         q_V = q_NxV[node]
         if renormalise:

@@ -68,6 +68,8 @@ def test_broken_verifier_fails(tiny_pair, verifier):
 
 V5_PROMPTS = ([1, 2, 1, 2], [3], [0, 2, 2, 1, 3, 0])
 V5_STOP = (4,)
+V5_CFG = tiny.tiny_config(vocab_size=5)
+MEDUSA_TREE = trees.Tree.from_spec((2, 1))  # two sampled children, one grandchild each
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,10 @@ STATEFUL = {
     testing.RandomTreeDrafter(trees.Tree((0, 0, 0)), spread=2.0, mode="top_one_hot"),
     None,
   ),
+  # Medusa heads read the target's feature of the newest token, carried across steps.
+  "medusa_sampled_2x1": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2),
+  "medusa_top_k_2x1": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, sampled=False),
+  "medusa_reduced_vocab": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, (0, 2, 4)),
 }
 
 
@@ -122,6 +128,14 @@ BROKEN_ACROSS_STEPS = {
   "accept_with_target_prob": (STATEFUL["draft_model_k1"], testing.accept_with_target_prob),
   "lookup_resample_from_target": (STATEFUL["prompt_lookup_k1"], testing.resample_from_target),
   "skip_q_renormalisation": (STATEFUL["random_tree_3"], testing.skip_q_renormalisation),
+  "medusa_skip_q_renormalisation": (
+    STATEFUL["medusa_sampled_2x1"],
+    testing.skip_q_renormalisation,
+  ),
+  "medusa_keep_rejected_candidate": (
+    STATEFUL["medusa_sampled_2x1"],
+    testing.keep_rejected_candidate,
+  ),
 }
 
 
@@ -163,3 +177,28 @@ def test_skipping_tree_compaction_fails_across_steps(v5_pair, monkeypatch):
   target, _ = v5_pair
   drafter = testing.RandomTreeDrafter(trees.Tree((0, 0, 0)), spread=2.01)  # a fresh trace
   assert min(_v5_pvalues(target, drafter, None)) < P_FAIL
+
+
+MEDUSA_KNOBS = {"top_k_3": dict(temperature=0.7, top_k=3), "top_p_0.8": dict(top_p=0.8)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knobs", MEDUSA_KNOBS.values(), ids=MEDUSA_KNOBS)
+@pytest.mark.parametrize("vocab_ids", [None, (0, 2, 4)], ids=["full_vocab", "reduced_vocab"])
+def test_medusa_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids):
+  """Children drawn from the heads' filtered q (zero outside top-k / top-p and the draft
+  vocabulary) and verified with it: still exactly the target's filtered distribution."""
+  target, _ = v5_pair
+  drafter, params = testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, vocab_ids, seed=1)
+  pvalues = _v5_pvalues(target, drafter, params, knobs=dict(temperature=1.0) | knobs)
+  assert min(pvalues) > P_PASS / len(pvalues), pvalues
+
+
+@pytest.mark.slow
+def test_sampled_children_verified_as_deterministic_stay_exact(v5_pair):
+  """Verifying sampled children as one-hot candidates (their q ignored, a rejected one removed
+  from p') is lossless too, since no child looks at the target; q only raises acceptance."""
+  target, _ = v5_pair
+  drafter, params = testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2)
+  pvalues = _v5_pvalues(target, drafter, params, testing.children_as_deterministic)
+  assert min(pvalues) > P_PASS / len(pvalues), pvalues

@@ -76,7 +76,7 @@ def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
 @pytest.mark.parametrize(
   "override, message",
   [
-    ("--config.drafter.name=medusa", "drafter.name='medusa' is unknown"),
+    ("--config.drafter.name=hydra", "drafter.name='hydra' is unknown"),
     ("--config.task=fly", "config.task='fly' is unknown"),
     ("--config.tempreature=0.5", "did you mean 'temperature'"),
     ("--config.top_p=1.5", "top_p must be in (0, 1]"),

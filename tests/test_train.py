@@ -238,7 +238,7 @@ def _tiny_config(tmp_path, **train):
     ({"data.seq_len": 1}, "data.seq_len must be >= 2"),
     ({"distributed.num_processes": 2}, "coordinator_address"),
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
-    ({"objective.name": "medusa"}, "objective.name='medusa' is unknown"),
+    ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
   ],
 )
 def test_train_task_rejects_bad_config(tmp_path, override, message):

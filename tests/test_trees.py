@@ -1,5 +1,7 @@
 """Trees: topology, masks, tree verification (exact distribution and greedy), bad input."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -260,3 +262,49 @@ def test_ngram_longer_than_context(small_target):
     generate(params, cfg, [[1, 2]], drafter=PromptLookup(2, max_ngram=16), max_len=16)
   with pytest.raises(ValueError, match="ngram"):
     generate(params, cfg, [[1, 2]], drafter=Lookahead(ngram=20), max_len=16)
+
+
+def _valid(paths: set) -> bool:
+  """Prefix-closed, with child choices 0, 1, 2, ... under every node."""
+  return all(
+    (len(p) == 1 or p[:-1] in paths) and (p[-1] == 0 or p[:-1] + (p[-1] - 1,) in paths)
+    for p in paths
+  )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_from_accuracy_is_the_best_tree_of_its_size(seed):
+  """Against every valid tree of depth <= 2 and 3 ranks: the grown tree's expected accepted
+  length is the largest for each node budget, and the reported value is that tree's."""
+  rng = np.random.default_rng(seed)
+  acc = -np.sort(-rng.uniform(0, 0.6, size=(2, 3)), axis=1)  # falls with the rank
+  candidates = [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)]
+  prob = lambda p: np.prod([acc[d, c] for d, c in enumerate(p)])  # noqa: E731
+  for n in range(1, 7):
+    best = max(
+      sum(prob(p) for p in subset)
+      for subset in itertools.combinations(candidates, n)
+      if _valid(set(subset))
+    )
+    tree, expected = trees.Tree.from_accuracy(acc, n)
+    assert tree.num_nodes == n and np.isclose(expected, best)
+    on_paths = {tuple(_choices(tree, node)) for node in range(1, n + 1)}
+    assert np.isclose(sum(prob(p) for p in on_paths), expected)
+
+
+def _choices(tree, node):
+  """The child choices leading to ``node``."""
+  out = []
+  while node:
+    parent = tree.parents[node - 1]
+    siblings = [i for i in range(1, node) if tree.parents[i - 1] == parent]
+    out.append(len(siblings))
+    node = parent
+  return out[::-1]
+
+
+def test_tree_from_accuracy_rejects_bad_tables():
+  with pytest.raises(ValueError, match="accuracy"):
+    trees.Tree.from_accuracy([[1.5]], 2)
+  with pytest.raises(ValueError, match="num_nodes"):
+    trees.Tree.from_accuracy([[0.5]], 0)

@@ -51,7 +51,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for c in variants.values():
     build.check(c)
   target = build.target(config)
-  drafters = {name: build.drafter(c, target)[0] for name, c in variants.items()}
+  drafters = {name: build.drafter(c, target) for name, c in variants.items()}
   verifier = build.verifier(config)
   record = {"config": config.to_dict(), "machine": machine(), "runs": []}
   if config.sweep.verify_sizes:
@@ -67,9 +67,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
     req = build.request(c, target)
     kw = req.generate_kwargs()
     modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
-    for name, d in drafters.items():
-      modes[name] = lambda b, d=d, kw=kw: generate(
-        target.params, target.cfg, b, drafter=d, verifier=verifier, **kw
+    for name, (d, dp) in drafters.items():
+      modes[name] = lambda b, d=d, dp=dp, kw=kw: generate(
+        target.params, target.cfg, b, drafter=d, drafter_params=dp, verifier=verifier, **kw
       )
     texts = {}
     describe = f"{category}, batch {batch_size}"

@@ -157,6 +157,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = source.load(config.target)
   objective = objectives.build(config, target.cfg)
   train_ds, eval_ds = _load_data(config, target)
+  objective = objective.with_data(train_ds, target.tokenizer)
   host_target = jax.device_get(target.params)
   print(
     f"target {target.cfg.name} ({target.cfg.num_params() / 1e6:.1f} M params), "
@@ -188,7 +189,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     "eval": [r for r in result.history if "eval/loss" in r][-1:],
   }
   for name, params in (("draft_init", init), ("draft_final", final)):
-    objective.export(workdir / name, params, target.tokenizer)
+    objective.export(workdir / name, params, target)
   if config.evaluate.enabled:
     drafter = objective.drafter(config)
     req = build.request(config, target)

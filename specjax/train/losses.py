@@ -57,3 +57,51 @@ def next_token_xent(
   log_q = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32), axis=-1)
   nll = -jnp.take_along_axis(log_q, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
   return masked_mean(nll, mask_BxT[:, :-1])
+
+
+def within_document(mask_BxT: jax.Array, k: int) -> jax.Array:
+  """``[B, T - k]``: 1 where positions t .. t + k all count, so the token k + 1 places after t
+  is in t's document (the label of a head that looks k tokens further than the target)."""
+  t = mask_BxT.shape[1]
+  valid_BxT = mask_BxT[:, : t - k]
+  for j in range(1, k + 1):
+    valid_BxT = valid_BxT * mask_BxT[:, j : t - k + j]
+  return valid_BxT
+
+
+def medusa_xent(
+  target_logits_BxTxV: jax.Array,
+  head_logits_BxTxHxW: jax.Array,
+  vocab_ids_W: jax.Array,
+  mask_BxT: jax.Array,
+  decay: float = 0.8,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Medusa-1: head k at position t learns the target's own prediction at t + k.
+
+  The target's distribution at t + k (over the next token, t + k + 1) is the soft label of head
+  k at t: cross-entropy ``-sum_w p_{t+k}(w) log q_{k,t}(w)`` over the draft vocabulary ``w``,
+  averaged over positions whose labels stay in one document (``mask`` counts at t, ..., t + k),
+  weighted ``decay ** (k - 1)``. Metrics per head: ``top1_k`` (head k's argmax is the target's)
+  and ``top5_k`` (the target's argmax is in head k's top 5), over the same positions.
+  """
+  t, h = head_logits_BxTxHxW.shape[1], head_logits_BxTxHxW.shape[2]
+  teacher = jax.lax.stop_gradient(target_logits_BxTxV.astype(jnp.float32))
+  p_BxTxW = jax.nn.softmax(teacher, axis=-1)[..., vocab_ids_W]
+  argmax_BxT = jnp.argmax(teacher, axis=-1)
+  mask_BxT = mask_BxT.astype(jnp.float32)
+  loss, metrics = 0.0, {}
+  for k in range(1, min(h, t - 1) + 1):
+    # Head k at t <-> the target at t + k; counted where t .. t + k are all in one document.
+    valid_BxT = within_document(mask_BxT, k)
+    log_q_BxTxW = jax.nn.log_softmax(head_logits_BxTxHxW[:, : t - k, k - 1].astype(jnp.float32))
+    xent_BxT = -jnp.sum(p_BxTxW[:, k:] * log_q_BxTxW, axis=-1)
+    loss = loss + decay ** (k - 1) * masked_mean(xent_BxT, valid_BxT)
+    want_BxT = argmax_BxT[:, k:]
+    _, top5_BxTx5 = jax.lax.top_k(jax.lax.stop_gradient(log_q_BxTxW), min(5, len(vocab_ids_W)))
+    top5_ids = vocab_ids_W[top5_BxTx5]
+    hit1_BxT = (top5_ids[..., 0] == want_BxT).astype(jnp.float32)
+    metrics[f"top1_{k}"] = masked_mean(hit1_BxT, valid_BxT)
+    metrics[f"top5_{k}"] = masked_mean(
+      jnp.any(top5_ids == want_BxT[..., None], axis=-1).astype(jnp.float32), valid_BxT
+    )
+  return loss, metrics

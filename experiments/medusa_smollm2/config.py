@@ -1,0 +1,185 @@
+"""Medusa heads for SmolLM2-135M-Instruct, trained on CPU, then decoded losslessly vs AR.
+
+    bash scripts/install_models.sh smollm2 && bash scripts/install_corpora.sh all
+    C=experiments/medusa_smollm2/config.py
+    nice -n 10 python -m specjax.run --config=$C                    # 1. train on corpora
+    cp -r results/medusa_smollm2/draft_final experiments/medusa_smollm2/heads_corpora
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:greedy
+    nice -n 10 python -m specjax.run --config=$C:self_distilled     # 2. continue on greedy text
+    cp -r results/medusa_smollm2_sd/draft_final experiments/medusa_smollm2/heads
+    python -m specjax.run --config=$C:tree                          # 3. grow the tree, save it
+    python -m specjax.run --config=$C:sweep_b1                      # 4. decode vs AR
+    python -m specjax.report experiments/medusa_smollm2
+
+1. Medusa-1 (target frozen): four heads, one residual layer each, on the target's shared
+   (frozen) head restricted to a draft vocabulary of the 4096 most frequent training tokens.
+   Labels are the target's own teacher-forced predictions over chitchat conversations (chat
+   template) and Python standard-library files: one target forward per batch gives every head
+   its soft labels. Writes results/medusa_smollm2/{metrics.jsonl, checkpoints/, draft_init/,
+   draft_final/, train.json}; rerunning resumes from the newest checkpoint.
+2. Continues those heads on the target's greedy replies to chat and code prompts (the text a
+   temperature-0 decode produces) mixed with chitchat rows.
+3. ``task=medusa_tree``: each head's rank-i accuracy on step 2's held-out rows (16 greedy
+   replies, 16 chitchat rows) and this machine's verify cost choose the tree, saved into the
+   heads' medusa.json (results/medusa_tree.json).
+4. ``task=sweep``: the prompt categories of ``experiments/training_free`` (none in the training
+   text), AR vs Medusa as a chain, a dense tree and the data-built tree, greedy, one process;
+   tau, target calls per token, speedup, texts checked equal to AR's (results/sweep_b1/).
+"""
+
+from ml_collections import config_dict
+
+from configs import demo, train_tiny
+from experiments.training_free import config as training_free
+from specjax.train import objectives
+
+WORKDIR = "results/medusa_smollm2"  # checkpoints and exports (not in git)
+WORKDIR_SD = "results/medusa_smollm2_sd"
+HERE = "experiments/medusa_smollm2"
+HEADS_CORPORA = f"{HERE}/heads_corpora"  # committed copy of WORKDIR/draft_final
+HEADS = f"{HERE}/heads"  # committed copy of WORKDIR_SD/draft_final: the heads decoded with
+GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
+RESULTS = f"{HERE}/results"
+SPARSE_NODES, DENSE_SPEC = 16, (4, 2, 1)  # equal node budgets: 4 + 8 + 8 = 20? see below
+CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+
+
+def variants(nodes: int, dense: tuple) -> dict:
+  """Sweep variants (config.drafter overrides): Medusa as a chain, as a dense tree and as the
+  data-built tree of ``nodes`` nodes saved with the heads, and prompt lookup for reference."""
+  fixed = {"path": HEADS, "saved_tree": False}
+  return {
+    "medusa_chain_4": {"name": "medusa", "medusa": fixed | {"tree_paths": CHAIN}},
+    f"medusa_dense_{nodes}": {"name": "medusa", "medusa": fixed | {"tree_spec": dense}},
+    f"medusa_sparse_{nodes}": {"name": "medusa", "medusa": {"path": HEADS}},
+    "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  }
+
+
+def get_config(arg: str | None = None):
+  c = demo.get_config()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
+  c.task = "train"
+  c.workdir = WORKDIR
+  c.drafter.name = "medusa"
+  c.drafter.medusa.tree_spec = (3, 2, 2, 1)
+  c.benchmark.repeats = 1
+  t = train_tiny.get_config()
+  for section in ("data", "train", "optim", "mesh", "distributed", "evaluate"):
+    c[section] = t[section]
+
+  c.objective = objectives.default_config("medusa")
+  o = c.objective.medusa
+  o.num_heads = 4
+  o.num_layers = 1
+  o.vocab_size = 4096
+  o.own_proj = False
+  o.decay = 0.8
+
+  c.data.sources = ("chitchat", "python")
+  c.data.seq_len = 256
+  c.data.max_examples = 3000
+  c.data.eval_examples = 32
+  c.data.seed = 0
+
+  c.train.steps = 300
+  c.train.global_batch = 8
+  c.train.log_every = 5
+  c.train.eval_every = 100
+  c.train.eval_batches = 2
+  c.train.checkpoint_every = 25
+  c.train.keep = 2
+
+  c.optim.learning_rate = 2e-3
+  c.optim.warmup_steps = 20
+  c.optim.decay_steps = 280
+  c.optim.weight_decay = 0.0
+
+  # task=medusa_tree (the :tree variant): the tree grown from held-out accuracy.
+  c.medusa_tree = config_dict.ConfigDict()
+  c.medusa_tree.budgets = (4, 8, 12, 16, 24, 32, 48, 64)  # node budgets tried
+  c.medusa_tree.ranks = 8  # candidates per head measured
+  c.medusa_tree.context = 128  # cached tokens when timing the verify forward
+
+  if arg in ("self_distilled", "tree"):  # step 2's data; step 3 measures its held-out rows
+    c.workdir = WORKDIR_SD
+    c.objective.medusa.init_from = HEADS_CORPORA
+    c.data.sources = (GREEDY_DATA, "chitchat")
+    c.data.max_examples = 1536  # 768 self-distilled rows (all) + 768 chitchat rows
+  if arg == "self_distilled":  # continue the corpus-trained heads on the target's greedy text
+    c.train.steps = 150
+    c.optim.learning_rate = 1e-3
+    c.optim.warmup_steps = 10
+    c.optim.decay_steps = 140
+  elif arg == "tree":
+    c.task = "medusa_tree"
+    c.output_dir = RESULTS
+    c.drafter.medusa.path = HEADS
+  elif arg == "benchmark":
+    c.task = "benchmark"
+    c.output_dir = f"{RESULTS}/benchmark"
+    c.drafter.medusa.path = HEADS
+  elif arg in ("sweep_b1", "sweep_b4"):
+    c.task = "sweep"
+    c.output_dir = f"{RESULTS}/{arg}"
+    c.prompts = training_free.CATEGORIES["chat"]
+    c.max_new_tokens = 64
+    c.max_len = 384
+    c.sweep = config_dict.ConfigDict()
+    c.sweep.batch_sizes = (1,) if arg == "sweep_b1" else (4,)
+    c.sweep.categories = training_free.CATEGORIES
+    c.sweep.verify_sizes = ()
+    c.sweep.variants = variants(SPARSE_NODES, DENSE_SPEC)
+  elif arg:
+    raise ValueError(
+      f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, tree, "
+      "benchmark, sweep_b1 or sweep_b4."
+    )
+  return c
+
+
+def report(results_dir):
+  """The README's results block: training, per-head accuracy, tree budgets, sweeps."""
+  import json
+
+  from specjax import results
+
+  out = []
+  train_json = results_dir / "train.json"
+  if train_json.exists():
+    record = json.loads(train_json.read_text())
+    last = record["last"][-1] if record["last"] else {}
+    ev = record["eval"][-1] if record["eval"] else {}
+    h = record["config"]["objective"]["medusa"]["num_heads"]
+    rows = [
+      {"head": k, "train_top1": last.get(f"top1_{k}"), "train_top5": last.get(f"top5_{k}"),
+       "held_out_top1": ev.get(f"eval/top1_{k}"), "held_out_top5": ev.get(f"eval/top5_{k}")}
+      for k in range(1, h + 1)
+    ]  # fmt: skip
+    out += [f"Training: {record['train_s'] / 60:.1f} min, step {last.get('step')}.", ""]
+    out += [results.markdown_table(rows, tuple(rows[0])), ""]
+    if "decode" in record:
+      d = record["decode"]
+      out += [
+        f"Greedy tau on the config's prompts (the config's tree): untrained "
+        f"{d['init']['tau']:.3f}, trained {d['final']['tau']:.3f}.",
+        "",
+      ]
+  tree_json = results_dir / "medusa_tree.json"
+  if tree_json.exists():
+    record = json.loads(tree_json.read_text())
+    out += [f"Head accuracy on {record['held_out_positions']} held-out positions:", ""]
+    out += [results.markdown_table(record["heads"], tuple(record["heads"][0])), ""]
+    cols = ("nodes", "depth", "expected_tau", "verify_cost", "predicted_speedup")
+    out += [results.markdown_table(record["budgets"], cols), ""]
+    out += [f"Chosen: {record['chosen']} nodes.", ""]
+  for arg in ("sweep_b1", "sweep_b4"):
+    path = results_dir / arg / "sweep.json"
+    if not path.exists():
+      continue
+    record = json.loads(path.read_text())
+    out += [f"### Batch {record['runs'][0]['batch']}", ""]
+    out += [results.markdown_table(record["summary"], ("variant", "mean_tau", "mean_speedup")), ""]
+    rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]
+    cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup", "identical")
+    out += [results.markdown_table(rows, cols), ""]
+  return "\n".join(out)

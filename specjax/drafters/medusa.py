@@ -1,0 +1,384 @@
+"""Medusa heads (Cai et al. 2024): H small heads on the target's final hidden state draft a tree.
+
+The verify pass that accepted the newest token (the tree's root) also computed h, the target's
+final normed hidden state whose logits gave that token (``Verdict.features`` at index n). Head
+k (1..H) reads h and predicts the token k places after the root, the tree's depth-k nodes:
+
+    x_k = h;  x_k <- x_k + SiLU(W_kr x_k + b_kr)  for each of R residual layers (W zero-init)
+    logits_k = P_k x_k                              P_k: the target's head (shared, frozen) or
+                                                    the head's own, initialised from it
+
+With a *reduced draft vocabulary* the heads score only V' target ids (``vocab_ids``, the most
+frequent tokens of the training data, stop tokens always in): P_k is V' x F, and a draft's q is
+zero outside V', which the verifier handles like any other q (losslessness is untouched).
+
+Candidates. Every node of a static ``Tree`` at depth d is the ``rank``-th child of its parent
+and takes head d's ``rank``-th candidate. ``candidates = "top_k"``: each head's top-ranked
+tokens, deterministic (``Draft.probs=None``, one-hot q), at any temperature. ``"sampled"``:
+under every parent, its children are drawn without replacement from head d's distribution
+q_d = ``sampling.probs(logits_d)`` (Gumbel-top-k, fresh noise per parent) and verified with q_d
+by recursive rejection sampling, so the output is exactly the target's at any temperature,
+top-k or top-p; at temperature 0 the draw is the top-k and the verifier is greedy. ``"auto"``
+(the config default) samples iff the run's temperature is above 0.
+
+The drafter's state is h for every row: ``init`` takes the prompt's last feature, ``commit``
+the verdict's. Heads, their tree and the target fingerprint they were trained against are
+saved together (``save`` / ``load``); loading heads onto another target is an error.
+"""
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from specjax import sampling
+from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict
+from specjax.models import schema
+from specjax.models.config import ModelConfig
+from specjax.models.schema import Param
+from specjax.trees import Tree
+
+FIELD = "config.drafter.medusa"
+CANDIDATES = ("auto", "top_k", "sampled")
+HEADS_FILE, META_FILE = "heads.safetensors", "medusa.json"
+FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadsConfig:
+  """Shapes of a set of Medusa heads (static; hashable)."""
+
+  dim: int  # F: the target's hidden size
+  num_heads: int  # H
+  vocab_size: int  # V': the draft vocabulary (== the target's unless reduced)
+  target_vocab_size: int  # V
+  num_layers: int = 1  # R: residual layers per head
+  own_proj: bool = False  # False: every head uses the target's (frozen) head
+
+  def __post_init__(self):
+    for f in ("dim", "num_heads", "vocab_size", "target_vocab_size", "num_layers"):
+      if int(getattr(self, f)) != getattr(self, f) or getattr(self, f) < 1:
+        raise ValueError(f"Medusa heads: {f} must be an integer >= 1, got {getattr(self, f)}.")
+    if self.vocab_size > self.target_vocab_size:
+      raise ValueError(
+        f"Medusa heads: the draft vocabulary ({self.vocab_size}) cannot exceed the target's "
+        f"({self.target_vocab_size})."
+      )
+
+  @property
+  def reduced(self) -> bool:
+    return self.vocab_size < self.target_vocab_size
+
+
+_proj_shape = lambda c: (c.num_heads if c.own_proj else 1, c.vocab_size, c.dim)  # noqa: E731
+
+# What the heads decode with. ``proj`` is trained only when ``own_proj``; otherwise it is the
+# target's head (its ``vocab_ids`` rows), shared by every head and never trained.
+SCHEMA: schema.Schema = (
+  Param("res_w", lambda c: (c.num_heads, c.num_layers, c.dim, c.dim), "zeros"),
+  Param("res_b", lambda c: (c.num_heads, c.num_layers, c.dim), "zeros"),
+  Param("proj", _proj_shape, "head"),
+)
+TRAINED = {False: ("res_w", "res_b"), True: ("res_w", "res_b", "proj")}
+
+
+def target_head(target_params, target_cfg: ModelConfig) -> jax.Array:
+  """``[V, F]`` the target's LM head (its embedding when tied)."""
+  return target_params["embed"] if target_cfg.tie_embeddings else target_params["lm_head"]
+
+
+def init_heads(cfg: HeadsConfig, target_params, target_cfg: ModelConfig, vocab_ids) -> dict:
+  """Fresh heads: identity residual layers (W = 0, b = 0) and the target's head rows
+  ``vocab_ids`` as every head's projection, so an untrained head k predicts the next token."""
+  head = target_head(target_params, target_cfg)[jnp.asarray(vocab_ids)]
+  params = schema.init_params(SCHEMA, cfg, jax.random.key(0), num_layers=0)
+  params["proj"] = jnp.broadcast_to(head[None], _proj_shape(cfg)).astype(jnp.float32)
+  return params
+
+
+def random_heads(cfg: HeadsConfig, key: jax.Array, scale: float = 1.0) -> dict:
+  """Random heads (unit tests): residual weights ~ N(0, scale / F), random projection."""
+  k1, k2, k3 = jax.random.split(key, 3)
+  shape_w = (cfg.num_heads, cfg.num_layers, cfg.dim, cfg.dim)
+  return {
+    "res_w": scale * jax.random.normal(k1, shape_w) / np.sqrt(cfg.dim),
+    "res_b": 0.1 * jax.random.normal(k2, shape_w[:3]),
+    "proj": jax.random.normal(k3, _proj_shape(cfg)) / np.sqrt(cfg.dim),
+  }
+
+
+def head_logits(params: dict, h_xF: jax.Array) -> jax.Array:
+  """``[..., H, V']`` every head's logits from hidden states ``h[..., F]``."""
+  h = params["res_w"].shape[0]
+  x_xHF = jnp.broadcast_to(h_xF[..., None, :], h_xF.shape[:-1] + (h, h_xF.shape[-1]))
+  for r in range(params["res_w"].shape[1]):
+    y = jnp.einsum("...hf,hgf->...hg", x_xHF, params["res_w"][:, r]) + params["res_b"][:, r]
+    x_xHF = x_xHF + jax.nn.silu(y)
+  proj_HxVxF = params["proj"]
+  if proj_HxVxF.shape[0] == 1:  # one head projection shared by every head
+    return jnp.einsum("...hf,vf->...hv", x_xHF, proj_HxVxF[0])
+  return jnp.einsum("...hf,hvf->...hv", x_xHF, proj_HxVxF)
+
+
+def _ranks(tree: Tree) -> tuple[int, ...]:
+  """Each node's index among its parent's children (nodes 1..N)."""
+  seen: dict[int, int] = {}
+  ranks = []
+  for p in tree.parents:
+    ranks.append(seen.get(p, 0))
+    seen[p] = ranks[-1] + 1
+  return tuple(ranks)
+
+
+def parse_tree(c: ml_collections.ConfigDict, field: str = FIELD) -> Tree:
+  """The tree of a config subsection: ``tree_paths`` (Medusa's path list) if given, else the
+  full tree ``tree_spec`` (top-k per depth)."""
+  try:
+    if c.tree_paths:
+      return Tree.from_paths([list(p) for p in c.tree_paths])
+    return Tree.from_spec(tuple(c.tree_spec))
+  except (TypeError, ValueError) as e:
+    which = "tree_paths" if c.tree_paths else "tree_spec"
+    raise ValueError(f"{field}.{which}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Medusa(Chain):
+  """Medusa heads drafting a static tree; params from ``load`` or ``init_heads`` plus
+  ``vocab_ids`` (the draft vocabulary's target ids)."""
+
+  heads: HeadsConfig
+  tree: Tree
+  sampled: bool = False  # children drawn from the heads (lossless via q) vs top-k picks
+  name: str = "medusa"
+  feature_layers: tuple = ("final",)
+
+  def __post_init__(self):
+    if self.tree.num_nodes == 0:
+      raise ValueError(f"{FIELD}: the Medusa tree needs at least one node.")
+    if self.tree.max_depth > self.heads.num_heads:
+      raise ValueError(
+        f"{FIELD}: the tree is {self.tree.max_depth} deep but there are only "
+        f"{self.heads.num_heads} heads (head k drafts depth k): use a shallower tree or "
+        "train more heads."
+      )
+    if max(_ranks(self.tree)) + 1 > self.heads.vocab_size:
+      raise ValueError(f"{FIELD}: a node has more siblings than the draft vocabulary has tokens.")
+
+  @property
+  def num_draft(self) -> int:
+    return self.tree.max_depth
+
+  @property
+  def num_nodes(self) -> int:
+    return self.tree.num_nodes
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.path = ""  # heads saved by training (task=train, objective medusa); "" = untrained heads
+    c.num_heads = 4  # untrained heads only (path = ""): how many
+    c.tree_spec = (4, 2, 2, 1)  # top-k per depth (the full tree), unless tree_paths is given
+    c.tree_paths = ()  # Medusa's path list, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
+    c.saved_tree = True  # with path: use the tree saved with the heads, if any
+    c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
+    return c
+
+  @classmethod
+  def check(cls, c, config):
+    if c.candidates not in CANDIDATES:
+      raise ValueError(
+        f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
+      )
+    tree = parse_tree(c)
+    if c.path:
+      meta = read_meta(c.path)
+      num_heads = meta["heads"]["num_heads"]
+      if c.saved_tree and meta.get("tree"):
+        tree = Tree(tuple(meta["tree"]))
+    else:
+      num_heads = c.num_heads
+    if tree.max_depth > num_heads:
+      raise ValueError(
+        f"{FIELD}: the tree is {tree.max_depth} deep but the heads number {num_heads} (head k "
+        "drafts depth k): use a shallower tree_spec/tree_paths or more heads."
+      )
+    tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
+
+  @classmethod
+  def build(cls, c, config, target):
+    sampled = c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+    tree = parse_tree(c)
+    if c.path:
+      heads, params, meta = load(c.path, target)
+      if c.saved_tree and meta.get("tree"):
+        tree = Tree(tuple(meta["tree"]))
+    else:
+      heads = HeadsConfig(target.cfg.dim, c.num_heads, target.cfg.vocab_size, target.cfg.vocab_size)
+      vocab_ids = np.arange(target.cfg.vocab_size, dtype=np.int32)
+      params = init_heads(heads, target.params, target.cfg, vocab_ids)
+      params["vocab_ids"] = jnp.asarray(vocab_ids)
+    d = cls(heads, tree, sampled)
+    d.check_target(target.cfg)
+    return d, params
+
+  def check_target(self, target_cfg: ModelConfig) -> None:
+    if (self.heads.dim, self.heads.target_vocab_size) != (target_cfg.dim, target_cfg.vocab_size):
+      raise ValueError(
+        f"Medusa heads for hidden size {self.heads.dim} and vocabulary "
+        f"{self.heads.target_vocab_size} cannot read target {target_cfg.name!r} (hidden size "
+        f"{target_cfg.dim}, vocabulary {target_cfg.vocab_size}): train heads for this target."
+      )
+
+  def draft_calls_per_step(self) -> int:
+    return 1
+
+  def init(self, params, prefill: Prefill):
+    last = (prefill.lengths - 1)[:, None, None]
+    return jnp.take_along_axis(prefill.features, last, axis=1)[:, 0]
+
+  def commit(self, state, verdict: Verdict, ctx):
+    n = verdict.num_accepted[:, None, None]
+    return jnp.take_along_axis(verdict.features, n, axis=1)[:, 0]
+
+  def propose(self, params, state, ctx: DraftContext):
+    logits_BxHxW = head_logits(params, state)
+    depth_N = np.asarray(self.tree.depth[1:]) - 1  # the head of every node
+    rank_N = np.asarray(_ranks(self.tree))
+    width = int(rank_N.max()) + 1
+    vocab_ids = params["vocab_ids"]
+    if not self.sampled:
+      _, top_BxHxC = jax.lax.top_k(logits_BxHxW, width)
+      tokens_BxN = vocab_ids[top_BxHxC[:, depth_N, rank_N]]
+      return Draft(tokens=tokens_BxN, parents=self._parents(state)), state
+    # Gumbel-top-k under every parent: its children are a draw without replacement from q_d.
+    q_BxHxW = sampling.probs(logits_BxHxW, ctx.sampling)
+    parents = np.asarray(self.tree.parents)
+    inner = sorted(set(parents.tolist()))  # nodes with children
+    row_of = {p: i for i, p in enumerate(inner)}
+    head_I = np.asarray(self.tree.depth)[inner]  # children of a depth-d node come from head d
+    gumbel_BxIxW = jax.random.gumbel(ctx.key, (state.shape[0], len(inner), q_BxHxW.shape[-1]))
+    greedy = ctx.sampling.temperature <= 0
+    scores_BxIxW = jnp.where(
+      greedy, logits_BxHxW[:, head_I], jnp.log(q_BxHxW[:, head_I]) + gumbel_BxIxW
+    )
+    _, top_BxIxC = jax.lax.top_k(scores_BxIxW, width)
+    parent_row_N = np.asarray([row_of[p] for p in parents])
+    tokens_BxN = vocab_ids[top_BxIxC[:, parent_row_N, rank_N]]
+    q_BxNxW = q_BxHxW[:, depth_N]
+    if self.heads.reduced:  # q is zero outside the draft vocabulary
+      q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.heads.target_vocab_size,), q_BxNxW.dtype)
+      q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
+    return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=self._parents(state)), state
+
+  def _parents(self, state) -> jax.Array:
+    parents_N = jnp.asarray(self.tree.parents, jnp.int32)
+    return jnp.broadcast_to(parents_N, (state.shape[0], self.tree.num_nodes))
+
+
+# --- Saving and loading: heads, their tree, and the target they belong to -----------------------
+
+
+def fingerprint(target) -> str:
+  """A short id of a target's weights: its config, its tokenizer and a hash of its head."""
+  head = np.asarray(jax.device_get(target_head(target.params, target.cfg)), np.float32)
+  h = hashlib.sha256()
+  cfg = dataclasses.asdict(target.cfg) | {"name": None}
+  h.update(json.dumps(cfg, sort_keys=True).encode())
+  h.update(head[:: max(1, head.shape[0] // 256)].tobytes())
+  if target.tokenizer is not None:
+    h.update(target.tokenizer.fingerprint().encode())
+  return h.hexdigest()[:16]
+
+
+def save(directory, heads: HeadsConfig, params: dict, target, tree: Tree | None, extra=None):
+  """Writes ``heads.safetensors`` (the trained tensors and ``vocab_ids``; a shared projection is
+  the target's and is not saved) and ``medusa.json`` into ``directory``, atomically."""
+  directory = Path(directory)
+  host = jax.device_get(params)
+  keep = TRAINED[heads.own_proj] + ("vocab_ids",)
+  tensors = {k: np.ascontiguousarray(host[k]) for k in keep}
+  meta = {
+    "format": FORMAT,
+    "heads": dataclasses.asdict(heads),
+    "target": {"name": target.cfg.name, "fingerprint": fingerprint(target)},
+    "tree": list(tree.parents) if tree is not None else None,
+  } | (extra or {})
+  directory.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+  try:
+    save_file(tensors, str(tmp / HEADS_FILE))
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    if directory.exists():
+      shutil.rmtree(directory)
+    tmp.rename(directory)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return directory
+
+
+def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
+  path = Path(directory) / META_FILE
+  if not path.is_file():
+    raise ValueError(
+      f"{field}={str(directory)!r} holds no {META_FILE}: point it at a directory written "
+      "by task=train with objective.name=medusa (workdir/draft_final)."
+    )
+  meta = json.loads(path.read_text())
+  if meta.get("format") != FORMAT:
+    raise ValueError(f"{path}: Medusa heads format {meta.get('format')}, expected {FORMAT}.")
+  return meta
+
+
+def read_tensors(directory) -> dict[str, np.ndarray]:
+  return load_file(str(Path(directory) / HEADS_FILE))
+
+
+def load(directory, target) -> tuple[HeadsConfig, dict, dict]:
+  """``(heads, decode params, meta)``; a clear error if they were trained for another target
+  or their vocabulary cannot emit the target's stop tokens."""
+  meta = read_meta(directory)
+  heads = HeadsConfig(**meta["heads"])
+  if (heads.dim, heads.target_vocab_size) != (target.cfg.dim, target.cfg.vocab_size):
+    raise ValueError(
+      f"{FIELD}.path={str(directory)!r}: heads for hidden size {heads.dim} and vocabulary "
+      f"{heads.target_vocab_size} (target {meta['target']['name']!r}) cannot read target "
+      f"{target.cfg.name!r} (hidden size {target.cfg.dim}, vocabulary {target.cfg.vocab_size})."
+    )
+  if meta["target"]["fingerprint"] != fingerprint(target):
+    raise ValueError(
+      f"{FIELD}.path={str(directory)!r}: these heads were trained on target "
+      f"{meta['target']['name']!r} (fingerprint {meta['target']['fingerprint']}), not on this "
+      f"target {target.cfg.name!r} (fingerprint {fingerprint(target)}): train heads for it."
+    )
+  tensors = read_tensors(directory)
+  vocab_ids = tensors["vocab_ids"].astype(np.int32)
+  check_vocab(vocab_ids, target, f"{FIELD}.path={str(directory)!r}")
+  params = {k: jnp.asarray(v) for k, v in tensors.items()}
+  if not heads.own_proj:
+    params["proj"] = target_head(target.params, target.cfg)[jnp.asarray(vocab_ids)][None]
+  schema.check_shapes(SCHEMA, heads, {k: v for k, v in params.items() if k != "vocab_ids"}, 0)
+  return heads, params, meta
+
+
+def check_vocab(vocab_ids, target, field: str) -> None:
+  """The draft vocabulary must be distinct target ids and hold every stop token."""
+  ids = np.asarray(vocab_ids)
+  if ids.min() < 0 or ids.max() >= target.cfg.vocab_size or len(np.unique(ids)) != len(ids):
+    raise ValueError(f"{field}: vocab_ids must be distinct ids in [0, {target.cfg.vocab_size}).")
+  stops = sorted(target.tokenizer.stop_ids) if target.tokenizer is not None else []
+  missing = [s for s in stops if s not in set(ids.tolist())]
+  if missing:
+    raise ValueError(
+      f"{field}: the reduced draft vocabulary lacks the stop token(s) {missing}: the heads "
+      "could never propose the end of a reply. Rebuild it with the stop tokens included."
+    )
