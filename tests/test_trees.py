@@ -308,3 +308,10 @@ def test_tree_from_accuracy_rejects_bad_tables():
     trees.Tree.from_accuracy([[1.5]], 2)
   with pytest.raises(ValueError, match="num_nodes"):
     trees.Tree.from_accuracy([[0.5]], 0)
+
+
+@pytest.mark.parametrize("spec", [(1,), (3, 2, 1), (2, 1, 2)])
+def test_choices_are_the_path_list_the_tree_is_built_from(spec):
+  tree = trees.Tree.from_spec(spec)
+  assert trees.Tree.from_paths(tree.choices()) == tree
+  assert len(tree.choices()) == tree.num_nodes

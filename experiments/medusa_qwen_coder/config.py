@@ -35,6 +35,8 @@ def get_config(arg: str | None = None):
   elif arg in ("sweep_b1", "sweep_b4"):
     c.output_dir = c.output_dir.replace(smollm2.HERE, HERE)
     c.sweep.categories = {"code": training_free.CATEGORIES["code"]}
+    if "medusa_sparse_16" in c.sweep.variants:  # grown for SmolLM2's heads, not these
+      del c.sweep.variants["medusa_sparse_16"]
     for v in c.sweep.variants.values():
       if v["name"] == "medusa":
         v["medusa"]["path"] = heads

@@ -27,11 +27,15 @@
    tau, target calls per token, speedup, texts checked equal to AR's (results/sweep_b1/).
 """
 
+import json
+from pathlib import Path
+
 from ml_collections import config_dict
 
 from configs import demo, train_tiny
 from experiments.training_free import config as training_free
 from specjax.train import objectives
+from specjax.trees import Tree
 
 WORKDIR = "results/medusa_smollm2"  # checkpoints and exports (not in git)
 WORKDIR_SD = "results/medusa_smollm2_sd"
@@ -40,20 +44,26 @@ HEADS_CORPORA = f"{HERE}/heads_corpora"  # committed copy of WORKDIR/draft_final
 HEADS = f"{HERE}/heads"  # committed copy of WORKDIR_SD/draft_final: the heads decoded with
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 RESULTS = f"{HERE}/results"
-SPARSE_NODES, DENSE_SPEC = 16, (4, 2, 1)  # equal node budgets: 4 + 8 + 8 = 20? see below
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
 
 
-def variants(nodes: int, dense: tuple) -> dict:
-  """Sweep variants (config.drafter overrides): Medusa as a chain, as a dense tree and as the
-  data-built tree of ``nodes`` nodes saved with the heads, and prompt lookup for reference."""
+def variants() -> dict:
+  """Sweep variants (config.drafter overrides) at equal node budgets: Medusa as a 4-node chain
+  and as the data-built 4-node tree (saved with the heads), a dense 16-node tree (4 x 3) and the
+  data-built 16-node tree (from results/medusa_tree.json), and prompt lookup for reference."""
   fixed = {"path": HEADS, "saved_tree": False}
-  return {
+  out = {
     "medusa_chain_4": {"name": "medusa", "medusa": fixed | {"tree_paths": CHAIN}},
-    f"medusa_dense_{nodes}": {"name": "medusa", "medusa": fixed | {"tree_spec": dense}},
-    f"medusa_sparse_{nodes}": {"name": "medusa", "medusa": {"path": HEADS}},
-    "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+    "medusa_sparse_4": {"name": "medusa", "medusa": {"path": HEADS}},
+    "medusa_dense_16": {"name": "medusa", "medusa": fixed | {"tree_spec": (4, 3)}},
   }
+  grown = Path(RESULTS) / "medusa_tree.json"
+  if grown.exists():  # the 16-node tree step 3 grew from held-out accuracy
+    rows = json.loads(grown.read_text())["budgets"]
+    parents = next(r["parents"] for r in rows if r["nodes"] == 16)
+    paths = tuple(tuple(p) for p in Tree(tuple(parents)).choices())
+    out["medusa_sparse_16"] = {"name": "medusa", "medusa": fixed | {"tree_paths": paths}}
+  return out | {"lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}}}
 
 
 def get_config(arg: str | None = None):
@@ -128,7 +138,7 @@ def get_config(arg: str | None = None):
     c.sweep.batch_sizes = (1,) if arg == "sweep_b1" else (4,)
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
-    c.sweep.variants = variants(SPARSE_NODES, DENSE_SPEC)
+    c.sweep.variants = variants()
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, tree, "
@@ -144,8 +154,13 @@ def report(results_dir):
   from specjax import results
 
   out = []
-  train_json = results_dir / "train.json"
-  if train_json.exists():
+  for step, data in (
+    ("corpora", "corpus text (step 1)"),
+    ("self_distilled", "greedy text (step 2)"),
+  ):
+    train_json = results_dir / step / "train.json"
+    if not train_json.exists():
+      continue
     record = json.loads(train_json.read_text())
     last = record["last"][-1] if record["last"] else {}
     ev = record["eval"][-1] if record["eval"] else {}
@@ -155,13 +170,16 @@ def report(results_dir):
        "held_out_top1": ev.get(f"eval/top1_{k}"), "held_out_top5": ev.get(f"eval/top5_{k}")}
       for k in range(1, h + 1)
     ]  # fmt: skip
-    out += [f"Training: {record['train_s'] / 60:.1f} min, step {last.get('step')}.", ""]
+    out += [
+      f"**Training on {data}**: {record['train_s'] / 60:.1f} min, {last.get('step')} steps.",
+      "",
+    ]
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
     if "decode" in record:
       d = record["decode"]
       out += [
-        f"Greedy tau on the config's prompts (the config's tree): untrained "
-        f"{d['init']['tau']:.3f}, trained {d['final']['tau']:.3f}.",
+        f"Greedy tau on the demo prompts, tree (3, 2, 2, 1): before {d['init']['tau']:.3f}, "
+        f"after {d['final']['tau']:.3f}.",
         "",
       ]
   tree_json = results_dir / "medusa_tree.json"
