@@ -69,7 +69,5 @@ def get_config(arg: str | None = None):
     c.temperature = 0.0
     c.distill.sources = ("chitchat", "python")
   elif arg:
-    raise ValueError(
-      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny or greedy."
-    )
+    raise ValueError(f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny or greedy.")
   return c
