@@ -152,6 +152,7 @@ def report(results_dir):
   import json
 
   from specjax import results
+  from specjax.tasks import sweep
 
   out = []
   for step, data in (
@@ -194,10 +195,5 @@ def report(results_dir):
     path = results_dir / arg / "sweep.json"
     if not path.exists():
       continue
-    record = json.loads(path.read_text())
-    out += [f"### Batch {record['runs'][0]['batch']}", ""]
-    out += [results.markdown_table(record["summary"], ("variant", "mean_tau", "mean_speedup")), ""]
-    rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]
-    cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup", "identical")
-    out += [results.markdown_table(rows, cols), ""]
+    out += [sweep.markdown(json.loads(path.read_text()))]
   return "\n".join(out)

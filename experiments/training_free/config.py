@@ -108,20 +108,12 @@ def report(results_dir):
   """The README's results block, from results/{b1,b4}/sweep.json."""
   import json
 
-  from specjax import results
+  from specjax.tasks import sweep
 
   out = []
   for arg in ("b1", "b4"):
     path = results_dir / arg / "sweep.json"
     if not path.exists():
       continue
-    record = json.loads(path.read_text())
-    out += [f"### Batch {record['runs'][0]['batch']}", ""]
-    out += [results.markdown_table(record["summary"], ("variant", "mean_tau", "mean_speedup")), ""]
-    rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]
-    cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup", "identical")
-    out += [results.markdown_table(rows, cols), ""]
-    if record.get("verify_cost"):
-      out += ["Verify cost (one target forward over T tokens, batch 1):", ""]
-      out += [results.markdown_table(record["verify_cost"], ("tokens", "ms", "vs_1_token")), ""]
+    out += [sweep.markdown(json.loads(path.read_text()))]
   return "\n".join(out)

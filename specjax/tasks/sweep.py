@@ -99,6 +99,20 @@ def run(config: ml_collections.ConfigDict) -> dict:
   return record
 
 
+def markdown(record: dict) -> str:
+  """A sweep record as Markdown: the per-variant means, then every run, then the verify cost
+  if it was timed (what experiment READMEs show)."""
+  out = [f"### Batch {record['runs'][0]['batch']}", ""]
+  out += [results.markdown_table(record["summary"], ("variant", "mean_tau", "mean_speedup")), ""]
+  rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]
+  cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup", "identical")
+  out += [results.markdown_table(rows, cols), ""]
+  if record.get("verify_cost"):
+    out += ["Verify cost (one target forward over T tokens, batch 1):", ""]
+    out += [results.markdown_table(record["verify_cost"], ("tokens", "ms", "vs_1_token")), ""]
+  return "\n".join(out)
+
+
 def _summary(runs: list[dict]) -> list[dict]:
   """Per batch size and variant: the mean over categories of speedup and tau."""
   out = []
