@@ -160,6 +160,17 @@ class Stateless(Chain):
   def check_target(self, target_cfg: ModelConfig) -> None:
     del target_cfg
 
+  @classmethod
+  def check(cls, c, config):
+    """Builds the drafter from its subsection (it needs no target): its own errors, named by
+    the subsection, and its fit in ``config.max_len``."""
+    try:
+      d = cls.build(c, config, None)[0]
+    except ValueError as e:
+      raise ValueError(f"config.drafter.{cls.name}: {e}") from None
+    d.check_context(config.max_len)
+    return d
+
   def draft_calls_per_step(self) -> int:
     return 0
 

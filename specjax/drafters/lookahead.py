@@ -71,15 +71,6 @@ class Lookahead(Stateless):
     return c
 
   @classmethod
-  def check(cls, c, config):
-    try:
-      d = cls.build(c, config, None)[0]
-    except ValueError as e:
-      raise ValueError(f"config.drafter.lookahead: {e}") from None
-    d.check_context(config.max_len)
-    return d
-
-  @classmethod
   def build(cls, c, config, target):
     return cls(c.window, c.ngram, c.num_candidates, c.pool_size), None
 

@@ -62,15 +62,6 @@ class PromptLookup(Stateless):
     return c
 
   @classmethod
-  def check(cls, c, config):
-    try:
-      d = cls.build(c, config, None)[0]
-    except ValueError as e:
-      raise ValueError(f"config.drafter.prompt_lookup: {e}") from None
-    d.check_context(config.max_len)
-    return d
-
-  @classmethod
   def build(cls, c, config, target):
     return cls(c.num_draft, c.max_ngram, c.min_ngram, c.num_branches, c.abstain), None
 

@@ -353,6 +353,13 @@ def forward_kv(
   else:
     lengths, layer_kv = cache.lengths, list(zip(cache.k, cache.v, strict=True))
   attn = attention_inputs(lengths, mask, 0 if cache is None else cache.num_slots, window, False)
+  logits, feats, new = _layers(params, cfg, tokens_BxT, positions_BxT, layer_kv, attn, features)
+  return logits, feats, new
+
+
+def _layers(params, cfg, tokens_BxT, positions_BxT, layer_kv, attn, features):
+  """``embed``, every ``block`` over its (k, v) in ``layer_kv``, ``final_norm``, ``head``:
+  ``(logits, features, NewKV)``, the blocks' K/V outputs (what ``attn`` made of the cache)."""
   x = embed(params, cfg, tokens_BxT)
   new_k, new_v, after = [], [], {}
   for i, (p, (k_i, v_i)) in enumerate(zip(params["layers"], layer_kv, strict=True)):
@@ -388,18 +395,9 @@ def forward(
   before reading it: ``(logits [B,T,V], features, cache)``. Arguments as ``forward_kv``;
   ``window``, when given, must also hold the new tokens' slots."""
   attn = attention_inputs(cache.lengths, mask, cache.num_slots, window)
-  x = embed(params, cfg, tokens_BxT)
-  new_k, new_v, after = [], [], {}
-  for i, p in enumerate(params["layers"]):
-    x, k_i, v_i = block(p, cfg, x, positions_BxT, cache.k[i], cache.v[i], attn)
-    new_k.append(k_i)
-    new_v.append(v_i)
-    if i in features:
-      after[i] = x
-  h = final_norm(params, cfg, x)
-  after[FINAL] = h
-  cache = cache.replace(k=tuple(new_k), v=tuple(new_v))
-  return head(params, cfg, h), tuple(after[f] for f in features), cache
+  layer_kv = zip(cache.k, cache.v, strict=True)  # written, in place, by each block
+  logits, feats, new = _layers(params, cfg, tokens_BxT, positions_BxT, layer_kv, attn, features)
+  return logits, feats, cache.replace(k=new.k, v=new.v)
 
 
 def causal_mask(t: int) -> jax.Array:
