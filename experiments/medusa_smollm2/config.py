@@ -155,6 +155,8 @@ def report(results_dir):
   from specjax.tasks import sweep
 
   out = []
+  if figure(results_dir):
+    out += ["![head accuracy and tau per category](results/figure.png)", ""]
   for step, data in (
     ("corpora", "corpus text (step 1)"),
     ("self_distilled", "greedy text (step 2)"),
@@ -197,3 +199,54 @@ def report(results_dir):
       continue
     out += [sweep.markdown(json.loads(path.read_text()))]
   return "\n".join(out)
+
+
+PAPER_TOP1_TOP5 = ((0.56, 0.78), (0.32, 0.56), (0.20, 0.42), (0.15, 0.34))  # Vicuna-7B, heads 1-4
+
+
+def figure(results_dir) -> bool:
+  """results/figure.png: held-out top-1/top-5 per head next to the paper's, and tau per prompt
+  category per variant from the batch-1 sweep. False when the JSON is not there yet."""
+  import json
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  tree_json, sweep_json = results_dir / "medusa_tree.json", results_dir / "sweep_b1" / "sweep.json"
+  if not (tree_json.exists() and sweep_json.exists()):
+    return False
+  heads = json.loads(tree_json.read_text())["heads"]
+  runs = json.loads(sweep_json.read_text())["runs"]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  k = np.arange(1, len(heads) + 1)
+  for i, (name, style) in enumerate((("top1", "-o"), ("top5", "--s"))):
+    left.plot(k, [h[name] for h in heads], style, color="C0", label=f"specjax {name}")
+    left.plot(k, [p[i] for p in PAPER_TOP1_TOP5], style, color="C1", label=f"paper {name}")
+  left.set(xlabel="head k (drafts depth k)", ylabel="held-out accuracy", xticks=k, ylim=(0, 1))
+  left.set_title("Head accuracy: SmolLM2-135M here vs Vicuna-7B (paper)")
+  left.legend(fontsize=8)
+  categories = sorted({r["category"] for r in runs})
+  variants = [v for v in dict.fromkeys(r["variant"] for r in runs) if v != "ar"]
+  width = 0.8 / len(variants)
+  for j, v in enumerate(variants):
+    tau = [
+      next(r["tau"] for r in runs if r["category"] == c and r["variant"] == v) for c in categories
+    ]
+    right.bar(np.arange(len(categories)) + j * width, tau, width, label=v)
+  right.axhline(1.0, color="gray", lw=0.8)
+  right.set(
+    ylabel="tau (tokens per target call)", xticks=np.arange(len(categories)) + 0.4 - width / 2
+  )
+  right.set_xticklabels(categories)
+  right.set_title("Greedy tau per prompt category, batch 1")
+  right.legend(fontsize=7)
+  fig.tight_layout()
+  path = results_dir / "figure.png"
+  tmp = path.with_name(".figure.tmp.png")
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  tmp.replace(path)
+  return True
