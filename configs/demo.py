@@ -11,13 +11,14 @@ are identical in both modes (the run checks it). Swap the drafter with
 """
 
 from configs import tiny
+from specjax.models import source
 
 
 def get_config():
   c = tiny.get_config()
   c.task = "benchmark"
   c.output_dir = "results/demo"
-  c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
+  c.target = source.config("smollm2-135m-instruct")
   c.drafter.name = "prompt_lookup"
   c.drafter.prompt_lookup.num_draft = 4
   c.drafter.draft_model.num_layers = 8  # of 30, for drafter.name = draft_model

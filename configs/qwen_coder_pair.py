@@ -9,15 +9,16 @@ results/qwen_coder_pair/benchmark.json.
 """
 
 from configs import tiny
+from specjax.models import source
 
 
 def get_config():
   c = tiny.get_config()
   c.task = "benchmark"
   c.output_dir = "results/qwen_coder_pair"
-  c.target = {"source": "registry", "name": "qwen2.5-coder-1.5b-instruct"}
+  c.target = source.config("qwen2.5-coder-1.5b-instruct")
   c.drafter.draft_model.source = "model"
-  c.drafter.draft_model.model = {"source": "registry", "name": "qwen2.5-coder-0.5b-instruct"}
+  c.drafter.draft_model.model = source.config("qwen2.5-coder-0.5b-instruct")
   c.drafter.draft_model.num_draft = 4
   c.prompts = (
     "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "

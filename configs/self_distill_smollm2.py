@@ -24,13 +24,14 @@ for temperature 0 (Medusa heads) must predict.
 from ml_collections import config_dict
 
 from configs import tiny
+from specjax.models import source
 
 
 def get_config(arg: str | None = None):
   c = tiny.get_config()
   c.task = "self_distill"
   c.output_dir = "data/self_distill/smollm2"  # shards + manifest.json; kept out of git
-  c.target = {"source": "registry", "name": "smollm2-135m-instruct"}
+  c.target = source.config("smollm2-135m-instruct")
   c.drafter.name = "none"  # generation is plain autoregression of the target
   c.chat = True  # wrap prompts in the chat template (chitchat turns stay turns)
   c.stop_at_eos = True  # a row ends at the target's end-of-turn

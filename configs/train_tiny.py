@@ -67,6 +67,7 @@ def get_config():
   c.data.max_examples = 576  # rows read (or sampled); 0 = all
   c.data.eval_examples = 64  # held out for eval
   c.data.seed = 0  # sampling / packing order
+  c.data.feature_cache = ""  # a directory for the target features a feature drafter reads
 
   c.train = config_dict.ConfigDict()
   c.train.steps = 150

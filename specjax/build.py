@@ -14,7 +14,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from specjax import drafters, sampling, verify
+from specjax import drafters, results, sampling, verify
 from specjax.models import source
 from specjax.models.source import Model
 
@@ -61,6 +61,16 @@ def check(config: ml_collections.ConfigDict) -> None:
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
     raise ValueError(f"config.batch_size must be >= 1, got {config.batch_size}.")
+  if not (isinstance(config.seed, int) and 0 <= config.seed < 2**32):
+    raise ValueError(f"config.seed must be an integer in [0, 2**32), got {config.seed}.")
+  if "benchmark" in config and not config.benchmark.repeats >= 1:
+    raise ValueError(
+      f"config.benchmark.repeats must be >= 1 (timed runs after the compile run), got "
+      f"{config.benchmark.repeats}."
+    )
+  out = "workdir" if config.get("task") == "train" else "output_dir"
+  if config.get("task") != "generate" and config.get(out):
+    results.check_writable(config[out], f"config.{out}")
 
 
 def target(config: ml_collections.ConfigDict) -> Model:

@@ -427,6 +427,8 @@ def _arguments(
   prompt_BxP = np.zeros((b, width), np.int32)
   for r, prompt in enumerate(prompts):
     prompt_BxP[r, : len(prompt)] = prompt
+  if isinstance(seed, int) and not 0 <= seed < 2**32:
+    raise ValueError(f"seed must be an integer in [0, 2**32), got {seed}.")
   key = jax.random.key(seed) if isinstance(seed, int) else seed
   limits = Limits(jnp.asarray(budgets, jnp.int32), _stop_ids(eos_id))
   lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
@@ -467,8 +469,17 @@ def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int
         f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
         "raise max_len or shorten the prompt."
       )
+    if isinstance(prompt, str) or not all(_is_int(x) for x in prompt):
+      raise ValueError(
+        f"prompts[{r}] must be a list of integer token ids, got {str(prompt)[:40]!r}: encode "
+        "text with the model's tokenizer first (or pass prompts as text to a task config)."
+      )
     if min(prompt) < 0 or max(prompt) >= vocab_size:
       raise ValueError(f"prompts[{r}] has token ids outside [0, {vocab_size}).")
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 MAX_STOP_IDS = 8

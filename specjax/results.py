@@ -40,3 +40,20 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
   return "\n".join(lines)
+
+
+def check_writable(directory, field: str) -> None:
+  """Raises a ValueError naming ``field`` unless ``directory`` is (or can be made) a writable
+  directory: checked before a run starts, so its results are never lost at the end."""
+  path = Path(directory)
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"{field}={str(directory)!r} is a file, not a directory: choose another path.")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+      pass
+  except OSError as e:
+    raise ValueError(
+      f"{field}={str(directory)!r} is not writable ({e.strerror}): choose a directory you can "
+      "write to."
+    ) from None

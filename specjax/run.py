@@ -1,8 +1,16 @@
-"""Entry point: ``python -m specjax.run --config=configs/NAME.py [--config.key=value ...]``."""
+"""Entry point: ``python -m specjax.run --config=configs/NAME.py [--config.key=value ...]``.
 
+Bad input (a ValueError from the checks) ends the process with one line naming the field and
+the fix, exit status 1; ``SPECJAX_TRACEBACK=1`` shows the traceback instead.
+"""
+
+import difflib
 import importlib
-import re
+import importlib.util
+import os
 import sys
+import traceback
+from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -24,28 +32,85 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 
 
+def _config_arg(argv: list[str]) -> str | None:
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def load_config_file(value: str):
+  """Builds the config of ``--config=PATH[:ARG]`` on its own, so an error inside the file is
+  reported as the file's, not as a command-line field's."""
+  path, _, arg = value.partition(":")
+  if not Path(path).is_file():
+    sys.exit(f"error: --config={value}: no such file {path!r} (e.g. --config=configs/demo.py).")
+  spec = importlib.util.spec_from_file_location("_specjax_config_check", path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+      sys.exit(f"error: {path} defines no get_config(): a config file must (see configs/).")
+    return module.get_config(arg) if arg else module.get_config()
+  except SystemExit:
+    raise
+  except Exception as e:  # the file's own bug: name it and where it happened
+    tb = traceback.extract_tb(e.__traceback__)
+    where = next((f for f in reversed(tb) if f.filename.startswith(str(Path(path).parent))), tb[-1])
+    sys.exit(
+      f"error: {path} failed building its config ({where.filename}:{where.lineno}): "
+      f"{type(e).__name__}: {e}"
+    )
+
+
+def _override_error(argv: list[str], config, e: Exception) -> str:
+  """The first ``--config.a.b=v`` whose path the config lacks, and the fix."""
+  for a in argv:
+    if not a.startswith("--config."):
+      continue
+    keys = a[len("--config.") :].split("=", 1)[0].split(".")
+    node, seen = config, []
+    for k in keys:
+      if not hasattr(node, "keys") or k not in node:
+        fields = sorted(node.keys()) if hasattr(node, "keys") else []
+        close = difflib.get_close_matches(k, fields, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        where = f"config.{'.'.join(seen)}" if seen else "the config"
+        return (
+          f"error: --config.{'.'.join(keys)}: {where} has no field {k!r}{hint} (the fields are "
+          "those of the config file's get_config())."
+        )
+      node, seen = node[k], seen + [k]
+  return f"error: bad --config override: {e}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """Parses flags; a misspelt ``--config.key`` becomes one line naming the key and the fix."""
+  """Parses flags; a config file that fails to build is reported as the file's error, and a
+  misspelt ``--config.key`` as one line naming the key and the fix."""
+  value = _config_arg(argv)
+  if value is None:
+    sys.exit("error: --config is missing: pass --config=configs/NAME.py (e.g. configs/demo.py).")
+  config = load_config_file(value)
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
-    key = re.search(r"'([^'\\]+)", str(e))
-    guess = re.search(r'Did you mean "([^"]+)"', str(e))
-    hint = f"; did you mean {guess.group(1)!r}?" if guess else ""
-    sys.exit(
-      f"error: --config.{key.group(1) if key else '?'} is not a config field{hint} "
-      "(the fields are those of the config file's get_config())."
-    )
+    sys.exit(_override_error(argv, config, e))
 
 
 def main(argv):
   del argv
   config = _CONFIG.value
   if config.task not in TASKS:
-    raise app.UsageError(
-      f"config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}."
-    )
-  importlib.import_module(f"specjax.tasks.{TASKS[config.task]}").run(config)
+    sys.exit(f"error: config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}.")
+  task = importlib.import_module(f"specjax.tasks.{TASKS[config.task]}")
+  try:
+    task.run(config)
+  except ValueError as e:  # bad input: one line naming the field and the fix
+    if os.environ.get("SPECJAX_TRACEBACK"):
+      raise
+    sys.exit(f"error: {e}\n(SPECJAX_TRACEBACK=1 shows where it was raised)")
 
 
 if __name__ == "__main__":

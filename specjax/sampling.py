@@ -31,8 +31,8 @@ class SamplingParams:
 
 def validate(temperature: float, top_k: int, top_p: float) -> None:
   """Raises a ValueError naming the bad field and the fix."""
-  if not temperature >= 0:
-    raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+  if not 0 <= temperature < float("inf"):
+    raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}.")
   if int(top_k) != top_k or top_k < 0:
     raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k}.")
   if not 0 < top_p <= 1:

@@ -279,3 +279,34 @@ def medusa_drafter(
   heads = medusa.HeadsConfig(target_cfg.dim, num_heads, len(ids), v, own_proj=True)
   params = medusa.random_heads(heads, jax.random.key(seed), scale) | {"vocab_ids": ids}
   return medusa.Medusa(heads, tree, sampled), params
+
+
+def eagle_drafter(
+  target, top_k=2, depth=2, total=3, vocab_ids=None, sampled=True, seed=0, features=("final",),
+):  # fmt: skip
+  """An EAGLE drafter with a random layer over the ``target`` (cfg, params) pair and its params
+  (``vocab_ids``: a reduced draft vocabulary)."""
+  from specjax.drafters import eagle
+
+  tcfg, tparams = target
+  ids = np.arange(tcfg.vocab_size) if vocab_ids is None else np.asarray(vocab_ids)
+  cfg = eagle.EagleConfig(tcfg, tuple(features), 0 if vocab_ids is None else len(ids))
+  params = eagle.init_params(cfg, jax.random.key(seed), tparams, ids)
+  return eagle.Eagle(cfg, top_k, depth, total, sampled), params
+
+
+def rerank_by_own_q(drafter, params):
+  """Wrong (the reference EAGLE-2 rerank with sampled children verified by their q): each
+  sampled child scores with q of the token it drew, so which children are kept depends on the
+  draws themselves and the kept ones are no longer samples of q."""
+  from specjax.drafters import eagle
+
+  @dataclasses.dataclass(frozen=True)
+  class OwnScore(eagle.Eagle):
+    def _children(self, logits_BxMxW, key, sp):
+      tok, score, q = super()._children(logits_BxMxW, key, sp)
+      own = jnp.log(jnp.take_along_axis(q, tok, axis=-1))
+      return tok, jnp.where(sp.temperature <= 0, score, own), q
+
+  d = drafter
+  return OwnScore(d.cfg, d.top_k, d.depth, d.total, d.sampled), params

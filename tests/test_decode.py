@@ -136,6 +136,9 @@ def _bad_calls(small_target, drafts):
   run = lambda prompts=PROMPTS, **kw: generate(params, cfg, prompts, **(GEN | kw))
   return {
     "temperature": lambda: run(temperature=-1.0),
+    "temperature must be finite": lambda: run(temperature=float("inf")),
+    "integer token ids": lambda: run(prompts=[[1.0, 2.7], [3]]),
+    "seed": lambda: run(seed=-1),
     "top_p": lambda: run(top_p=0.0),
     "top_k": lambda: run(top_k=-2),
     "max_len": lambda: run(max_new_tokens=40, max_len=42),
@@ -146,8 +149,10 @@ def _bad_calls(small_target, drafts):
 
 
 @pytest.mark.parametrize(
-  "field", ["temperature", "top_p", "top_k", "max_len", "empty", "vocab_size", "num_draft"]
-)
+  "field",
+  ["temperature", "temperature must be finite", "integer token ids", "seed", "top_p", "top_k",
+   "max_len", "empty", "vocab_size", "num_draft"],
+)  # fmt: skip
 def test_bad_input_raises_before_compiling(small_target, drafts, field):
   call = _bad_calls(small_target, drafts)[field]
   before = decode.TRACES["generate"]

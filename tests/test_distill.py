@@ -165,7 +165,7 @@ def test_task_writes_a_readable_directory(tmp_path, capsys):
     (dict(max_len=12), "raise max_len or shorten the prompt"),
     (dict(capture_layers=(2,)), "capture_layers [2] are outside [0, 2)"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
-    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(temperature=-1.0), "temperature must be finite and >= 0"),
   ],
 )
 def test_bad_distill_input_is_a_clear_error(model, prompts, tmp_path, change, message):

@@ -69,6 +69,7 @@ def test_broken_verifier_fails(tiny_pair, verifier):
 V5_PROMPTS = ([1, 2, 1, 2], [3], [0, 2, 2, 1, 3, 0])
 V5_STOP = (4,)
 V5_CFG = tiny.tiny_config(vocab_size=5)
+V5_TARGET = tiny.random_model(seed=7, vocab_size=5)  # the v5_pair target
 MEDUSA_TREE = trees.Tree.from_spec((2, 1))  # two sampled children, one grandchild each
 
 
@@ -79,7 +80,7 @@ def v5_pair():
 
 
 def _v5_pvalues(target, drafter, dparams, verifier=None, knobs=None):
-  kw = {} if verifier is None else {"verifier": verifier}
+  kw = {} if verifier is None else {"verifier": verifier}  # None: the default, lossless one
   return testing.exact_pvalues(
     target,
     drafter,
@@ -111,6 +112,11 @@ STATEFUL = {
   "medusa_sampled_2x1": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2),
   "medusa_top_k_2x1": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, sampled=False),
   "medusa_reduced_vocab": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, (0, 2, 4)),
+  # EAGLE reads the target's features of the accepted tokens and keeps its own cache; its
+  # dynamic tree (2 children per expanded node, 3 of the 6 offered nodes kept) differs per row.
+  "eagle_sampled_2x2_3": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3),
+  "eagle_top_k_2x2_3": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3, sampled=False),
+  "eagle_reduced_vocab": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3, (0, 2, 4)),
 }
 
 
@@ -136,12 +142,22 @@ BROKEN_ACROSS_STEPS = {
     STATEFUL["medusa_sampled_2x1"],
     testing.keep_rejected_candidate,
   ),
+  "eagle_keep_rejected_candidate": (
+    STATEFUL["eagle_sampled_2x2_3"],
+    testing.keep_rejected_candidate,
+  ),
+  # The best 1 of 2 sampled children by its own q, verified with q.
+  "eagle_rerank_by_own_q": (
+    lambda d: testing.rerank_by_own_q(*testing.eagle_drafter(V5_TARGET, 2, 1, 1)),
+    None,
+  ),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("make, verifier", BROKEN_ACROSS_STEPS.values(), ids=BROKEN_ACROSS_STEPS)
 def test_broken_verifier_fails_across_steps(v5_pair, make, verifier):
+  """(A broken drafter with the right verifier where the verifier is None.)"""
   target, draft = v5_pair
   drafter, dparams = make(draft)
   assert min(_v5_pvalues(target, drafter, dparams, verifier)) < P_FAIL
@@ -191,6 +207,28 @@ def test_medusa_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids):
   target, _ = v5_pair
   drafter, params = testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, vocab_ids, seed=1)
   pvalues = _v5_pvalues(target, drafter, params, knobs=dict(temperature=1.0) | knobs)
+  assert min(pvalues) > P_PASS / len(pvalues), pvalues
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knobs", MEDUSA_KNOBS.values(), ids=MEDUSA_KNOBS)
+@pytest.mark.parametrize("vocab_ids", [None, (0, 2, 4)], ids=["full_vocab", "reduced_vocab"])
+def test_eagle_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids):
+  """EAGLE-2 dynamic trees with children drawn from the filtered q: exact, batch > 1."""
+  target, _ = v5_pair
+  drafter, params = testing.eagle_drafter(V5_TARGET, 2, 2, 3, vocab_ids, seed=1)
+  pvalues = _v5_pvalues(target, drafter, params, knobs=dict(temperature=1.0) | knobs)
+  assert min(pvalues) > P_PASS / len(pvalues), pvalues
+
+
+@pytest.mark.slow
+def test_own_q_rerank_verified_as_deterministic_stays_exact(v5_pair):
+  """The rerank that breaks q-aware verification is lossless under the one-hot rule (EAGLE's
+  reference verifier treats draft tokens as q = 1): no child was chosen by looking at the
+  target, only by the draft's own randomness."""
+  target, _ = v5_pair
+  drafter, params = testing.rerank_by_own_q(*testing.eagle_drafter(V5_TARGET, 2, 1, 1))
+  pvalues = _v5_pvalues(target, drafter, params, testing.children_as_deterministic)
   assert min(pvalues) > P_PASS / len(pvalues), pvalues
 
 

@@ -93,6 +93,61 @@ def test_cli_rejects_bad_config(override, message, request):
   assert message in proc.stderr + proc.stdout
 
 
+@pytest.mark.multiprocess
+def test_cli_names_the_config_file_or_the_field_at_fault(tmp_path, request):
+  """A missing --config, a file without get_config, a bug inside the file and a field the
+  config lacks each give one line naming what is wrong (exit 1), before any model loads; a
+  target path can be given on the command line."""
+  (tmp_path / "noget.py").write_text("x = 1\n")
+  (tmp_path / "typo.py").write_text(
+    "from configs import tiny\ndef get_config():\n  c = tiny.get_config()\n"
+    "  return c.drafter.nosuch_section\n"
+  )
+  root = request.config.rootpath
+  run = lambda *a: subprocess.run(
+    [sys.executable, "-m", "specjax.run", *a], capture_output=True, text=True, cwd=root,
+    timeout=600,
+  )  # fmt: skip
+  cases = [
+    ((), "--config is missing"),
+    ((f"--config={tmp_path}/noget.py",), "defines no get_config()"),
+    ((f"--config={tmp_path}/typo.py",), "typo.py failed building its config (" + str(tmp_path)),
+    (("--config=configs/tiny.py", "--config.target.nme=x"), "config.target has no field 'nme'"),
+    (("--config=configs/demo.py", "--config.target.source=gguf",
+      "--config.target.path=/no/model.gguf"), "config.target.path='/no/model.gguf' does not exist"),
+  ]  # fmt: skip
+  for args, message in cases:
+    proc = run(*args)
+    assert proc.returncode == 1, (args, proc.stderr[-400:])
+    lines = [ln for ln in proc.stderr.splitlines() if "rror" in ln and "TRACEBACK" not in ln]
+    assert message in proc.stderr, (args, proc.stderr[-400:])
+    assert len(lines) == 1, lines
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ({"temperature": float("inf")}, "temperature must be finite"),
+    ({"seed": -1}, "config.seed must be an integer in"),
+    ({"benchmark.repeats": 0}, "config.benchmark.repeats must be >= 1"),
+    ({"task": "benchmark", "output_dir": "FILE"}, "is a file, not a directory"),
+    ({"task": "benchmark", "output_dir": "/proc/specjax-out"}, "is not writable"),
+    ({"task": "train", "workdir": "FILE"}, "config.workdir="),
+  ],
+)
+def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override, message):
+  """Checked by ``build.check`` (every task runs it first): an output path that cannot take
+  the results fails here, not after the run."""
+  (tmp_path / "file").write_text("")
+  c = small_config
+  for key, value in override.items():
+    value = str(tmp_path / "file") if value == "FILE" else value
+    section, _, field = key.rpartition(".")
+    (c[section] if section else c)[field] = value
+  with pytest.raises(ValueError, match=message):
+    build.check(c)
+
+
 def test_check_runs_before_loading(small_config):
   small_config.drafter.draft_model.num_layers = 5  # deeper than the 2-layer target
   with pytest.raises(ValueError, match="drafter.draft_model.num_layers"):

@@ -121,6 +121,24 @@ def test_resume_continues_exactly(tmp_path):
   assert all(jax.tree.leaves(same))  # params, optimiser state, rng and step
 
 
+def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path):
+  """NaN injected into the loss (a poisoned row): the run stops at the first step whose batch
+  holds it, names that step, keeps the checkpoint before it, saves nothing after, and logs
+  only valid JSON."""
+  objective, tparams, ds = train_worker.setup()
+  mask = ds.mask.copy()
+  mask[5] = np.nan
+  poisoned = data.Dataset(ds.tokens, mask)
+  bad_step = next(s + 1 for s in range(100) if np.isnan(poisoned.batch(s, 8)["mask"]).any())
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  cfg = _loop_cfg(tmp_path, bad_step + 3, checkpoint_every=1)
+  with pytest.raises(FloatingPointError, match=f"loss = nan at step {bad_step}\\."):
+    loop.train(objective, tparams, poisoned, None, cfg, train_worker.OPTIM, mesh)
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+  assert [r["step"] for r in records] == list(range(1, bad_step))
+  assert checkpoint.Checkpointer(tmp_path / "checkpoints").latest_step() == bad_step - 1
+
+
 def test_checkpoint_from_another_model_shape_names_the_leaf(tmp_path):
   objective, tparams, ds = train_worker.setup()
   mesh = parallel.make_mesh(parallel.MeshConfig())

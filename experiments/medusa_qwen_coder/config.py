@@ -15,6 +15,7 @@ heads and results will go to results/medusa_qwen_coder/ and experiments/medusa_q
 
 from experiments.medusa_smollm2 import config as smollm2
 from experiments.training_free import config as training_free
+from specjax.models import source
 
 WORKDIR = "results/medusa_qwen_coder"
 HERE = "experiments/medusa_qwen_coder"
@@ -22,7 +23,7 @@ HERE = "experiments/medusa_qwen_coder"
 
 def get_config(arg: str | None = None):
   c = smollm2.get_config(arg)
-  c.target = {"source": "registry", "name": "qwen2.5-coder-0.5b-instruct"}
+  c.target = source.config("qwen2.5-coder-0.5b-instruct")
   c.objective.medusa.vocab_size = 8192
   c.data.sources = ("python",)
   c.train.global_batch = 4  # a 0.5B target's forward is ~4x SmolLM2's

@@ -1,6 +1,6 @@
 """Drafters, and the registry that picks one by name from a config.
 
-    from specjax.drafters import DraftModel, PromptLookup, Lookahead, Medusa, NoDraft
+    from specjax.drafters import DraftModel, Eagle, Lookahead, Medusa, NoDraft, PromptLookup
 
 A config's ``drafter`` section holds ``name`` (a key of ``REGISTRY``), the step budgets
 ``max_depth`` and ``max_nodes``, and one subsection per registered drafter with that drafter's
@@ -13,6 +13,7 @@ import ml_collections
 
 from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.prompt_lookup import PromptLookup
@@ -23,6 +24,7 @@ REGISTRY: dict[str, type] = {
   "prompt_lookup": PromptLookup,
   "lookahead": Lookahead,
   "medusa": Medusa,
+  "eagle": Eagle,
 }
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
   "DraftContext",
   "DraftModel",
   "Drafter",
+  "Eagle",
   "Lookahead",
   "Medusa",
   "NoDraft",
@@ -46,7 +49,7 @@ __all__ = [
 def default_config(name: str = "none") -> ml_collections.ConfigDict:
   """The ``drafter`` config section: every registered drafter's subsection with its defaults."""
   c = ml_collections.ConfigDict()
-  c.name = name  # one of REGISTRY: none | draft_model | prompt_lookup | lookahead | medusa
+  c.name = name  # one of REGISTRY: none | draft_model | prompt_lookup | lookahead | medusa | eagle
   c.max_depth = 16  # budget: most draft tokens one step may accept
   c.max_nodes = 64  # budget: most draft + extra tokens fed to the target per step
   for key, cls in REGISTRY.items():

@@ -47,9 +47,7 @@ class DraftModel(Chain):
     c.num_draft = 4  # K: draft tokens per step
     c.source = "truncate"  # truncate: the target's first num_layers layers | model
     c.num_layers = 1  # layers kept when source = truncate
-    c.model = ml_collections.ConfigDict(  # used when source = model (fields: models/source.py)
-      {"source": "registry", "name": "", "path": ""}
-    )
+    c.model = source.config()  # used when source = model (fields: models/source.py)
     return c
 
   @classmethod

@@ -27,19 +27,15 @@ saved together (``save`` / ``load``); loading heads onto another target is an er
 """
 
 import dataclasses
-import hashlib
-import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from safetensors.numpy import load_file, save_file
 
 from specjax import sampling
+from specjax.drafters import artifact
+from specjax.drafters.artifact import target_head
 from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict
 from specjax.models import schema
 from specjax.models.config import ModelConfig
@@ -88,11 +84,6 @@ SCHEMA: schema.Schema = (
   Param("proj", _proj_shape, "head"),
 )
 TRAINED = {False: ("res_w", "res_b"), True: ("res_w", "res_b", "proj")}
-
-
-def target_head(target_params, target_cfg: ModelConfig) -> jax.Array:
-  """``[V, F]`` the target's LM head (its embedding when tied)."""
-  return target_params["embed"] if target_cfg.tie_embeddings else target_params["lm_head"]
 
 
 def init_heads(cfg: HeadsConfig, target_params, target_cfg: ModelConfig, vocab_ids) -> dict:
@@ -286,61 +277,30 @@ class Medusa(Chain):
 
 # --- Saving and loading: heads, their tree, and the target they belong to -----------------------
 
-
-def fingerprint(target) -> str:
-  """A short id of a target's weights: its config, its tokenizer and a hash of its head."""
-  head = np.asarray(jax.device_get(target_head(target.params, target.cfg)), np.float32)
-  h = hashlib.sha256()
-  cfg = dataclasses.asdict(target.cfg) | {"name": None}
-  h.update(json.dumps(cfg, sort_keys=True).encode())
-  h.update(head[:: max(1, head.shape[0] // 256)].tobytes())
-  if target.tokenizer is not None:
-    h.update(target.tokenizer.fingerprint().encode())
-  return h.hexdigest()[:16]
+fingerprint = artifact.fingerprint
+check_vocab = artifact.check_vocab
 
 
 def save(directory, heads: HeadsConfig, params: dict, target, tree: Tree | None, extra=None):
   """Writes ``heads.safetensors`` (the trained tensors and ``vocab_ids``; a shared projection is
   the target's and is not saved) and ``medusa.json`` into ``directory``, atomically."""
-  directory = Path(directory)
-  host = jax.device_get(params)
   keep = TRAINED[heads.own_proj] + ("vocab_ids",)
-  tensors = {k: np.ascontiguousarray(host[k]) for k in keep}
   meta = {
     "format": FORMAT,
     "heads": dataclasses.asdict(heads),
-    "target": {"name": target.cfg.name, "fingerprint": fingerprint(target)},
+    "target": artifact.target_meta(target),
     "tree": list(tree.parents) if tree is not None else None,
   } | (extra or {})
-  directory.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
-  try:
-    save_file(tensors, str(tmp / HEADS_FILE))
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-    if directory.exists():
-      shutil.rmtree(directory)
-    tmp.rename(directory)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return directory
+  return artifact.save(directory, {k: params[k] for k in keep}, HEADS_FILE, meta, META_FILE)
 
 
 def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
-  path = Path(directory) / META_FILE
-  if not path.is_file():
-    raise ValueError(
-      f"{field}={str(directory)!r} holds no {META_FILE}: point it at a directory written "
-      "by task=train with objective.name=medusa (workdir/draft_final)."
-    )
-  meta = json.loads(path.read_text())
-  if meta.get("format") != FORMAT:
-    raise ValueError(f"{path}: Medusa heads format {meta.get('format')}, expected {FORMAT}.")
-  return meta
+  hint = "point it at a directory written by task=train with objective.name=medusa (draft_final)"
+  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint)
 
 
 def read_tensors(directory) -> dict[str, np.ndarray]:
-  return load_file(str(Path(directory) / HEADS_FILE))
+  return artifact.read_tensors(directory, HEADS_FILE)
 
 
 def load(directory, target) -> tuple[HeadsConfig, dict, dict]:
@@ -348,37 +308,13 @@ def load(directory, target) -> tuple[HeadsConfig, dict, dict]:
   or their vocabulary cannot emit the target's stop tokens."""
   meta = read_meta(directory)
   heads = HeadsConfig(**meta["heads"])
-  if (heads.dim, heads.target_vocab_size) != (target.cfg.dim, target.cfg.vocab_size):
-    raise ValueError(
-      f"{FIELD}.path={str(directory)!r}: heads for hidden size {heads.dim} and vocabulary "
-      f"{heads.target_vocab_size} (target {meta['target']['name']!r}) cannot read target "
-      f"{target.cfg.name!r} (hidden size {target.cfg.dim}, vocabulary {target.cfg.vocab_size})."
-    )
-  if meta["target"]["fingerprint"] != fingerprint(target):
-    raise ValueError(
-      f"{FIELD}.path={str(directory)!r}: these heads were trained on target "
-      f"{meta['target']['name']!r} (fingerprint {meta['target']['fingerprint']}), not on this "
-      f"target {target.cfg.name!r} (fingerprint {fingerprint(target)}): train heads for it."
-    )
+  field = f"{FIELD}.path={str(directory)!r}"
+  artifact.check_target(meta, heads.dim, heads.target_vocab_size, target, field, "heads")
   tensors = read_tensors(directory)
   vocab_ids = tensors["vocab_ids"].astype(np.int32)
-  check_vocab(vocab_ids, target, f"{FIELD}.path={str(directory)!r}")
+  check_vocab(vocab_ids, target, field)
   params = {k: jnp.asarray(v) for k, v in tensors.items()}
   if not heads.own_proj:
     params["proj"] = target_head(target.params, target.cfg)[jnp.asarray(vocab_ids)][None]
   schema.check_shapes(SCHEMA, heads, {k: v for k, v in params.items() if k != "vocab_ids"}, 0)
   return heads, params, meta
-
-
-def check_vocab(vocab_ids, target, field: str) -> None:
-  """The draft vocabulary must be distinct target ids and hold every stop token."""
-  ids = np.asarray(vocab_ids)
-  if ids.min() < 0 or ids.max() >= target.cfg.vocab_size or len(np.unique(ids)) != len(ids):
-    raise ValueError(f"{field}: vocab_ids must be distinct ids in [0, {target.cfg.vocab_size}).")
-  stops = sorted(target.tokenizer.stop_ids) if target.tokenizer is not None else []
-  missing = [s for s in stops if s not in set(ids.tolist())]
-  if missing:
-    raise ValueError(
-      f"{field}: the reduced draft vocabulary lacks the stop token(s) {missing}: the heads "
-      "could never propose the end of a reply. Rebuild it with the stop tokens included."
-    )

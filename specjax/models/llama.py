@@ -235,6 +235,29 @@ def _attend_window(cfg, size, q_BxGxRTxDh, k_cache, v_cache, k_new, v_new, lengt
   return out + jnp.einsum("bgqt,bgtd->bgqd", weights[..., size:], v_new)
 
 
+def qkv(p: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Array):
+  """Rotary queries grouped per kv head ``[B, G, R*T, Dh]`` (query r*T + t is head g*R + r at
+  token t), keys and values ``[B, G, T, Dh]``."""
+  b, t, _ = x_BxTxD.shape
+  hd, g = cfg.head_dim, cfg.num_kv_heads
+  q, k, v = linear(x_BxTxD, p["wq"]), linear(x_BxTxD, p["wk"]), linear(x_BxTxD, p["wv"])
+  if cfg.qkv_bias:
+    q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+  q_BxTxHxDh = rope(q.reshape(b, t, cfg.num_heads, hd), positions_BxT, cfg.rope_theta)
+  k_BxGxTxDh = rope(k.reshape(b, t, g, hd), positions_BxT, cfg.rope_theta).transpose(0, 2, 1, 3)
+  v_BxGxTxDh = v.reshape(b, t, g, hd).transpose(0, 2, 1, 3)
+  q_BxGxRTxDh = q_BxTxHxDh.reshape(b, t, g, cfg.groups, hd).transpose(0, 2, 3, 1, 4)
+  return q_BxGxRTxDh.reshape(b, g, cfg.groups * t, hd), k_BxGxTxDh, v_BxGxTxDh
+
+
+def attention_output(p: Params, cfg: ModelConfig, out_BxGxRTxDh: jax.Array) -> jax.Array:
+  """The heads' outputs (grouped as ``qkv`` groups the queries) through ``wo``: ``[B, T, D]``."""
+  b, g, rt, hd = out_BxGxRTxDh.shape
+  t = rt // cfg.groups
+  out = out_BxGxRTxDh.reshape(b, g, cfg.groups, t, hd).transpose(0, 3, 1, 2, 4)
+  return linear(out.reshape(b, t, cfg.num_heads * hd), p["wo"])
+
+
 def attention(
   p: Params,
   cfg: ModelConfig,
@@ -250,18 +273,7 @@ def attention(
   written at ``lengths + t`` (written first, then read: XLA updates a loop-carried cache in
   place); without, the new keys and values ``[B, G, T, Dh]`` alone (for ``write_kv``) and the
   cache only read."""
-  b, t, _ = x_BxTxD.shape
-  hd, g = cfg.head_dim, cfg.num_kv_heads
-  q, k, v = linear(x_BxTxD, p["wq"]), linear(x_BxTxD, p["wk"]), linear(x_BxTxD, p["wv"])
-  if cfg.qkv_bias:
-    q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-  q_BxTxHxDh = rope(q.reshape(b, t, cfg.num_heads, hd), positions_BxT, cfg.rope_theta)
-  k_BxGxTxDh = rope(k.reshape(b, t, g, hd), positions_BxT, cfg.rope_theta).transpose(0, 2, 1, 3)
-  v_BxGxTxDh = v.reshape(b, t, g, hd).transpose(0, 2, 1, 3)
-
-  # Queries grouped per kv head: [B, G, R*T, Dh] against the cache's [B, G, S, Dh].
-  q_BxGxRTxDh = q_BxTxHxDh.reshape(b, t, g, cfg.groups, hd).transpose(0, 2, 3, 1, 4)
-  q_BxGxRTxDh = q_BxGxRTxDh.reshape(b, g, cfg.groups * t, hd)
+  q_BxGxRTxDh, k_BxGxTxDh, v_BxGxTxDh = qkv(p, cfg, x_BxTxD, positions_BxT)
   if attn.write:
     k_cache = write_rows(k_cache, k_BxGxTxDh, attn.lengths, axis=1)
     v_cache = write_rows(v_cache, v_BxGxTxDh, attn.lengths, axis=1)
@@ -274,11 +286,9 @@ def attention(
     out_BxGxRTxDh = branches[0](*args)
   else:
     out_BxGxRTxDh = jax.lax.switch(attn.window, branches, *args)
-  out = out_BxGxRTxDh.reshape(b, g, cfg.groups, t, hd).transpose(0, 3, 1, 2, 4)
-  out = out.reshape(b, t, cfg.num_heads * hd)
   if attn.write:
-    return linear(out, p["wo"]), k_cache, v_cache
-  return linear(out, p["wo"]), k_BxGxTxDh, v_BxGxTxDh
+    return attention_output(p, cfg, out_BxGxRTxDh), k_cache, v_cache
+  return attention_output(p, cfg, out_BxGxRTxDh), k_BxGxTxDh, v_BxGxTxDh
 
 
 def mlp(p: Params, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:

@@ -30,6 +30,12 @@ class Model:
   tokenizer: Tokenizer | None = None  # None for random models: prompts are token ids.
 
 
+def config(name: str = "", source: str = "registry", path: str = "") -> ml_collections.ConfigDict:
+  """A model section with every field a file source needs, so the command line can switch
+  it: ``--config.target.source=gguf --config.target.path=model.gguf``."""
+  return ml_collections.ConfigDict({"source": source, "name": name, "path": path})
+
+
 def choice(value: str, options, field: str) -> str:
   """``value`` if it is one of ``options``; else a ValueError naming ``config.field``."""
   if value not in options:

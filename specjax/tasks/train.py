@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 from specjax import build, metrics, parallel, results
 from specjax.decode import generate
 from specjax.models import source
-from specjax.train import data, loop, objectives, step
+from specjax.train import data, features, loop, objectives, step
 
 _SECTIONS = ("objective", "data", "train", "optim", "mesh", "distributed", "evaluate")
 
@@ -114,7 +114,7 @@ def sample_dataset(model: build.Model, num_examples: int, seq_len: int, seed: in
   return data.Dataset(tokens, mask)
 
 
-def _load_data(config, target: build.Model):
+def _load_data(config, target: build.Model, objective=None):
   d = config.data
   if d.sources:
     ds = data.load_dataset(
@@ -126,6 +126,9 @@ def _load_data(config, target: build.Model):
     )
   else:
     ds = sample_dataset(target, d.max_examples, d.seq_len, d.seed)
+  names = objective.cached_features() if objective is not None else ()
+  if d.get("feature_cache") and names:  # the target's features of every row, from disk
+    ds = features.attach(ds, target, names, d.feature_cache)
   return data.split(ds, d.eval_examples) if d.eval_examples else (ds, None)
 
 
@@ -156,7 +159,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   t0 = time.perf_counter()
   target = source.load(config.target)
   objective = objectives.build(config, target.cfg)
-  train_ds, eval_ds = _load_data(config, target)
+  train_ds, eval_ds = _load_data(config, target, objective)
   objective = objective.with_data(train_ds, target.tokenizer)
   host_target = jax.device_get(target.params)
   print(

@@ -343,6 +343,7 @@ class Dataset:
 
   tokens: np.ndarray  # [N, T] int32
   mask: np.ndarray  # [N, T] float32: 1 where the position's next-token loss counts
+  features: np.ndarray | None = None  # [N, T, G] target features (``train/features.py``)
 
   def __post_init__(self):
     object.__setattr__(self, "tokens", np.asarray(self.tokens, np.int32))
@@ -354,6 +355,11 @@ class Dataset:
       )
     if len(self.tokens) == 0:
       raise ValueError("Dataset has no examples (N = 0): give more text or a smaller seq_len.")
+    if self.features is not None and self.features.shape[:2] != self.tokens.shape:
+      raise ValueError(
+        f"Dataset.features {self.features.shape} must be [N, T, G] with [N, T] = "
+        f"{self.tokens.shape}."
+      )
 
   def __len__(self) -> int:
     return len(self.tokens)
@@ -371,8 +377,9 @@ class Dataset:
     process_index: int = 0,
     process_count: int = 1,
   ) -> dict[str, np.ndarray]:
-    """{'tokens': int32 [global_batch // process_count, T], 'mask': float32 [same]}: this
-    process's rows of global batch ``step``. A pure function of (seed, step, process): epoch e
+    """{'tokens': int32 [global_batch // process_count, T], 'mask': float32 [same]} (and
+    'features' [same, G] when the dataset has them): this process's rows of global batch
+    ``step``. A pure function of (seed, step, process): epoch e
     is a seeded permutation of the N examples, so a resumed run at step s sees the same rows."""
     n = len(self)
     if global_batch < 1:
@@ -400,7 +407,15 @@ class Dataset:
     for e in np.unique(epoch):  # At most two: a batch may straddle an epoch boundary.
       sel = epoch == e
       rows[sel] = _permutation(seed, int(e), n)[pos[sel]]
-    return {"tokens": self.tokens[rows], "mask": self.mask[rows]}
+    out = {"tokens": self.tokens[rows], "mask": self.mask[rows]}
+    if self.features is not None:
+      out["features"] = self.features[rows]
+    return out
+
+  def rows(self, keep: np.ndarray) -> "Dataset":
+    """The examples selected by ``keep`` (indices or a boolean mask), features included."""
+    feats = None if self.features is None else self.features[keep]
+    return Dataset(self.tokens[keep], self.mask[keep], feats)
 
 
 @functools.lru_cache(maxsize=8)
@@ -484,7 +499,4 @@ def split(ds: Dataset, eval_examples: int) -> tuple[Dataset, Dataset]:
     )
   is_eval = np.zeros(n, bool)
   is_eval[(np.arange(eval_examples) * n) // eval_examples] = True
-  return (
-    Dataset(ds.tokens[~is_eval], ds.mask[~is_eval]),
-    Dataset(ds.tokens[is_eval], ds.mask[is_eval]),
-  )
+  return ds.rows(~is_eval), ds.rows(is_eval)

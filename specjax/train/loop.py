@@ -100,6 +100,19 @@ def _evaluate(steps, state, frozen, eval_ds, loop, mesh) -> dict[str, float]:
   return {f"eval/{k}": float(np.mean([m[k] for m in ms])) for k in ms[0]}
 
 
+def _check_finite(m: dict, first: int, last: int, ckpt) -> None:
+  """Stops a run whose loss or gradients turned non-finite, before it logs or saves them."""
+  bad = {k: v for k, v in m.items() if k in ("loss", "grad_norm") and not np.isfinite(v)}
+  if bad:
+    kept = ckpt.latest_step() if ckpt is not None else None
+    where = f"step {last}" if first == last else f"steps {first}-{last}"
+    raise FloatingPointError(
+      f"training stopped: {', '.join(f'{k} = {v}' for k, v in bad.items())} at {where}. "
+      + (f"The newest checkpoint (step {kept}) is from before; " if kept else "")
+      + "lower optim.learning_rate or check the data and the params it started from."
+    )
+
+
 def train(
   objective: Objective,
   target_params: Params,
@@ -150,8 +163,13 @@ def train(
       done = step + 1
       n_window += 1
       bar.update(1)
-      if done % loop.log_every == 0 or done == loop.steps:
+      saving = ckpt is not None and (
+        (loop.checkpoint_every and done % loop.checkpoint_every == 0) or done == loop.steps
+      )
+      if saving or done % loop.log_every == 0 or done == loop.steps:
         m = {k: float(v) / n_window for k, v in jax.device_get(window_sum).items()}
+        _check_finite(m, done - n_window + 1, done, ckpt)
+      if done % loop.log_every == 0 or done == loop.steps:
         dt = time.perf_counter() - t_window
         m["tokens_per_s"] = n_window * loop.global_batch * seq_len / dt
         m["step_s"] = dt / n_window
@@ -161,9 +179,7 @@ def train(
       is_eval = (loop.eval_every and done % loop.eval_every == 0) or done == loop.steps
       if eval_ds is not None and is_eval:
         emit({"step": done, **_evaluate(steps, state, frozen, eval_ds, loop, mesh)})
-      if ckpt is not None and (
-        (loop.checkpoint_every and done % loop.checkpoint_every == 0) or done == loop.steps
-      ):
+      if saving:
         ckpt.save(done, state, {"signature": signature, "step": done, **(meta or {})})
   except jax.errors.JaxRuntimeError as e:
     if jax.process_count() == 1:

@@ -105,3 +105,32 @@ def medusa_xent(
       jnp.any(top5_ids == want_BxT[..., None], axis=-1).astype(jnp.float32), valid_BxT
     )
   return loss, metrics
+
+
+def eagle_losses(
+  out_BxTxF: jax.Array,
+  f_next_BxTxF: jax.Array,
+  draft_logits_BxTxW: jax.Array,
+  p_next_BxTxW: jax.Array,
+  argmax_next_BxT: jax.Array,
+  vocab_ids_W: jax.Array,
+  valid_BxT: jax.Array,
+) -> dict[str, jax.Array]:
+  """EAGLE's two terms at every counted pair, and its teacher-forced acceptance.
+
+  ``feature``: smooth-L1 between the drafter's output at pair t and the target's feature at
+  t + 1 (mean over the feature axis); ``token``: cross-entropy of the draft's distribution
+  against the target's own at t + 1 (``p_next``, restricted to the draft vocabulary); ``top1``:
+  how often the draft's argmax is the target's (``argmax_next``: greedy acceptance of one
+  drafted token)."""
+  f_next = jax.lax.stop_gradient(f_next_BxTxF.astype(jnp.float32))
+  err = jnp.abs(out_BxTxF.astype(jnp.float32) - f_next)
+  smooth_l1_BxT = jnp.mean(jnp.where(err < 1.0, 0.5 * err**2, err - 0.5), axis=-1)
+  log_q = jax.nn.log_softmax(draft_logits_BxTxW.astype(jnp.float32), axis=-1)
+  xent_BxT = -jnp.sum(jax.lax.stop_gradient(p_next_BxTxW) * log_q, axis=-1)
+  hit_BxT = vocab_ids_W[jnp.argmax(draft_logits_BxTxW, -1)] == argmax_next_BxT
+  return {
+    "feature": masked_mean(smooth_l1_BxT, valid_BxT),
+    "token": masked_mean(xent_BxT, valid_BxT),
+    "top1": masked_mean(hit_BxT.astype(jnp.float32), valid_BxT),
+  }

@@ -1,0 +1,227 @@
+"""EAGLE-1 for SmolLM2-135M-Instruct, trained on CPU, then decoded losslessly vs AR and Medusa.
+
+    bash scripts/install_models.sh smollm2 && bash scripts/install_corpora.sh all
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:greedy
+    C=experiments/eagle_smollm2/config.py
+    nice -n 10 python -m specjax.run --config=$C                   # 1. train (regenerated data)
+    cp -r results/eagle_smollm2/draft_final experiments/eagle_smollm2/drafter
+    python -m specjax.run --config=$C:sweep_b1                     # 2. decode vs AR and Medusa
+    python -m specjax.report experiments/eagle_smollm2
+
+1. EAGLE-1: one decoder layer with SmolLM2's shapes (random init) reads the target's final
+   hidden state and the next token's embedding; trained by smooth-L1 on the next feature plus
+   0.1 x cross-entropy on the next token against the target's own distribution, uniform input
+   noise of width 0.2. Draft vocabulary: the 8192 most frequent training tokens (stop tokens
+   in), over the target's frozen head. Data: the target's greedy replies to chat and code
+   prompts ("regenerated" data, ``configs/self_distill_smollm2.py:greedy``) with chitchat and
+   Python rows; one target forward per batch gives inputs and labels. Writes
+   results/eagle_smollm2/{metrics.jsonl, checkpoints/, draft_init/, draft_final/, train.json};
+   rerunning resumes from the newest checkpoint.
+2. ``task=sweep``: the prompt categories of ``experiments/training_free`` (none in the training
+   text), AR vs EAGLE-2 dynamic trees, an EAGLE chain, Medusa's best tree and prompt lookup,
+   greedy, one process: tau, target calls per token, speedup; texts checked equal to AR's.
+"""
+
+from ml_collections import config_dict
+
+from configs import demo, train_tiny
+from experiments.training_free import config as training_free
+from specjax.train import objectives
+
+WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
+HERE = "experiments/eagle_smollm2"
+DRAFTER = f"{HERE}/drafter"  # committed copy of WORKDIR/draft_final
+GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
+MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
+RESULTS = f"{HERE}/results"
+FEATURES = "data/features/eagle_smollm2"  # float16 final features of the training rows
+WORKDIR_3 = "results/eagle3_smollm2"
+FEATURES_3 = "data/features/eagle3_smollm2"
+DRAFTER_3 = f"{HERE}/drafter3"
+EAGLE3_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers
+
+
+def variants() -> dict:
+  """Sweep variants (config.drafter overrides): EAGLE-2 trees of several budgets, an EAGLE
+  chain, Medusa's saved tree and prompt lookup."""
+  e = lambda top_k, depth, total: {  # noqa: E731
+    "name": "eagle", "eagle": {"path": DRAFTER, "top_k": top_k, "depth": depth, "total": total}
+  }  # fmt: skip
+  return {
+    "eagle_chain_4": e(1, 4, 4),
+    "eagle_tree_4x4_8": e(4, 4, 8),
+    "eagle_tree_4x5_16": e(4, 5, 16),
+    "eagle_tree_8x6_32": e(8, 6, 32),
+    "medusa_sparse_4": {"name": "medusa", "medusa": {"path": MEDUSA_HEADS}},
+    "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  }
+
+
+def get_config(arg: str | None = None):
+  c = demo.get_config()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
+  c.task = "train"
+  c.workdir = WORKDIR
+  c.drafter.name = "eagle"
+  c.drafter.eagle.update(top_k=4, depth=5, total=16)
+  c.benchmark.repeats = 1
+  t = train_tiny.get_config()
+  for section in ("data", "train", "optim", "mesh", "distributed", "evaluate"):
+    c[section] = t[section]
+
+  c.objective = objectives.default_config("eagle")
+  o = c.objective.eagle
+  o.feature_layers = ("final",)
+  o.vocab_size = 8192
+  o.copy_layer = -1
+  o.noise = 0.2
+  o.feature_weight = 1.0
+  o.token_weight = 1.0
+
+  c.data.sources = (GREEDY_DATA, "chitchat", "python")
+  c.data.seq_len = 256
+  c.data.max_examples = 3000
+  c.data.eval_examples = 32
+  c.data.seed = 0
+  c.data.feature_cache = FEATURES  # the target's features of every row, computed once
+
+  c.train.steps = 1000
+  c.train.global_batch = 8
+  c.train.log_every = 10
+  c.train.eval_every = 100
+  c.train.eval_batches = 2
+  c.train.checkpoint_every = 50
+  c.train.keep = 2
+
+  c.optim.learning_rate = 2e-3
+  c.optim.warmup_steps = 20
+  c.optim.decay_steps = 980
+  c.optim.weight_decay = 0.0
+
+  if arg == "eagle3":  # EAGLE-3: three layers fused, training-time test, token loss only
+    c.workdir = WORKDIR_3
+    c.data.feature_cache = FEATURES_3
+    o.feature_layers = EAGLE3_LAYERS
+    o.rollout = 3
+  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1"):
+    c.task = "sweep"
+    c.drafter.eagle.path = DRAFTER
+    c.output_dir = f"{RESULTS}/{arg}"
+    c.prompts = training_free.CATEGORIES["chat"]
+    c.max_new_tokens = 64
+    c.max_len = 384
+    c.sweep = config_dict.ConfigDict()
+    c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
+    if arg == "sweep_t1":  # temperature 1: children sampled and verified with their q
+      c.temperature = 1.0
+    c.sweep.categories = training_free.CATEGORIES
+    c.sweep.verify_sizes = ()
+    c.sweep.variants = variants()
+  elif arg:
+    raise ValueError(
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose eagle3, sweep_b1, "
+      "sweep_b4 or sweep_t1."
+    )
+  return c
+
+
+def _train_rows(record: dict) -> list[dict]:
+  """Teacher-forced acceptance (top-1 of the draft vs the target) per rollout step, train and
+  held out, from a run's train.json."""
+  last = record["last"][-1] if record["last"] else {}
+  ev = record["eval"][-1] if record["eval"] else {}
+  rows = []
+  for j in range(1, record["config"]["objective"]["eagle"]["rollout"] + 1):
+    s = "" if j == 1 else f"_{j}"
+    rows.append({
+      "draft step": j,
+      "train_top1": last.get(f"top1{s}"),
+      "held_out_top1": ev.get(f"eval/top1{s}"),
+      "held_out_token_xent": ev.get(f"eval/token{s}"),
+      "held_out_feature_l1": ev.get(f"eval/feature{s}"),
+    })  # fmt: skip
+  return rows
+
+
+def report(results_dir):
+  """The README's results block: training, teacher-forced acceptance, the sweeps."""
+  import json
+
+  from specjax import results
+  from specjax.tasks import sweep
+
+  out = []
+  if figure(results_dir):
+    out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
+  for run in ("eagle1", "eagle3"):
+    path = results_dir / run / "train.json"
+    if not path.exists():
+      continue
+    record = json.loads(path.read_text())
+    o = record["config"]["objective"]["eagle"]
+    last = record["last"][-1] if record["last"] else {}
+    out += [
+      f"**{run}** (features {o['feature_layers']}, rollout {o['rollout']}): "
+      f"{record['train_s'] / 60:.1f} min, {last.get('step')} steps of "
+      f"{record['config']['train']['global_batch']} x {record['config']['data']['seq_len']} "
+      "tokens.",
+      "",
+    ]
+    rows = _train_rows(record)
+    out += [results.markdown_table(rows, tuple(rows[0])), ""]
+    if "decode" in record:
+      d = record["decode"]
+      out += [
+        f"Greedy tau on the demo prompts (top_k 4, depth 5, 16 nodes): before "
+        f"{d['init']['tau']:.3f}, after {d['final']['tau']:.3f}.",
+        "",
+      ]
+  for arg in ("sweep_b1", "sweep_b4", "sweep_t1"):
+    path = results_dir / arg / "sweep.json"
+    if path.exists():
+      out += [sweep.markdown(json.loads(path.read_text()))]
+  return "\n".join(out)
+
+
+def figure(results_dir) -> bool:
+  """results/figure.png: tau per prompt category per variant (batch-1 greedy sweep), and the
+  chain's acceptance at each draft position (n-alpha). False when the sweep is not there."""
+  import json
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  sweep_json = results_dir / "sweep_b1" / "sweep.json"
+  if not sweep_json.exists():
+    return False
+  runs = json.loads(sweep_json.read_text())["runs"]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  categories = sorted({r["category"] for r in runs})
+  variants = [v for v in dict.fromkeys(r["variant"] for r in runs) if v != "ar"]
+  width = 0.8 / len(variants)
+  for j, v in enumerate(variants):
+    tau = [next(r["tau"] for r in runs if r["category"] == c and r["variant"] == v)
+           for c in categories]  # fmt: skip
+    left.bar(np.arange(len(categories)) + j * width, tau, width, label=v)
+  left.axhline(1.0, color="gray", lw=0.8)
+  ticks = np.arange(len(categories)) + 0.4 - width / 2
+  left.set(ylabel="tau (tokens per target call)", xticks=ticks)
+  left.set_xticklabels(categories)
+  left.set_title("Greedy tau per prompt category, batch 1")
+  left.legend(fontsize=7)
+  for v in [v for v in variants if v.startswith("eagle_chain")]:
+    for c in categories:
+      alpha = next(r["alpha"] for r in runs if r["category"] == c and r["variant"] == v)
+      right.plot(np.arange(1, len(alpha) + 1), alpha, "-o", label=f"{v} {c}")
+  right.set(xlabel="draft position n", ylabel="acceptance n-alpha", ylim=(0, 1))
+  right.set_title("EAGLE chain: acceptance by draft position")
+  right.legend(fontsize=7)
+  fig.tight_layout()
+  path = results_dir / "figure.png"
+  tmp = path.with_name(".figure.tmp.png")
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  tmp.replace(path)
+  return True

@@ -1,0 +1,115 @@
+"""Trained drafter weights on disk: one directory of safetensors + JSON, tied to its target.
+
+Medusa heads and EAGLE drafters are saved the same way: the trained tensors (and the draft
+vocabulary's target ids) in a safetensors file, their shapes and the target's *fingerprint* in
+a JSON file, written into a temporary directory that is renamed into place, so an interrupted
+save leaves nothing half-written. Loading checks the target before any tensor is used: another
+hidden size or vocabulary, or other weights (fingerprint), is one clear error.
+"""
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from specjax.models.config import ModelConfig
+
+
+def target_head(target_params, target_cfg: ModelConfig) -> jax.Array:
+  """``[V, F]`` the target's LM head (its embedding when tied)."""
+  return target_params["embed"] if target_cfg.tie_embeddings else target_params["lm_head"]
+
+
+def fingerprint(target) -> str:
+  """A short id of a target's weights: its config, its tokenizer and a hash of its head."""
+  head = np.asarray(jax.device_get(target_head(target.params, target.cfg)), np.float32)
+  h = hashlib.sha256()
+  cfg = dataclasses.asdict(target.cfg) | {"name": None}
+  h.update(json.dumps(cfg, sort_keys=True).encode())
+  h.update(head[:: max(1, head.shape[0] // 256)].tobytes())
+  if target.tokenizer is not None:
+    h.update(target.tokenizer.fingerprint().encode())
+  return h.hexdigest()[:16]
+
+
+def target_meta(target) -> dict:
+  return {"name": target.cfg.name, "fingerprint": fingerprint(target)}
+
+
+def save(directory, tensors: dict, tensors_file: str, meta: dict, meta_file: str) -> Path:
+  """Writes ``tensors`` and ``meta`` into ``directory`` atomically (replacing what is there)."""
+  directory = Path(directory)
+  host = {k: np.ascontiguousarray(v) for k, v in jax.device_get(tensors).items()}
+  directory.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+  try:
+    save_file(host, str(tmp / tensors_file))
+    (tmp / meta_file).write_text(json.dumps(meta, indent=1))
+    if directory.exists():
+      shutil.rmtree(directory)
+    tmp.rename(directory)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return directory
+
+
+def read_meta(directory, meta_file: str, fmt: int, field: str, hint: str) -> dict:
+  """The JSON beside saved weights; ``field`` and ``hint`` name the config field and the fix."""
+  path = Path(directory) / meta_file
+  if not path.is_file():
+    raise ValueError(f"{field}={str(directory)!r} holds no {meta_file}: {hint}.")
+  meta = json.loads(path.read_text())
+  if meta.get("format") != fmt:
+    raise ValueError(f"{path}: saved drafter format {meta.get('format')}, expected {fmt}.")
+  return meta
+
+
+def read_tensors(directory, tensors_file: str) -> dict[str, np.ndarray]:
+  return load_file(str(Path(directory) / tensors_file))
+
+
+def check_target(meta: dict, dim: int, vocab_size: int, target, field: str, what: str) -> None:
+  """Weights saved for ``dim`` x ``vocab_size`` and ``meta['target']`` must fit ``target``."""
+  cfg = target.cfg
+  if (dim, vocab_size) != (cfg.dim, cfg.vocab_size):
+    raise ValueError(
+      f"{field}: {what} for hidden size {dim} and vocabulary {vocab_size} (target "
+      f"{meta['target']['name']!r}) cannot read target {cfg.name!r} (hidden size {cfg.dim}, "
+      f"vocabulary {cfg.vocab_size})."
+    )
+  if meta["target"]["fingerprint"] != fingerprint(target):
+    raise ValueError(
+      f"{field}: these {what} were trained on target {meta['target']['name']!r} (fingerprint "
+      f"{meta['target']['fingerprint']}), not on this target {cfg.name!r} (fingerprint "
+      f"{fingerprint(target)}): train them for it."
+    )
+
+
+def check_vocab(vocab_ids, target, field: str) -> None:
+  """The draft vocabulary must be distinct target ids and hold every stop token."""
+  ids = np.asarray(vocab_ids)
+  if ids.min() < 0 or ids.max() >= target.cfg.vocab_size or len(np.unique(ids)) != len(ids):
+    raise ValueError(f"{field}: vocab_ids must be distinct ids in [0, {target.cfg.vocab_size}).")
+  stops = sorted(target.tokenizer.stop_ids) if target.tokenizer is not None else []
+  missing = [s for s in stops if s not in set(ids.tolist())]
+  if missing:
+    raise ValueError(
+      f"{field}: the reduced draft vocabulary lacks the stop token(s) {missing}: the drafter "
+      "could never propose the end of a reply. Rebuild it with the stop tokens included."
+    )
+
+
+def frequent_ids(dataset, vocab_size: int, size: int, tokenizer) -> tuple[int, ...]:
+  """A reduced draft vocabulary: the ``size`` most frequent next tokens of the counted
+  positions of ``dataset`` (``tokens``, ``mask`` rows), stop tokens always in, sorted."""
+  counts = np.bincount(dataset.tokens[:, 1:][dataset.mask[:, :-1] > 0], minlength=vocab_size)
+  stops = sorted(tokenizer.stop_ids) if tokenizer is not None else []
+  counts[stops] = counts.max() + 1
+  return tuple(int(i) for i in np.sort(np.argsort(-counts, kind="stable")[:size]))

@@ -1,0 +1,484 @@
+"""EAGLE feature drafters (Li et al. 2024): one decoder layer drafts at the target's feature level.
+
+The target's feature at position i, f_i, is what its head turns into the distribution of token
+i + 1. The drafter reads the pair (s_i, t_{i+1}), s_i = ``fuse(f_i)``, and predicts the next
+state:
+
+    x_i   = fc([embed(t_{i+1}); s_i]) + b      embed: the target's (frozen)
+    out_i = norm(block(x_i))                    block: ``llama.block`` with the target's shapes,
+                                                its own weights and its own one-layer KV cache
+    q     = softmax(head(out_i))                head: the target's (frozen), over the draft
+                                                vocabulary V' (all of it unless reduced)
+
+and feeds ``out_i`` back as s_{i+1} to draft further. EAGLE-1 reads the final normed state
+(``feature_layers = ("final",)``, ``fuse`` the identity) and is trained so out_i matches f_{i+1}.
+EAGLE-3 reads three layers' residual streams, ``fuse`` is a trained linear map from 3F to F, and
+only the token loss trains it (with a simulated multi-step rollout, ``train/objectives.py``).
+
+Each step (EAGLE-2's dynamic tree under static shapes, budget ``(top_k, depth, total)``):
+
+1. catch up: the pairs of the tokens committed since the last step, whose features the verify
+   pass handed to ``commit`` (``Verdict.features``), run through the layer in one forward that
+   writes them into the draft cache (rolled back by the target's lengths, like the target's);
+   the last one's output drafts depth 1;
+2. expand, depth by depth: the ``top_k`` best nodes so far at the deepest level (by cumulative
+   draft log-probability) are fed, with every expanded ancestor, in one read-only forward; each
+   offers ``top_k`` children;
+3. rerank: the ``total`` best of all offered nodes form the tree (parents before children), as
+   data (``Draft.parents``) for the tree verifier.
+
+Candidates. ``top_k`` mode: each node's top-k tokens, deterministic (``Draft.probs=None``), a
+child's score its draft log-probability: exactly EAGLE-2, lossless at any temperature (one-hot
+verification). ``sampled`` mode: a node's children are drawn without replacement from its q
+(Gumbel-top-k, fresh noise per node) and verified with q by recursive rejection sampling. For
+that to stay exact, whether a child is kept must not depend on which token it drew (keeping
+children by their own q biases them towards q's mode, and the exact-distribution test fails:
+``testing.rerank_by_own_q``): the rank-r child scores with q's r-th largest probability, which
+the parent alone decides, so each node keeps a prefix of its draws. At temperature 0 both modes
+are EAGLE-2's greedy tree.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import struct
+
+from specjax import sampling
+from specjax.drafters import artifact
+from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict
+from specjax.models import llama
+from specjax.models.cache import KVCache, gather_rows
+from specjax.models.config import ModelConfig
+
+FIELD = "config.drafter.eagle"
+CANDIDATES = ("auto", "top_k", "sampled")
+WEIGHTS_FILE, META_FILE = "eagle.safetensors", "eagle.json"
+FORMAT = 1
+TRAINED = ("fuse", "fc", "fc_b", "layer", "norm")  # what training changes (fuse: EAGLE-3 only)
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """Shapes of an EAGLE drafter (static; hashable)."""
+
+  target: ModelConfig  # the target's config (the drafter's layer has its shapes)
+  feature_layers: tuple = ("final",)  # EAGLE-1: ("final",); EAGLE-3: three layer indices
+  vocab_size: int = 0  # V' (0 = the target's)
+
+  def __post_init__(self):
+    llama.check_features(self.target, self.feature_layers)
+    if not self.feature_layers:
+      raise ValueError(f"{FIELD}: an EAGLE drafter reads at least one target feature.")
+    if not 0 <= self.vocab_size <= self.target.vocab_size:
+      raise ValueError(
+        f"EAGLE: the draft vocabulary ({self.vocab_size}) must be in [1, "
+        f"{self.target.vocab_size}] (0 = the target's)."
+      )
+
+  @property
+  def layer(self) -> ModelConfig:
+    return dataclasses.replace(self.target, num_layers=1, name=f"{self.target.name}-eagle")
+
+  @property
+  def draft_vocab(self) -> int:
+    return self.vocab_size or self.target.vocab_size
+
+  @property
+  def fused(self) -> bool:
+    return len(self.feature_layers) > 1
+
+  def asdict(self) -> dict:
+    return {
+      "target": dataclasses.asdict(self.target),
+      "feature_layers": list(self.feature_layers),
+      "vocab_size": self.vocab_size,
+    }
+
+  @classmethod
+  def fromdict(cls, d: dict) -> "EagleConfig":
+    layers = tuple(f if f == llama.FINAL else int(f) for f in d["feature_layers"])
+    return cls(ModelConfig(**d["target"]), layers, d["vocab_size"])
+
+
+# --- the drafter's computation, shared by decoding and training --------------------------------
+
+
+def init_params(cfg: EagleConfig, key: jax.Array, target_params, vocab_ids, copy_layer=None):
+  """Trained weights (random, or the target's layer ``copy_layer``) and the frozen ones read
+  from the target: its embedding, and its head's ``vocab_ids`` rows as the projection."""
+  k_layer, k_fc, k_fuse = jax.random.split(key, 3)
+  f = cfg.target.dim
+  if copy_layer is None:
+    layer = llama.init_params(dataclasses.replace(cfg.layer, vocab_size=1), k_layer)["layers"][0]
+  else:
+    layer = dict(target_params["layers"][copy_layer])
+  fc = jax.random.normal(k_fc, (f, 2 * f)) / np.sqrt(2 * f)
+  params = {"fc": fc, "fc_b": jnp.zeros((f,)), "layer": layer, "norm": target_params["final_norm"]}
+  if cfg.fused:
+    n = len(cfg.feature_layers)
+    params["fuse"] = jax.random.normal(k_fuse, (f, n * f)) / np.sqrt(n * f)
+  return params | frozen_params(cfg, target_params, vocab_ids)
+
+
+def frozen_params(cfg: EagleConfig, target_params, vocab_ids) -> dict:
+  ids = jnp.asarray(vocab_ids, jnp.int32)
+  head = artifact.target_head(target_params, cfg.target)
+  return {"embed": target_params["embed"], "proj": head[ids], "vocab_ids": ids}
+
+
+def fuse(params, f_xFin: jax.Array) -> jax.Array:
+  """``s``: the feature the drafter reads, ``[..., F]`` (EAGLE-3: a linear map of the layers)."""
+  return llama.linear(f_xFin, params["fuse"]) if "fuse" in params else f_xFin
+
+
+def inputs(params, tokens_BxT: jax.Array, s_BxTxF: jax.Array) -> jax.Array:
+  """``fc([embed(t_{i+1}); s_i]) + b`` for every pair."""
+  e_BxTxF = params["embed"][tokens_BxT]
+  return llama.linear(jnp.concatenate([e_BxTxF, s_BxTxF], axis=-1), params["fc"]) + params["fc_b"]
+
+
+def layer(params, cfg: EagleConfig, x_BxTxF, positions_BxT, k, v, attn):
+  """The decoder layer and the norm: ``(out [B, T, F], k, v)`` (see ``llama.block``)."""
+  x_BxTxF, k, v = llama.block(params["layer"], cfg.layer, x_BxTxF, positions_BxT, k, v, attn)
+  return llama.rms_norm(x_BxTxF, params["norm"], cfg.target.norm_eps), k, v
+
+
+def rollout_layer(params, cfg: EagleConfig, x_BxTxF, positions_BxT, first_kv, rolled_kv):
+  """Training-time test (EAGLE-3): the layer at rollout step j >= 2 from every start t at once.
+
+  Start t's step-j input is the pair (its step j - 1 output, token t + j) at position
+  t + j - 1; as at decode time, it attends to the teacher-forced pairs 0..t (``first_kv``: the
+  step-1 K/V, ``[B, G, T, Dh]``) and to its own earlier rollout steps (``rolled_kv``: their
+  K/V, same shapes, the same index t) and itself. Returns ``(out, k, v)`` of this step."""
+  p, c = params["layer"], cfg.layer
+  h_BxTxF = llama.rms_norm(x_BxTxF, p["attn_norm"], c.norm_eps)
+  q_BxGxRTxDh, k_new, v_new = llama.qkv(p, c, h_BxTxF, positions_BxT)
+  k1, v1 = first_kv
+  t, r = x_BxTxF.shape[1], c.groups
+  scale = 1.0 / np.sqrt(c.head_dim)
+  query_t = np.arange(r * t) % t
+  seen_QxT = np.arange(t)[None, :] <= query_t[:, None]  # pairs 0..t of start t
+  scores = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k1) * scale
+  scores = jnp.where(seen_QxT, scores, jnp.finfo(jnp.float32).min)
+  own = [(jnp.tile(k, (1, 1, r, 1)), jnp.tile(v, (1, 1, r, 1))) for k, v in rolled_kv]
+  own.append((jnp.tile(k_new, (1, 1, r, 1)), jnp.tile(v_new, (1, 1, r, 1))))
+  own_scores = jnp.stack([jnp.sum(q_BxGxRTxDh * k, -1) * scale for k, _ in own], axis=-1)
+  weights = jax.nn.softmax(jnp.concatenate([scores, own_scores], axis=-1), axis=-1)
+  out = jnp.einsum("bgqs,bgsd->bgqd", weights[..., :t], v1)
+  for i, (_, v) in enumerate(own):
+    out = out + weights[..., t + i, None] * v
+  x_BxTxF = x_BxTxF + llama.attention_output(p, c, out)
+  x_BxTxF = x_BxTxF + llama.mlp(p, c, llama.rms_norm(x_BxTxF, p["mlp_norm"], c.norm_eps))
+  return llama.rms_norm(x_BxTxF, params["norm"], cfg.target.norm_eps), k_new, v_new
+
+
+def logits(params, out_xF: jax.Array) -> jax.Array:
+  """``[..., V']`` draft logits over the draft vocabulary."""
+  return llama.linear(out_xF, params["proj"]).astype(jnp.float32)
+
+
+# --- the drafter ------------------------------------------------------------------------------
+
+
+def pool_size(top_k: int, depth: int) -> int:
+  """Nodes offered per step: the root's top_k children, then top_k^2 per further level."""
+  return top_k + (depth - 1) * top_k**2
+
+
+def check_shape(top_k, depth, total) -> None:
+  """The tree budget ``(top_k, depth, total)``: one clear error naming the field."""
+  for f, value in (("top_k", top_k), ("depth", depth), ("total", total)):
+    if int(value) != value or value < 1:
+      raise ValueError(f"{FIELD}.{f} must be an integer >= 1, got {value}.")
+  if total < depth:
+    raise ValueError(
+      f"{FIELD}.total={total} is smaller than depth={depth}: a tree of {total} nodes cannot "
+      f"reach depth {depth}; raise total or lower depth."
+    )
+  if total > pool_size(top_k, depth):
+    raise ValueError(
+      f"{FIELD}.total={total} exceeds the {pool_size(top_k, depth)} nodes that top_k={top_k} "
+      f"and depth={depth} offer (top_k + (depth - 1) * top_k^2): lower total or raise top_k."
+    )
+
+
+@struct.dataclass
+class EagleState:
+  cache: KVCache  # one layer; lengths = pairs committed (the newest token's index L minus 1)
+  pending_BxD1xF: jax.Array  # target features of the pairs not yet in the cache (to ``count``)
+  count_B: jax.Array  # how many: the tokens accepted last step plus one
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle(Chain):
+  """An EAGLE drafter growing an EAGLE-2 tree of ``total`` nodes, ``depth`` deep, expanding the
+  ``top_k`` best nodes per level (``top_k = 1`` and ``total = depth``: a chain)."""
+
+  cfg: EagleConfig
+  top_k: int = 4
+  depth: int = 4
+  total: int = 12
+  sampled: bool = False
+  name: str = "eagle"
+
+  def __post_init__(self):
+    check_shape(self.top_k, self.depth, self.total)
+    if self.top_k > self.cfg.draft_vocab:
+      raise ValueError(f"{FIELD}.top_k={self.top_k} exceeds the draft vocabulary.")
+
+  @property
+  def feature_layers(self) -> tuple:
+    return self.cfg.feature_layers
+
+  @property
+  def num_draft(self) -> int:
+    return self.depth
+
+  @property
+  def num_nodes(self) -> int:
+    return self.total
+
+  def draft_calls_per_step(self) -> int:
+    return self.depth
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.path = ""  # a drafter saved by task=train with objective.name=eagle (its draft_final)
+    c.top_k = 4  # nodes expanded per level, and children offered by each
+    c.depth = 4  # levels drafted (draft forwards per step)
+    c.total = 12  # nodes kept for verification (the tree's size)
+    c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
+    return c
+
+  @classmethod
+  def check(cls, c, config):
+    if c.candidates not in CANDIDATES:
+      raise ValueError(
+        f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
+      )
+    check_shape(c.top_k, c.depth, c.total)
+    if not c.path:  # task=train decodes with the drafter it trains
+      return None
+    cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
+    return cls(cfg, c.top_k, c.depth, c.total)
+
+  @classmethod
+  def build(cls, c, config, target):
+    if not c.path:
+      raise ValueError(
+        f"{FIELD}.path is empty: EAGLE decodes with a trained drafter (task=train with "
+        "objective.name=eagle writes one into workdir/draft_final)."
+      )
+    cfg, params, _ = load(c.path, target)
+    sampled = c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+    d = cls(cfg, c.top_k, c.depth, c.total, sampled)
+    d.check_target(target.cfg)
+    return d, params
+
+  def check_target(self, target_cfg: ModelConfig) -> None:
+    if (self.cfg.target.dim, self.cfg.target.vocab_size) != (target_cfg.dim, target_cfg.vocab_size):
+      raise ValueError(
+        f"an EAGLE drafter for hidden size {self.cfg.target.dim} and vocabulary "
+        f"{self.cfg.target.vocab_size} cannot read target {target_cfg.name!r} (hidden size "
+        f"{target_cfg.dim}, vocabulary {target_cfg.vocab_size}): train one for this target."
+      )
+    llama.check_features(target_cfg, self.feature_layers)
+
+  # -- state --
+
+  def init(self, params, prefill: Prefill):
+    """Runs the prompt's pairs (s_i, t_{i+1}) into the draft cache; the last prompt position's
+    pair waits for the first sampled token."""
+    b, p = prefill.tokens.shape
+    s_BxPxF = fuse(params, prefill.features)
+    next_BxP = jnp.concatenate([prefill.tokens[:, 1:], prefill.tokens[:, :1]], axis=1)
+    cache = llama.init_cache(self.cfg.layer, b, prefill.num_slots)
+    positions = jnp.broadcast_to(jnp.arange(p), (b, p))
+    attn = llama.attention_inputs(cache.lengths, llama.causal_mask(p), cache.num_slots, window=p)
+    _, k, v = layer(params, self.cfg, inputs(params, next_BxP, s_BxPxF), positions,
+                    cache.k[0], cache.v[0], attn)  # fmt: skip
+    last = (prefill.lengths - 1)[:, None, None]
+    last_BxF = jnp.take_along_axis(prefill.features, last, axis=1)[:, 0]
+    pending = jnp.zeros((b, self.depth + 1, last_BxF.shape[-1]), last_BxF.dtype)
+    return EagleState(
+      cache=KVCache((k,), (v,), prefill.lengths - 1),
+      pending_BxD1xF=pending.at[:, 0].set(last_BxF),
+      count_B=jnp.ones((b,), jnp.int32),
+    )
+
+  def commit(self, state, verdict: Verdict, ctx):
+    return state.replace(pending_BxD1xF=verdict.features, count_B=verdict.num_accepted + 1)
+
+  # -- one step --
+
+  def _catch_up(self, params, state: EagleState, ctx: DraftContext):
+    """The pending pairs into the cache; returns the last one's output (it drafts depth 1)."""
+    t = self.depth + 1
+    start_B = ctx.lengths - state.count_B  # first pending pair's position
+    positions_BxT = start_B[:, None] + jnp.arange(t)
+    tokens_BxT = gather_rows(ctx.tokens, positions_BxT + 1)
+    cache = state.cache.replace(lengths=start_B)
+    attn = llama.attention_inputs(start_B, llama.causal_mask(t), cache.num_slots)
+    x = inputs(params, tokens_BxT, fuse(params, state.pending_BxD1xF))
+    out_BxTxF, k, v = layer(params, self.cfg, x, positions_BxT, cache.k[0], cache.v[0], attn)
+    last = (state.count_B - 1)[:, None, None]
+    cache = KVCache((k,), (v,), ctx.lengths)  # pairs up to the newest token's predecessor
+    return jnp.take_along_axis(out_BxTxF, last, axis=1)[:, 0], cache
+
+  def _children(self, logits_BxMxW, key, sp):
+    """Each of M nodes' top_k children: tokens (draft-vocabulary ids), their log score, and the
+    q they were drawn from (sampled mode)."""
+    k = self.top_k
+    log_soft = jax.nn.log_softmax(logits_BxMxW, axis=-1)
+    if not self.sampled:
+      score, tok = jax.lax.top_k(log_soft, k)
+      return tok, score, None
+    q_BxMxW = sampling.probs(logits_BxMxW, sp)
+    greedy = sp.temperature <= 0
+    gumbel = jax.random.gumbel(key, q_BxMxW.shape)
+    _, tok = jax.lax.top_k(jnp.where(greedy, logits_BxMxW, jnp.log(q_BxMxW) + gumbel), k)
+    # The rank-r child's score is q's r-th largest probability: the parent's, not the draw's.
+    rank_score = jnp.log(jax.lax.top_k(q_BxMxW, k)[0])
+    return tok, jnp.where(greedy, jax.lax.top_k(log_soft, k)[0], rank_score), q_BxMxW
+
+  def propose(self, params, state, ctx: DraftContext):
+    k, b = self.top_k, ctx.tokens.shape[0]
+    keys = jax.random.split(ctx.key, self.depth)
+    root_BxF, cache = self._catch_up(params, state, ctx)
+
+    tok, score, q = self._children(logits(params, root_BxF)[:, None], keys[0], ctx.sampling)
+    # The pool of offered nodes, level by level: token, score, parent (pool index, -1 = root),
+    # which distribution drew it (0 = the root's, 1 + e = expanded node e's) and its input s.
+    pool_tok, pool_score = [tok[:, 0]], [score[:, 0]]
+    pool_parent = [jnp.full((b, k), -1, jnp.int32)]
+    pool_dist = [jnp.zeros((b, k), jnp.int32)]
+    dists = [q[:, 0]] if q is not None else []
+    s_in = [jnp.broadcast_to(root_BxF[:, None], (b, k, root_BxF.shape[-1]))]
+    frontier_BxK = jnp.broadcast_to(jnp.arange(k), (b, k))  # pool indices expanded next
+    # Expanded nodes, in expansion order: pool index, ancestor mask among them, depth.
+    exp_idx, exp_depth = [], []
+    anc = jnp.zeros((b, 0, 0), bool)
+    offset = k
+    for d in range(1, self.depth):
+      all_tok = jnp.concatenate(pool_tok, axis=1)
+      all_parent = jnp.concatenate(pool_parent, axis=1)
+      all_s = jnp.concatenate(s_in, axis=1)
+      # The frontier's ancestors among the expanded nodes: its parent's row, plus itself.
+      m = anc.shape[1]
+      parent_pool = jnp.take_along_axis(all_parent, frontier_BxK, axis=1)  # [B, k]
+      if m:
+        exp_all = jnp.concatenate(exp_idx, axis=1)  # [B, m]
+        is_parent = exp_all[:, None, :] == parent_pool[:, :, None]  # [B, k, m]
+        parent_anc = jnp.einsum("bkm,bmn->bkn", is_parent.astype(jnp.int32), anc.astype(jnp.int32))
+        new_rows = jnp.concatenate([(parent_anc + is_parent) > 0, jnp.eye(k, dtype=bool)[None]
+                                    .repeat(b, 0)], axis=2)  # fmt: skip
+        anc = jnp.concatenate([jnp.pad(anc, ((0, 0), (0, 0), (0, k))), new_rows], axis=1)
+      else:
+        anc = jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k))
+      exp_idx.append(frontier_BxK)
+      exp_depth.append(np.full(k, d))
+      nodes = jnp.concatenate(exp_idx, axis=1)  # [B, m + k]
+      depth_M = np.concatenate(exp_depth)
+      x = inputs(params, jnp.take_along_axis(all_tok, nodes, axis=1),
+                 jnp.take_along_axis(all_s, nodes[..., None], axis=1))  # fmt: skip
+      positions = ctx.lengths[:, None] + jnp.asarray(depth_M - 1)
+      attn = llama.attention_inputs(ctx.lengths, anc, cache.num_slots, write=False)
+      out, _, _ = layer(params, self.cfg, x, positions, cache.k[0], cache.v[0], attn)
+      out_BxKxF = out[:, -k:]
+      tok, child_score, q = self._children(logits(params, out_BxKxF), keys[d], ctx.sampling)
+      parent_score = jnp.take_along_axis(jnp.concatenate(pool_score, axis=1), frontier_BxK, 1)
+      score = (parent_score[:, :, None] + child_score).reshape(b, k * k)
+      pool_tok.append(tok.reshape(b, k * k))
+      pool_score.append(score)
+      pool_parent.append(jnp.repeat(frontier_BxK, k, axis=1))
+      pool_dist.append(jnp.broadcast_to(jnp.repeat(len(dists) + jnp.arange(k), k), (b, k * k)))
+      if q is not None:
+        dists.extend(q[:, i] for i in range(k))
+      s_in.append(jnp.repeat(out_BxKxF, k, axis=1))
+      frontier_BxK = offset + jax.lax.top_k(score, k)[1]
+      offset += k * k
+
+    draft = self._rerank(params, pool_tok, pool_score, pool_parent, pool_dist, dists)
+    return draft, state.replace(cache=cache)
+
+  def _rerank(self, params, pool_tok, pool_score, pool_parent, pool_dist, dists) -> Draft:
+    """The ``total`` best offered nodes (ties: shallower, then earlier), parents first."""
+    tok = jnp.concatenate(pool_tok, axis=1)
+    parent = jnp.concatenate(pool_parent, axis=1)
+    b, p = tok.shape
+    keep_BxN = jnp.sort(jax.lax.top_k(jnp.concatenate(pool_score, axis=1), self.total)[1], axis=1)
+    # Pool index -> node id (1-based; the root is 0).
+    node_of = jnp.zeros((b, p + 1), jnp.int32)  # slot p: the root's "pool index" -1
+    node_of = node_of.at[jnp.arange(b)[:, None], keep_BxN].set(jnp.arange(1, self.total + 1))
+    parent_pool = jnp.take_along_axis(parent, keep_BxN, axis=1)
+    parents_BxN = jnp.take_along_axis(node_of, jnp.where(parent_pool < 0, p, parent_pool), axis=1)
+    vocab_ids = params["vocab_ids"]
+    tokens_BxN = vocab_ids[jnp.take_along_axis(tok, keep_BxN, axis=1)]
+    if not self.sampled:
+      return Draft(tokens=tokens_BxN, parents=parents_BxN)
+    dist_BxN = jnp.take_along_axis(jnp.concatenate(pool_dist, axis=1), keep_BxN, axis=1)
+    q_BxNxW = jnp.take_along_axis(jnp.stack(dists, axis=1), dist_BxN[..., None], axis=1)
+    if self.cfg.vocab_size:  # q is zero outside the draft vocabulary
+      q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.cfg.target.vocab_size,), q_BxNxW.dtype)
+      q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
+    return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents_BxN)
+
+
+# --- Saving and loading ------------------------------------------------------------------------
+
+
+def save(directory, cfg: EagleConfig, params: dict, target, extra=None):
+  """Writes the trained tensors and ``vocab_ids`` (``eagle.safetensors``) and ``eagle.json``
+  (shapes, the target's fingerprint) into ``directory``, atomically. The frozen embedding and
+  head are the target's and are re-read from it on load."""
+  tensors = _flatten({k: params[k] for k in TRAINED + ("vocab_ids",) if k in params})
+  meta = {"format": FORMAT, "eagle": cfg.asdict(), "target": artifact.target_meta(target)}
+  return artifact.save(directory, tensors, WEIGHTS_FILE, meta | (extra or {}), META_FILE)
+
+
+def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
+  hint = "point it at a directory written by task=train with objective.name=eagle (draft_final)"
+  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint)
+
+
+def read_trained(directory) -> dict:
+  return _unflatten(artifact.read_tensors(directory, WEIGHTS_FILE))
+
+
+def load(directory, target) -> tuple[EagleConfig, dict, dict]:
+  """``(cfg, decode params, meta)``; a clear error if the drafter was trained for another
+  target, reads features the target lacks, or cannot propose the target's stop tokens."""
+  meta = read_meta(directory)
+  cfg = EagleConfig.fromdict(meta["eagle"])
+  field = f"{FIELD}.path={str(directory)!r}"
+  artifact.check_target(meta, cfg.target.dim, cfg.target.vocab_size, target, field, "drafters")
+  trained = read_trained(directory)
+  vocab_ids = trained.pop("vocab_ids").astype(np.int32)
+  artifact.check_vocab(vocab_ids, target, field)
+  params = jax.tree.map(jnp.asarray, trained) | frozen_params(cfg, target.params, vocab_ids)
+  return cfg, params, meta
+
+
+def _flatten(params: dict) -> dict:
+  out = {}
+  for k, v in params.items():
+    if isinstance(v, dict):
+      out |= {f"{k}.{kk}": vv for kk, vv in v.items()}
+    else:
+      out[k] = v
+  return out
+
+
+def _unflatten(tensors: dict) -> dict:
+  out: dict = {}
+  for k, v in tensors.items():
+    head, _, tail = k.partition(".")
+    if tail:
+      out.setdefault(head, {})[tail] = v
+    else:
+      out[k] = v
+  return out

@@ -1,0 +1,286 @@
+"""EAGLE drafters: the tree they draft, the state they carry, saving/loading, training, bad input.
+
+Exact-distribution tests (multi-step, ragged, stop ids; top-k, top-p, reduced vocabulary) and
+their broken variants are in test_lossless.py with every other drafter's.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import train_tiny
+from specjax import build, metrics, sampling, testing
+from specjax.decode import generate
+from specjax.drafters import eagle
+from specjax.drafters.base import DraftContext, Prefill, Verdict
+from specjax.models import llama, source, tiny
+from specjax.tasks import train
+from specjax.train import objectives
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13]]
+GREEDY = sampling.SamplingParams.create(temperature=0.0)
+
+
+def _reference_children(drafter, params, target, tokens, s_seq=None):
+  """Draft scores over the vocabulary after running the pairs of ``tokens`` (t_0 .. t_L, the
+  newest last) through the layer with no cache: pair j = (f_j, t_{j+1}); with ``s_seq``, extra
+  pairs (s, x) continue the sequence. Returns the last pair's (log-softmax, output)."""
+  tcfg, tparams = target
+  seq = jnp.asarray([tokens])
+  _, (f,) = llama.logits_of(tparams, tcfg, seq, ("final",))
+  s = f[:, :-1]
+  nxt = seq[:, 1:]
+  for s_x, x in s_seq or ():
+    s = jnp.concatenate([s, s_x[None, None]], axis=1)
+    nxt = jnp.concatenate([nxt, jnp.asarray([[x]])], axis=1)
+  t = s.shape[1]
+  attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
+  x = eagle.inputs(params, nxt, s)
+  out, _, _ = eagle.layer(params, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
+  return jax.nn.log_softmax(eagle.logits(params, out[0, -1])), out[0, -1]
+
+
+def _state_after_prompt(drafter, params, target, prompt, newest, slots=32):
+  tcfg, tparams = target
+  p = jnp.asarray([prompt])
+  _, feats = llama.logits_of(tparams, tcfg, p, drafter.feature_layers)
+  pre = Prefill(p, jnp.asarray([len(prompt)]), jnp.concatenate(feats, -1), slots)
+  state = drafter.init(params, pre)
+  row = jnp.asarray(prompt + [newest])
+  buf = jnp.zeros((1, slots), jnp.int32).at[0, : len(prompt) + 1].set(row)
+  ctx = DraftContext(buf, jnp.asarray([len(prompt)]), jax.random.key(0), GREEDY, tcfg.vocab_size)
+  return state, ctx
+
+
+def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
+  """Depth 1: the newest pair's top-k; depth 2: each child's top-k after feeding (out, child);
+  total = the whole pool, parents first. Checked against a cache-free forward of the pairs."""
+  drafter, params = testing.eagle_drafter(small_target, top_k=2, depth=2, total=6, sampled=False)
+  prompt, newest = [3, 9, 4, 17, 5], 22
+  state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
+  draft, _ = drafter.propose(params, state, ctx)
+  lp1, out1 = _reference_children(drafter, params, small_target, prompt + [newest])
+  top1 = np.argsort(-np.asarray(lp1))[:2]
+  tokens, parents = np.asarray(draft.tokens[0]), np.asarray(draft.parents[0])
+  np.testing.assert_array_equal(tokens[:2], top1)
+  np.testing.assert_array_equal(parents, [0, 0, 1, 1, 2, 2])
+  for i, x in enumerate(top1):
+    lp2, _ = _reference_children(drafter, params, small_target, prompt + [newest], [(out1, x)])
+    np.testing.assert_array_equal(tokens[2 + 2 * i : 4 + 2 * i], np.argsort(-np.asarray(lp2))[:2])
+
+
+def test_commit_then_propose_equals_a_fresh_start(small_target):
+  """After a verdict that accepted n tokens, the next draft is the one a drafter started from
+  scratch on the longer sequence makes: the catch-up writes exactly the accepted pairs."""
+  tcfg, tparams = small_target
+  drafter, params = testing.eagle_drafter(small_target, top_k=2, depth=3, total=5, sampled=False)
+  prompt, newest = [3, 9, 4, 17, 5], 22
+  state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
+  _, state = drafter.propose(params, state, ctx)
+  accepted, nxt = [30, 31], 40  # n = 2 accepted, then the target's token
+  seq = prompt + [newest] + accepted + [nxt]
+  _, (f,) = llama.logits_of(tparams, tcfg, jnp.asarray([seq]), ("final",))
+  L = len(prompt)
+  feats = jnp.zeros((1, drafter.depth + 1, tcfg.dim)).at[0, :3].set(f[0, L : L + 3])
+  verdict = Verdict(jnp.asarray([2]), jnp.zeros((1, 3), jnp.int32), jnp.asarray([nxt]), feats)
+  state = drafter.commit(state, verdict, ctx)
+  buf = jnp.zeros((1, 32), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq))
+  ctx2 = ctx.replace(tokens=buf, lengths=jnp.asarray([len(seq) - 1]))
+  got, _ = drafter.propose(params, state, ctx2)
+  fresh_state, fresh_ctx = _state_after_prompt(drafter, params, small_target, seq[:-1], nxt)
+  want, _ = drafter.propose(params, fresh_state, fresh_ctx)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.parents, want.parents)
+
+
+def test_training_rollout_sees_what_decoding_sees(small_target):
+  """Training-time test: rollout steps 2 and 3 from every start t at once give the outputs a
+  cache-free forward of pairs 0..t followed by the drafter's own outputs gives, as at decode."""
+  tcfg, tparams = small_target
+  drafter, params = testing.eagle_drafter(small_target, 2, 3, 6, sampled=False)
+  tokens = jax.random.randint(jax.random.key(5), (1, 12), 0, tcfg.vocab_size)
+  _, (f,) = llama.logits_of(tparams, tcfg, tokens, ("final",))
+  t = tokens.shape[1] - 1
+  attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
+  pos = jnp.arange(t)[None]
+  out1, k1, v1 = eagle.layer(params, drafter.cfg, eagle.inputs(params, tokens[:, 1:], f[:, :-1]),
+                             pos, None, None, attn)  # fmt: skip
+  nxt2 = jnp.pad(tokens[:, 2:], ((0, 0), (0, 1)))
+  out2, k2, v2 = eagle.rollout_layer(
+    params, drafter.cfg, eagle.inputs(params, nxt2, out1), pos + 1, (k1, v1), []
+  )
+  nxt3 = jnp.pad(tokens[:, 3:], ((0, 0), (0, 2)))
+  out3, _, _ = eagle.rollout_layer(
+    params, drafter.cfg, eagle.inputs(params, nxt3, out2), pos + 2, (k1, v1), [(k2, v2)]
+  )
+  seq = [int(x) for x in tokens[0]]
+  for start in range(t - 2):
+    _, want2 = _reference_children(
+      drafter, params, small_target, seq[: start + 2], [(out1[0, start], seq[start + 2])]
+    )
+    np.testing.assert_allclose(out2[0, start], want2, rtol=1e-4, atol=1e-4)
+    _, want3 = _reference_children(
+      drafter, params, small_target, seq[: start + 2],
+      [(out1[0, start], seq[start + 2]), (out2[0, start], seq[start + 3])],
+    )  # fmt: skip
+    np.testing.assert_allclose(out3[0, start], want3, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["top_k", "sampled"])
+@pytest.mark.parametrize("vocab_ids", [None, tuple(range(0, 64, 2))], ids=["full", "reduced"])
+def test_greedy_equals_autoregressive(small_target, sampled, vocab_ids):
+  """Batch 4, ragged prompts, a stop id: the tokens are AR's."""
+  cfg, params = small_target
+  kw = dict(max_new_tokens=24, max_len=48, eos_id=[5])
+  ar = generate(params, cfg, PROMPTS, **kw)
+  drafter, dparams = testing.eagle_drafter(small_target, 3, 3, 8, vocab_ids, sampled=sampled)
+  out = generate(params, cfg, PROMPTS, drafter=drafter, drafter_params=dparams, **kw)
+  assert out.tokens == ar.tokens
+
+
+def _tiny_target(seed=0, dim=32):
+  return source.Model(*tiny.random_model(seed=seed, vocab_size=64, dim=dim, num_layers=3))
+
+
+def test_saved_drafter_loads_and_decodes_the_same(tmp_path):
+  target = _tiny_target()
+  drafter, params = testing.eagle_drafter((target.cfg, target.params), 2, 3, 5, tuple(range(40)))
+  eagle.save(tmp_path / "d", drafter.cfg, params, target)
+  cfg, loaded, _ = eagle.load(tmp_path / "d", target)
+  assert cfg == drafter.cfg
+  kw = dict(max_new_tokens=12, max_len=32)
+  a = generate(target.params, target.cfg, PROMPTS, drafter=drafter, drafter_params=params, **kw)
+  b = generate(target.params, target.cfg, PROMPTS, drafter=drafter, drafter_params=loaded, **kw)
+  assert a.tokens == b.tokens and a.metrics["target_calls"] == b.metrics["target_calls"]
+  assert not list(tmp_path.glob(".*tmp"))  # written atomically
+
+
+def _eagle_config(tmp_path, **drafter):
+  c = train_tiny.get_config()
+  c.drafter.name = "eagle"
+  c.drafter.eagle.update(drafter)
+  return c
+
+
+def _bad_inputs(tmp_path):
+  """(text the error must contain, a call that must raise ValueError)."""
+  target = _tiny_target()
+  drafter, params = testing.eagle_drafter((target.cfg, target.params), 2, 3, 5)
+  eagle.save(tmp_path / "d", drafter.cfg, params, target)
+  other, wide = _tiny_target(seed=1), _tiny_target(dim=48)
+  c = _eagle_config(tmp_path)
+  c.objective = objectives.default_config("eagle")
+  return {
+    "node budget smaller than the depth": (
+      "total=3 is smaller than depth=4",
+      lambda: build.check(_eagle_config(tmp_path, depth=4, total=3)),
+    ),
+    "more nodes than offered": (
+      "exceeds the 6 nodes",
+      lambda: build.check(_eagle_config(tmp_path, top_k=2, depth=2, total=7)),
+    ),
+    "unknown candidates": (
+      "drafter.eagle.candidates",
+      lambda: build.check(_eagle_config(tmp_path, candidates="beam")),
+    ),
+    "no drafter there": ("eagle.json", lambda: eagle.load(tmp_path, target)),
+    "drafter of another hidden size": ("hidden size", lambda: eagle.load(tmp_path / "d", wide)),
+    "drafter of another target": ("fingerprint", lambda: eagle.load(tmp_path / "d", other)),
+    "feature layer out of range": (
+      "layer index in \\[0, 3\\)",
+      lambda: objectives.build(_with(c, feature_layers=(0, 1, 7)), target.cfg),
+    ),
+    "features the model cannot supply": (
+      "feature 'hidden'",
+      lambda: eagle.EagleConfig(target.cfg, ("hidden",)),
+    ),
+    "decoding with no drafter path": (
+      "drafter.eagle.path is empty",
+      lambda: eagle.Eagle.build(c.drafter.eagle, c, target),
+    ),
+  }
+
+
+def _with(c, **objective):
+  c = c.copy_and_resolve_references()
+  c.objective.eagle.update(objective)
+  return c
+
+
+BAD = [
+  "node budget smaller than the depth", "more nodes than offered", "unknown candidates",
+  "no drafter there", "drafter of another hidden size", "drafter of another target",
+  "feature layer out of range", "features the model cannot supply", "decoding with no drafter path",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_clear_error(tmp_path, case):
+  text, call = _bad_inputs(tmp_path)[case]
+  with pytest.raises(ValueError, match=text):
+    call()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "features, rollout", [(("final",), 1), ((0, 1, 2), 3)], ids=["eagle1", "eagle3_rollout3"]
+)
+def test_training_raises_tau_and_the_export_decodes_the_same(tmp_path, features, rollout):
+  """EAGLE on a random tiny target's own text: teacher-forced top-1 and tau rise, and the
+  exported drafter decodes through ``drafter.eagle.path`` with the tau the run reported."""
+  c = _eagle_config(tmp_path, top_k=2, depth=3, total=6)
+  c.objective = objectives.default_config("eagle")
+  c.objective.eagle.vocab_size = 200
+  c.objective.eagle.feature_layers = features
+  c.objective.eagle.rollout = rollout
+  c.workdir = str(tmp_path / "run")
+  record = train.run(c)
+  init, final = record["decode"]["init"], record["decode"]["final"]
+  assert final["tau"] > init["tau"] + 0.2, (init, final)
+  log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+  logged = [m for m in log if "top1" in m]
+  assert logged[-1]["top1"] > logged[0]["top1"] + 0.2
+
+  c.drafter.eagle.path = str(tmp_path / "run" / "draft_final")
+  target = build.target(c)
+  drafter, params = build.drafter(c, target)
+  assert drafter.feature_layers == features and len(params["vocab_ids"]) == 200
+  req = build.request(c, target)
+  outs = [
+    generate(target.params, target.cfg, b, drafter=drafter, drafter_params=params,
+             **req.generate_kwargs())
+    for b in req.batches()
+  ]  # fmt: skip
+  assert metrics.summarize(metrics.merge([o.counts for o in outs]))["tau"] == final["tau"]
+
+
+def test_cached_features_give_the_same_loss_and_are_reused(tmp_path, capsys):
+  """The loss over cached (float16) features equals the loss with the target's forward; a
+  second attach reads the shards, other rows recompute them."""
+  from specjax.train import data, features
+
+  target = _tiny_target()
+  c = _eagle_config(tmp_path)
+  c.objective = objectives.default_config("eagle")
+  c.objective.eagle.update(feature_layers=(1, "final"), rollout=2)
+  obj = objectives.build(c, target.cfg)
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (10, 16), 0, 64))
+  ds = data.Dataset(tokens, np.ones_like(tokens, np.float32))
+  cached = features.attach(ds, target, obj.cached_features(), tmp_path / "f")
+  assert cached.features.shape == (10, 16, 2 * target.cfg.dim)
+  params = obj.init(jax.random.key(0), target.params)
+  batch = cached.batch(0, 4)
+  key = jax.random.key(2)
+  want, _ = obj.loss(params, target.params, {k: batch[k] for k in ("tokens", "mask")}, key)
+  got, _ = obj.loss(params, target.params, batch, key)
+  np.testing.assert_allclose(got, want, rtol=2e-3)
+  capsys.readouterr()
+  again = features.attach(ds, target, obj.cached_features(), tmp_path / "f")
+  assert "features:" not in capsys.readouterr().out  # nothing recomputed
+  np.testing.assert_array_equal(again.features, cached.features)
+  other = data.Dataset(tokens[::-1].copy(), ds.mask)
+  redone = features.attach(other, target, obj.cached_features(), tmp_path / "f")
+  np.testing.assert_array_equal(redone.features, cached.features[::-1])
