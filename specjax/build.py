@@ -14,7 +14,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from specjax import drafters, results, sampling, verify
+from specjax import decode, drafters, results, sampling, verify
 from specjax.models import source
 from specjax.models.source import Model
 
@@ -61,6 +61,15 @@ def check(config: ml_collections.ConfigDict) -> None:
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
     raise ValueError(f"config.batch_size must be >= 1, got {config.batch_size}.")
+  for i, p in enumerate(config.get("prompts", ())):
+    if isinstance(p, str):
+      try:
+        p.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise ValueError(
+          f"config.prompts[{i}] is not valid Unicode text ({e.reason} at {e.start}): fix the "
+          "string."
+        ) from None
   if not (isinstance(config.seed, int) and 0 <= config.seed < 2**32):
     raise ValueError(f"config.seed must be an integer in [0, 2**32), got {config.seed}.")
   if "benchmark" in config and not config.benchmark.repeats >= 1:
@@ -68,9 +77,25 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"config.benchmark.repeats must be >= 1 (timed runs after the compile run), got "
       f"{config.benchmark.repeats}."
     )
+  check_request(config)
   out = "workdir" if config.get("task") == "train" else "output_dir"
   if config.get("task") != "generate" and config.get(out):
     results.check_writable(config[out], f"config.{out}")
+
+
+def check_request(config: ml_collections.ConfigDict) -> None:
+  """The prompts against ``max_len`` and the vocabulary, and the KV cache against this
+  machine's memory, from the target's header and tokenizer: before its weights load."""
+  model = source.peek(config.target)
+  if model is None:
+    return
+  req = request(config, model)
+  budgets = [req.max_new_tokens] * len(req.prompts)
+  try:
+    decode.check_prompts(req.prompts, budgets, req.max_len, model.cfg.vocab_size)
+    decode.check_memory(model.cfg, req.batch_size, req.max_len)
+  except ValueError as e:
+    raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
 
 
 def target(config: ml_collections.ConfigDict) -> Model:

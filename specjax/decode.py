@@ -20,6 +20,7 @@ every layer's cache every step (30 copies of 3 MB per step for SmolLM2 at max_le
 import collections
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -412,7 +413,10 @@ def _arguments(
 ):  # fmt: skip
   """Checks ``generate``'s arguments (before anything compiles) and makes the jitted call's."""
   sp = SamplingParams.create(temperature, top_k, top_p)
+  llama.check_params(target_cfg, target_params)
   drafter.check_target(target_cfg)
+  if hasattr(drafter, "check_params"):
+    drafter.check_params(drafter_params)
   drafter.check_context(max_len)
   llama.check_features(target_cfg, drafter.feature_layers)
   b = len(prompts)
@@ -422,6 +426,7 @@ def _arguments(
   if len(budgets) != b:
     raise ValueError(f"max_new_tokens has {len(budgets)} entries for {b} prompts.")
   check_prompts(prompts, budgets, max_len, target_cfg.vocab_size)
+  check_memory(target_cfg, b, max_len)
 
   width = prompt_width(max(pad_to, *map(len, prompts)), max_len)
   prompt_BxP = np.zeros((b, width), np.int32)
@@ -476,6 +481,22 @@ def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int
       )
     if min(prompt) < 0 or max(prompt) >= vocab_size:
       raise ValueError(f"prompts[{r}] has token ids outside [0, {vocab_size}).")
+
+
+def check_memory(cfg: ModelConfig, batch: int, max_len: int) -> None:
+  """Refuses a KV cache larger than this machine's memory, with the numbers, before XLA
+  tries to allocate it."""
+  need = 2 * cfg.num_layers * batch * cfg.num_kv_heads * max_len * cfg.head_dim * 4
+  try:
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return
+  if need > have:
+    raise ValueError(
+      f"max_len={max_len} at batch {batch} needs a {need / 2**30:.1f} GiB KV cache for "
+      f"{cfg.name!r}, more than this machine's {have / 2**30:.1f} GiB of memory: lower max_len "
+      "or the batch size."
+    )
 
 
 def _is_int(x) -> bool:

@@ -1,14 +1,17 @@
 """Entry point: ``python -m specjax.run --config=configs/NAME.py [--config.key=value ...]``.
 
 Bad input (a ValueError from the checks) ends the process with one line naming the field and
-the fix, exit status 1; ``SPECJAX_TRACEBACK=1`` shows the traceback instead.
+the fix, exit status 1; ``SPECJAX_TRACEBACK=1`` shows the traceback instead. Ctrl-C exits at
+once with status 130.
 """
 
 import difflib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -99,8 +102,29 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(_override_error(argv, config, e))
 
 
+def exit_on_interrupt() -> None:
+  """Ctrl-C ends the process at once with status 130, even inside a long XLA compile or
+  computation, where a Python handler would only run when the C++ call returns (and unwinding
+  through it crashed). The interpreter's C-level handler writes the signal to a pipe; a thread
+  blocked on it exits. Every file specjax writes is written to a temporary name and renamed,
+  so nothing half-written is left behind."""
+  read_fd, write_fd = os.pipe()
+  os.set_blocking(write_fd, False)
+  signal.set_wakeup_fd(write_fd)
+
+  def watch():
+    while True:
+      if os.read(read_fd, 1) == bytes([signal.SIGINT]):
+        sys.stderr.write("\ninterrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+  threading.Thread(target=watch, daemon=True, name="specjax-interrupt").start()
+
+
 def main(argv):
   del argv
+  exit_on_interrupt()
   config = _CONFIG.value
   if config.task not in TASKS:
     sys.exit(f"error: config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}.")

@@ -139,6 +139,11 @@ def _bad_calls(small_target, drafts):
     "temperature must be finite": lambda: run(temperature=float("inf")),
     "integer token ids": lambda: run(prompts=[[1.0, 2.7], [3]]),
     "seed": lambda: run(seed=-1),
+    "params have 1 layers": lambda: generate(
+      {**params, "layers": params["layers"][:1]}, cfg, PROMPTS, **GEN
+    ),
+    "drafter_params do not fit": lambda: run(drafter=DraftModel(dcfg, 2), drafter_params=oparams),
+    "KV cache": lambda: run(max_len=2**40),
     "top_p": lambda: run(top_p=0.0),
     "top_k": lambda: run(top_k=-2),
     "max_len": lambda: run(max_new_tokens=40, max_len=42),
@@ -150,7 +155,8 @@ def _bad_calls(small_target, drafts):
 
 @pytest.mark.parametrize(
   "field",
-  ["temperature", "temperature must be finite", "integer token ids", "seed", "top_p", "top_k",
+  ["temperature", "temperature must be finite", "integer token ids", "seed",
+   "params have 1 layers", "drafter_params do not fit", "KV cache", "top_p", "top_k",
    "max_len", "empty", "vocab_size", "num_draft"],
 )  # fmt: skip
 def test_bad_input_raises_before_compiling(small_target, drafts, field):

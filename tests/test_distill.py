@@ -97,6 +97,30 @@ def test_unfinished_directory_is_rejected_then_resumed(model, prompts, distilled
     distill.self_distill(params, cfg, prompts, tmp_path, sources=labels, progress=False, **KW)
 
 
+def test_damaged_shard_is_named_and_generated_again(model, prompts, distilled, tmp_path):
+  """A finished shard cut short (then no manifest: the run was interrupted): the resume names
+  it, generates it again, and the directory equals an uninterrupted run's. A damaged shard in
+  a finished directory is one error naming the file."""
+  cfg, params = model
+  src, _ = distilled
+  for f in src.iterdir():
+    (tmp_path / f.name).write_bytes(f.read_bytes())
+  (tmp_path / data.MANIFEST).unlink()
+  shard = tmp_path / "shard-00000.npz"
+  shard.write_bytes(shard.read_bytes()[:300])
+  labels = ["a", "b"] * 4
+  manifest = distill.self_distill(
+    params, cfg, prompts, tmp_path, sources=labels, progress=False, **KW
+  )
+  assert manifest["stats"]["shards_resumed"] == 1  # the undamaged one
+  for name in ("shard-00000.npz", "shard-00001.npz"):
+    with np.load(src / name) as a, np.load(tmp_path / name) as b:
+      assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+  shard.write_bytes(shard.read_bytes()[:300])
+  with pytest.raises(ValueError, match="shard-00000.npz is damaged"):
+    data.load_dataset([str(tmp_path)], None, seq_len=8, max_examples=None)
+
+
 def test_hidden_states_are_the_targets(model, prompts, tmp_path):
   cfg, params = model
   kw = KW | {"temperature": 0.0}

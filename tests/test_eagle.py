@@ -72,6 +72,30 @@ def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
     np.testing.assert_array_equal(tokens[2 + 2 * i : 4 + 2 * i], np.argsort(-np.asarray(lp2))[:2])
 
 
+@pytest.mark.parametrize(
+  "slots, vocab_ids",
+  [(32, None), (512, None), (32, tuple(range(1, 64, 2)))],
+  ids=["one_window", "windowed_cache", "reduced_vocab"],
+)
+def test_chain_is_the_drafters_own_rollout(small_target, slots, vocab_ids):
+  """A 5-deep chain (top_k 1): each token is the argmax after feeding the drafter its own
+  outputs and tokens, as a cache-free forward of the pairs computes it (every expansion level
+  checked; with a reduced vocabulary, draft ids map back to the target's before embedding)."""
+  drafter, params = testing.eagle_drafter(
+    small_target, top_k=1, depth=5, total=5, vocab_ids=vocab_ids, sampled=False
+  )
+  prompt, newest = [3, 9, 4, 17, 5, 8, 30, 2], 22
+  state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest, slots)
+  draft, _ = drafter.propose(params, state, ctx)
+  chain, outs = [], []
+  for _ in range(5):
+    own = list(zip(outs, chain, strict=True)) or None
+    lp, out = _reference_children(drafter, params, small_target, prompt + [newest], own)
+    chain.append(int(params["vocab_ids"][jnp.argmax(lp)]))
+    outs.append(out)
+  np.testing.assert_array_equal(draft.tokens[0], chain)
+
+
 def test_commit_then_propose_equals_a_fresh_start(small_target):
   """After a verdict that accepted n tokens, the next draft is the one a drafter started from
   scratch on the longer sequence makes: the catch-up writes exactly the accepted pairs."""

@@ -125,3 +125,30 @@ def test_medusa_heads_equal_autoregressive_and_keep_their_tau(smol):
   assert out.metrics["tau"] >= MEDUSA_TAU_B4 - 1e-9, out.metrics["tau"]
   one = generate(params, cfg, prompts[:1], drafter=drafter, drafter_params=dparams, **kw)
   assert one.tokens == generate(params, cfg, prompts[:1], **kw).tokens
+
+
+EAGLE_DRAFTER = Path(__file__).parents[1] / "experiments" / "eagle_smollm2" / "drafter"
+EAGLE_TAU_B4 = 1.6428571428571428  # greedy tau of the committed drafter and its tree (top_k 4,
+# depth 5, 16 nodes) on the fixture's prompts (retraining the drafter changes it: re-measure)
+
+
+def test_eagle_drafter_equals_autoregressive_and_keeps_its_tau(smol):
+  """The committed EAGLE drafter (experiments/eagle_smollm2) on SmolLM2, greedy, its EAGLE-2
+  tree: batch 4 (ragged prompts, stop ids) gives AR's tokens at the tau it was measured at;
+  batch 1 gives AR's batch-1 tokens."""
+  from experiments.eagle_smollm2 import config as eagle_config
+
+  cfg, params, tok = smol
+  before = json.loads(BEFORE_REFIT.read_text())
+  prompts = _chat(tok, before["prompts"])
+  kw = dict(max_new_tokens=before["max_new_tokens"], max_len=before["max_len"])
+  kw["eos_id"] = sorted(tok.stop_ids)
+  c = eagle_config.get_config("sweep_b1")
+  c.drafter.eagle.path = str(EAGLE_DRAFTER)
+  build.check(c)
+  drafter, dparams = build.drafter(c, build.Model(cfg, params, tok))
+  out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
+  assert out.tokens == before["runs"]["none"]["tokens"]
+  assert out.metrics["tau"] >= EAGLE_TAU_B4 - 1e-9, out.metrics["tau"]
+  one = generate(params, cfg, prompts[:1], drafter=drafter, drafter_params=dparams, **kw)
+  assert one.tokens == generate(params, cfg, prompts[:1], **kw).tokens

@@ -130,6 +130,7 @@ def test_cli_names_the_config_file_or_the_field_at_fault(tmp_path, request):
     ({"temperature": float("inf")}, "temperature must be finite"),
     ({"seed": -1}, "config.seed must be an integer in"),
     ({"benchmark.repeats": 0}, "config.benchmark.repeats must be >= 1"),
+    ({"prompts": ("fine", "bad \ud800 text")}, r"config.prompts\[1\] is not valid Unicode"),
     ({"task": "benchmark", "output_dir": "FILE"}, "is a file, not a directory"),
     ({"task": "benchmark", "output_dir": "/proc/specjax-out"}, "is not writable"),
     ({"task": "train", "workdir": "FILE"}, "config.workdir="),
@@ -146,6 +147,32 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
     (c[section] if section else c)[field] = value
   with pytest.raises(ValueError, match=message):
     build.check(c)
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
+  """SIGINT while XLA compiles the demo's program: exit status 130 within 2 s, no core dump."""
+  import signal
+  import time
+
+  cmd = [sys.executable, "-m", "specjax.run", "--config=configs/demo.py",
+         f"--config.output_dir={tmp_path}"]  # fmt: skip
+  proc = subprocess.Popen(
+    cmd, cwd=request.config.rootpath, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
+  out = ""
+  deadline = time.monotonic() + 120
+  while "compiling" not in out and time.monotonic() < deadline:  # the demo says what compiles
+    line = proc.stdout.readline()
+    assert line, f"the demo ended before compiling: {out[-500:]}"
+    out += line
+  time.sleep(1.0)  # inside the compile
+  assert proc.poll() is None
+  sent = time.monotonic()
+  proc.send_signal(signal.SIGINT)
+  rc = proc.wait(timeout=30)
+  assert rc == 130 and time.monotonic() - sent < 2.0, (rc, time.monotonic() - sent)
+  assert "interrupted" in proc.stdout.read()
 
 
 def test_check_runs_before_loading(small_config):
@@ -232,6 +259,7 @@ EXPERIMENT_VARIANTS = {
   "training_free": ["b1", "b4"],
   "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", "sweep_b1", "sweep_b4"],
   "medusa_qwen_coder": [None],
+  "eagle_smollm2": [None, "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4", "sweep_t1"],
 }
 
 

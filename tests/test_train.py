@@ -139,6 +139,40 @@ def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path):
   assert checkpoint.Checkpointer(tmp_path / "checkpoints").latest_step() == bad_step - 1
 
 
+@pytest.mark.parametrize("damage", ["zeroed block", "truncated", "bad metadata"])
+def test_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
+  """A saved array file with a zeroed block, cut short, or unreadable metadata: restoring
+  names the checkpoint and the fix in one line, instead of training on from garbage."""
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 2), train_worker.OPTIM, mesh)
+  state_dir = tmp_path / "checkpoints" / "2" / "state"
+  files = sorted((p for p in state_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  if damage == "bad metadata":
+    target = next(p for p in files if p.name.endswith("_METADATA") or p.name == "manifest.ocdbt")
+    target.write_text("{not json")
+  else:
+    target = files[-1]  # the largest file: array data
+    raw = bytearray(target.read_bytes())
+    if damage == "truncated":
+      raw = raw[: len(raw) // 2]
+    else:
+      raw[len(raw) // 4 : len(raw) // 4 + 4096] = bytes(min(4096, len(raw) - len(raw) // 4))
+    target.write_bytes(bytes(raw))
+  with pytest.raises(ValueError, match=r"checkpoint .*checkpoints/2.* (damaged|cannot be read)"):
+    loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 4), train_worker.OPTIM, mesh)
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused(tmp_path):
+  """The workdir lock: refused while held (naming the holder's pid), free once released."""
+  busy = f"in use by another training run \\(pid {os.getpid()}"
+  with loop.workdir_lock(tmp_path), pytest.raises(ValueError, match=busy):  # noqa: SIM117
+    with loop.workdir_lock(tmp_path):
+      pass
+  with loop.workdir_lock(tmp_path):
+    pass
+
+
 def test_checkpoint_from_another_model_shape_names_the_leaf(tmp_path):
   objective, tparams, ds = train_worker.setup()
   mesh = parallel.make_mesh(parallel.MeshConfig())
@@ -302,6 +336,21 @@ def test_export_loads_back_as_a_draft_model(tmp_path):
   same = jax.tree.map(np.array_equal, jax.device_get(params), jax.device_get(params2))
   assert all(jax.tree.leaves(same))
   assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]  # no temp dirs left
+  # A random target has no tokenizer: the export loads through the config path all the same.
+  from specjax.models import source
+
+  model = source.load(source.config(source="safetensors", path=str(tmp_path / "draft")))
+  assert model.tokenizer is None and model.cfg.num_layers == 2
+
+
+def test_weights_with_nan_are_refused_at_load(tmp_path):
+  from specjax.models import source
+
+  cfg, params = tiny.random_model(seed=2, vocab_size=64, dim=32, num_layers=2)
+  params["layers"][1]["wq"] = params["layers"][1]["wq"].at[0, 0].set(jnp.nan)
+  export.save_model(tmp_path / "draft", cfg, params)
+  with pytest.raises(ValueError, match="layers/1/wq holds NaN"):
+    source.load(source.config(source="safetensors", path=str(tmp_path / "draft")))
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ FEATURES = "data/features/eagle_smollm2"  # float16 final features of the traini
 WORKDIR_3 = "results/eagle3_smollm2"
 FEATURES_3 = "data/features/eagle3_smollm2"
 DRAFTER_3 = f"{HERE}/drafter3"
+BUDGET_300 = {"eagle1_300": f"{HERE}/drafter_eagle1_300", "ttt_300": f"{HERE}/drafter_ttt_300"}
 EAGLE3_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers
 
 
@@ -49,12 +50,38 @@ def variants() -> dict:
   }  # fmt: skip
   return {
     "eagle_chain_4": e(1, 4, 4),
-    "eagle_tree_4x4_8": e(4, 4, 8),
-    "eagle_tree_4x5_16": e(4, 5, 16),
-    "eagle_tree_8x6_32": e(8, 6, 32),
+    "eagle_chain_6": e(1, 6, 6),
+    "eagle_tree_2x5_8": e(2, 5, 8),
+    "eagle_tree_4x6_16": e(4, 6, 16),
     "medusa_sparse_4": {"name": "medusa", "medusa": {"path": MEDUSA_HEADS}},
     "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
   }
+
+
+def t1_variants() -> dict:
+  """Temperature 1: EAGLE with sampled children (verified with their q) as a chain and an
+  8-node tree, and the tree with top-k children (verified as one-hot proposals)."""
+  e = lambda top_k, depth, total, candidates: {  # noqa: E731
+    "name": "eagle",
+    "eagle": {"path": DRAFTER, "top_k": top_k, "depth": depth, "total": total,
+              "candidates": candidates},
+  }  # fmt: skip
+  return {
+    "eagle_chain_4": e(1, 4, 4, "sampled"),
+    "eagle_tree_2x5_8": e(2, 5, 8, "sampled"),
+    "eagle_tree_2x5_8_top_k": e(2, 5, 8, "top_k"),
+  }
+
+
+def nalpha_variants() -> dict:
+  """EAGLE-1 and EAGLE-1 + training-time test after the same 300 steps, as 6-token chains
+  (acceptance at each draft position: n-alpha)."""
+  return {
+    f"{name}_chain_6": {
+      "name": "eagle", "eagle": {"path": path, "top_k": 1, "depth": 6, "total": 6}
+    }
+    for name, path in BUDGET_300.items()
+  }  # fmt: skip
 
 
 def get_config(arg: str | None = None):
@@ -97,12 +124,17 @@ def get_config(arg: str | None = None):
   c.optim.decay_steps = 980
   c.optim.weight_decay = 0.0
 
-  if arg == "eagle3":  # EAGLE-3: three layers fused, training-time test, token loss only
+  if arg in ("ttt_300", "eagle1_300"):  # equal budget: 300 steps of the same schedule
+    c.train.steps = 300
+    c.workdir = f"{WORKDIR}_{arg}"
+    if arg == "ttt_300":  # EAGLE-3's training-time test on EAGLE-1's features
+      o.rollout = 3
+  elif arg == "eagle3":  # EAGLE-3: three layers fused, training-time test, token loss only
     c.workdir = WORKDIR_3
     c.data.feature_cache = FEATURES_3
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
-  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1"):
+  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha"):
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -115,11 +147,12 @@ def get_config(arg: str | None = None):
       c.temperature = 1.0
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
-    c.sweep.variants = variants()
+    pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants}
+    c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose eagle3, sweep_b1, "
-      "sweep_b4 or sweep_t1."
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose eagle1_300, ttt_300, "
+      "eagle3, sweep_b1, sweep_b4, sweep_t1 or sweep_nalpha."
     )
   return c
 
@@ -147,12 +180,11 @@ def report(results_dir):
   import json
 
   from specjax import results
-  from specjax.tasks import sweep
 
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "eagle3"):
+  for run in ("eagle1", "eagle1_300", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -168,18 +200,43 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-    if "decode" in record:
-      d = record["decode"]
-      out += [
-        f"Greedy tau on the demo prompts (top_k 4, depth 5, 16 nodes): before "
-        f"{d['init']['tau']:.3f}, after {d['final']['tau']:.3f}.",
-        "",
-      ]
-  for arg in ("sweep_b1", "sweep_b4", "sweep_t1"):
+  return "\n".join(out + _sweeps(results_dir))
+
+
+def _sweeps(results_dir) -> list[str]:
+  import json
+
+  from specjax.tasks import sweep
+
+  out = []
+  titles = {
+    "sweep_b1": "Greedy, batch 1",
+    "sweep_b4": "Greedy, batch 4",
+    "sweep_t1": "Temperature 1, batch 1 (sampled children, verified with their q)",
+    "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
+  }
+  for arg, title in titles.items():
     path = results_dir / arg / "sweep.json"
     if path.exists():
-      out += [sweep.markdown(json.loads(path.read_text()))]
-  return "\n".join(out)
+      record = json.loads(path.read_text())
+      out += [f"## {title}", "", sweep.markdown(record)]
+      if arg == "sweep_nalpha":
+        out += _nalpha_table(record)
+  return out
+
+
+def _nalpha_table(record: dict) -> list[str]:
+  """Acceptance at each draft position, pooled over the prompt categories."""
+  from specjax import results
+
+  rows = []
+  for v in dict.fromkeys(r["variant"] for r in record["runs"] if r["variant"] != "ar"):
+    runs = [r for r in record["runs"] if r["variant"] == v]
+    tries = [sum(r["position_attempts"][i] for r in runs) for i in range(6)]
+    kept = [sum(r["alpha"][i] * r["position_attempts"][i] for r in runs) for i in range(6)]
+    rows.append({"variant": v} | {f"{i + 1}-alpha": kept[i] / max(tries[i], 1) for i in range(6)})
+  return ["Acceptance by draft position (n-alpha), all categories:", "",
+          results.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
 
 def figure(results_dir) -> bool:
@@ -211,11 +268,19 @@ def figure(results_dir) -> bool:
   left.set_xticklabels(categories)
   left.set_title("Greedy tau per prompt category, batch 1")
   left.legend(fontsize=7)
-  for v in [v for v in variants if v.startswith("eagle_chain")]:
-    for c in categories:
-      alpha = next(r["alpha"] for r in runs if r["category"] == c and r["variant"] == v)
-      right.plot(np.arange(1, len(alpha) + 1), alpha, "-o", label=f"{v} {c}")
-  right.set(xlabel="draft position n", ylabel="acceptance n-alpha", ylim=(0, 1))
+  chains = [(runs, v) for v in variants if v.startswith("eagle_chain")]
+  nalpha_json = results_dir / "sweep_nalpha" / "sweep.json"
+  if nalpha_json.exists():  # the equal-budget pair: EAGLE-1 vs the training-time test
+    other = json.loads(nalpha_json.read_text())["runs"]
+    chains += [(other, v) for v in dict.fromkeys(r["variant"] for r in other) if v != "ar"]
+  for rs, v in chains:
+    sel = [r for r in rs if r["variant"] == v]
+    tries = np.sum([r["position_attempts"] for r in sel], axis=0)
+    kept = np.sum([np.multiply(r["alpha"], r["position_attempts"]) for r in sel], axis=0)
+    seen = tries > 0  # positions some step reached
+    right.plot(np.arange(1, len(tries) + 1)[seen], (kept / np.maximum(tries, 1))[seen], "-o",
+               label=f"{v} (all categories)")  # fmt: skip
+  right.set(xlabel="draft position n", ylabel="acceptance n-alpha", ylim=(0, 1), xticks=range(1, 7))
   right.set_title("EAGLE chain: acceptance by draft position")
   right.legend(fontsize=7)
   fig.tight_layout()

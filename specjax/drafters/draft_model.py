@@ -82,6 +82,12 @@ class DraftModel(Chain):
         f"({target_cfg.vocab_size}): a draft model must share the target's tokenizer."
       )
 
+  def check_params(self, params) -> None:
+    try:
+      llama.check_params(self.cfg, params)
+    except ValueError as e:
+      raise ValueError(f"drafter_params do not fit the draft model: {e}") from None
+
   def draft_calls_per_step(self) -> int:
     return self.num_draft
 

@@ -49,7 +49,7 @@ from flax import struct
 from specjax import sampling
 from specjax.drafters import artifact
 from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict
-from specjax.models import llama
+from specjax.models import llama, schema, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
 
@@ -241,6 +241,28 @@ class Eagle(Chain):
   def num_nodes(self) -> int:
     return self.total
 
+  def check_params(self, params) -> None:
+    """The drafter's weights fit its shapes (``load`` / ``init_params`` give such params)."""
+    f, w = self.cfg.target.dim, self.cfg.draft_vocab
+    want = {"fc": (f, 2 * f), "fc_b": (f,), "norm": (f,), "proj": (w, f), "vocab_ids": (w,),
+            "embed": (self.cfg.target.vocab_size, f)}  # fmt: skip
+    if self.cfg.fused:
+      want["fuse"] = (f, len(self.feature_layers) * f)
+    got = params if isinstance(params, dict) else {}
+    for k, shape in want.items():
+      if k not in got or tuple(np.shape(got[k])) != shape:
+        have = tuple(np.shape(got[k])) if k in got else "missing"
+        raise ValueError(f"EAGLE drafter_params[{k!r}] is {have}, expected {shape}.")
+    layer = got.get("layer") if isinstance(got.get("layer"), dict) else {}
+    for path, p in schema.entries(llama.SCHEMA, self.cfg.layer, 1):
+      if path[0] == "layers":
+        shape, have = p.shape(self.cfg.layer), layer.get(path[2])
+        if have is None or tuple(np.shape(have)) != shape:
+          have = "missing" if have is None else tuple(np.shape(have))
+          raise ValueError(
+            f"EAGLE drafter_params['layer'][{path[2]!r}] is {have}, expected {shape}."
+          )
+
   def draft_calls_per_step(self) -> int:
     return self.depth
 
@@ -264,7 +286,11 @@ class Eagle(Chain):
     if not c.path:  # task=train decodes with the drafter it trains
       return None
     cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
-    return cls(cfg, c.top_k, c.depth, c.total)
+    d = cls(cfg, c.top_k, c.depth, c.total)
+    target = source.peek(config.target)  # its header: a mismatch shows before the weights load
+    if target is not None:
+      d.check_target(target.cfg)
+    return d
 
   @classmethod
   def build(cls, c, config, target):
@@ -346,86 +372,132 @@ class Eagle(Chain):
     return tok, jnp.where(greedy, jax.lax.top_k(log_soft, k)[0], rank_score), q_BxMxW
 
   def propose(self, params, state, ctx: DraftContext):
-    k, b = self.top_k, ctx.tokens.shape[0]
     keys = jax.random.split(ctx.key, self.depth)
     root_BxF, cache = self._catch_up(params, state, ctx)
-
     tok, score, q = self._children(logits(params, root_BxF)[:, None], keys[0], ctx.sampling)
-    # The pool of offered nodes, level by level: token, score, parent (pool index, -1 = root),
-    # which distribution drew it (0 = the root's, 1 + e = expanded node e's) and its input s.
-    pool_tok, pool_score = [tok[:, 0]], [score[:, 0]]
-    pool_parent = [jnp.full((b, k), -1, jnp.int32)]
-    pool_dist = [jnp.zeros((b, k), jnp.int32)]
-    dists = [q[:, 0]] if q is not None else []
-    s_in = [jnp.broadcast_to(root_BxF[:, None], (b, k, root_BxF.shape[-1]))]
-    frontier_BxK = jnp.broadcast_to(jnp.arange(k), (b, k))  # pool indices expanded next
-    # Expanded nodes, in expansion order: pool index, ancestor mask among them, depth.
-    exp_idx, exp_depth = [], []
-    anc = jnp.zeros((b, 0, 0), bool)
-    offset = k
+    pool = Pool.start(tok[:, 0], score[:, 0], None if q is None else q[:, 0], root_BxF)
+    expanded = Expanded.empty(ctx.tokens.shape[0])
     for d in range(1, self.depth):
-      all_tok = jnp.concatenate(pool_tok, axis=1)
-      all_parent = jnp.concatenate(pool_parent, axis=1)
-      all_s = jnp.concatenate(s_in, axis=1)
-      # The frontier's ancestors among the expanded nodes: its parent's row, plus itself.
-      m = anc.shape[1]
-      parent_pool = jnp.take_along_axis(all_parent, frontier_BxK, axis=1)  # [B, k]
-      if m:
-        exp_all = jnp.concatenate(exp_idx, axis=1)  # [B, m]
-        is_parent = exp_all[:, None, :] == parent_pool[:, :, None]  # [B, k, m]
-        parent_anc = jnp.einsum("bkm,bmn->bkn", is_parent.astype(jnp.int32), anc.astype(jnp.int32))
-        new_rows = jnp.concatenate([(parent_anc + is_parent) > 0, jnp.eye(k, dtype=bool)[None]
-                                    .repeat(b, 0)], axis=2)  # fmt: skip
-        anc = jnp.concatenate([jnp.pad(anc, ((0, 0), (0, 0), (0, k))), new_rows], axis=1)
-      else:
-        anc = jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k))
-      exp_idx.append(frontier_BxK)
-      exp_depth.append(np.full(k, d))
-      nodes = jnp.concatenate(exp_idx, axis=1)  # [B, m + k]
-      depth_M = np.concatenate(exp_depth)
-      x = inputs(params, jnp.take_along_axis(all_tok, nodes, axis=1),
-                 jnp.take_along_axis(all_s, nodes[..., None], axis=1))  # fmt: skip
-      positions = ctx.lengths[:, None] + jnp.asarray(depth_M - 1)
-      attn = llama.attention_inputs(ctx.lengths, anc, cache.num_slots, write=False)
-      out, _, _ = layer(params, self.cfg, x, positions, cache.k[0], cache.v[0], attn)
-      out_BxKxF = out[:, -k:]
-      tok, child_score, q = self._children(logits(params, out_BxKxF), keys[d], ctx.sampling)
-      parent_score = jnp.take_along_axis(jnp.concatenate(pool_score, axis=1), frontier_BxK, 1)
-      score = (parent_score[:, :, None] + child_score).reshape(b, k * k)
-      pool_tok.append(tok.reshape(b, k * k))
-      pool_score.append(score)
-      pool_parent.append(jnp.repeat(frontier_BxK, k, axis=1))
-      pool_dist.append(jnp.broadcast_to(jnp.repeat(len(dists) + jnp.arange(k), k), (b, k * k)))
-      if q is not None:
-        dists.extend(q[:, i] for i in range(k))
-      s_in.append(jnp.repeat(out_BxKxF, k, axis=1))
-      frontier_BxK = offset + jax.lax.top_k(score, k)[1]
-      offset += k * k
+      frontier_BxK = pool.best_of_level(d, self.top_k)
+      expanded = expanded.add(frontier_BxK, pool.parent_BxP, d)
+      out_BxKxF = self._expand(params, cache, ctx, pool, expanded)
+      tok, score, q = self._children(logits(params, out_BxKxF), keys[d], ctx.sampling)
+      pool = pool.offer(frontier_BxK, tok, score, q, out_BxKxF)
+    return self._rerank(params, pool), state.replace(cache=cache)
 
-    draft = self._rerank(params, pool_tok, pool_score, pool_parent, pool_dist, dists)
-    return draft, state.replace(cache=cache)
+  def _expand(self, params, cache, ctx: DraftContext, pool: "Pool", expanded: "Expanded"):
+    """One read-only forward of every expanded node (pair: its parent's output, its token)
+    over the committed pairs and its expanded ancestors; the newest ``top_k`` nodes' outputs."""
+    ids = jnp.take_along_axis(pool.tok_BxP, expanded.nodes_BxM, axis=1)
+    tokens = params["vocab_ids"][ids]  # draft-vocabulary ids -> the target's
+    s_in = jnp.take_along_axis(pool.s_in_BxPxF, expanded.nodes_BxM[..., None], axis=1)
+    positions = ctx.lengths[:, None] + jnp.asarray(np.asarray(expanded.depths) - 1)
+    attn = llama.attention_inputs(ctx.lengths, expanded.ancestors_BxMxM, cache.num_slots,
+                                  write=False)  # fmt: skip
+    out, _, _ = layer(params, self.cfg, inputs(params, tokens, s_in), positions, cache.k[0],
+                      cache.v[0], attn)  # fmt: skip
+    return out[:, -self.top_k :]
 
-  def _rerank(self, params, pool_tok, pool_score, pool_parent, pool_dist, dists) -> Draft:
-    """The ``total`` best offered nodes (ties: shallower, then earlier), parents first."""
-    tok = jnp.concatenate(pool_tok, axis=1)
-    parent = jnp.concatenate(pool_parent, axis=1)
-    b, p = tok.shape
-    keep_BxN = jnp.sort(jax.lax.top_k(jnp.concatenate(pool_score, axis=1), self.total)[1], axis=1)
+  def _rerank(self, params, pool: "Pool") -> Draft:
+    """The ``total`` best offered nodes (ties: the lower pool index, i.e. shallower, then
+    earlier), sorted by pool index: parents before children."""
+    b, p = pool.tok_BxP.shape
+    keep_BxN = jnp.sort(jax.lax.top_k(pool.score_BxP, self.total)[1], axis=1)
     # Pool index -> node id (1-based; the root is 0).
     node_of = jnp.zeros((b, p + 1), jnp.int32)  # slot p: the root's "pool index" -1
     node_of = node_of.at[jnp.arange(b)[:, None], keep_BxN].set(jnp.arange(1, self.total + 1))
-    parent_pool = jnp.take_along_axis(parent, keep_BxN, axis=1)
+    parent_pool = jnp.take_along_axis(pool.parent_BxP, keep_BxN, axis=1)
     parents_BxN = jnp.take_along_axis(node_of, jnp.where(parent_pool < 0, p, parent_pool), axis=1)
     vocab_ids = params["vocab_ids"]
-    tokens_BxN = vocab_ids[jnp.take_along_axis(tok, keep_BxN, axis=1)]
+    tokens_BxN = vocab_ids[jnp.take_along_axis(pool.tok_BxP, keep_BxN, axis=1)]
     if not self.sampled:
       return Draft(tokens=tokens_BxN, parents=parents_BxN)
-    dist_BxN = jnp.take_along_axis(jnp.concatenate(pool_dist, axis=1), keep_BxN, axis=1)
-    q_BxNxW = jnp.take_along_axis(jnp.stack(dists, axis=1), dist_BxN[..., None], axis=1)
+    dist_BxN = jnp.take_along_axis(pool.dist_BxP, keep_BxN, axis=1)
+    q_BxNxW = jnp.take_along_axis(pool.q_BxDxW, dist_BxN[..., None], axis=1)
     if self.cfg.vocab_size:  # q is zero outside the draft vocabulary
       q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.cfg.target.vocab_size,), q_BxNxW.dtype)
       q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
     return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents_BxN)
+
+
+@struct.dataclass
+class Pool:
+  """Every node offered so far in one step, level by level (the root's k children, then k^2
+  per level): token (draft-vocabulary id), cumulative score, parent (pool index; -1 = the
+  root), the input feature it is fed with (its parent's output), and (sampled mode) which
+  distribution drew it (0: the root's, 1 + e: the e-th expanded node's) with those
+  distributions."""
+
+  tok_BxP: jax.Array
+  score_BxP: jax.Array
+  parent_BxP: jax.Array
+  s_in_BxPxF: jax.Array
+  dist_BxP: jax.Array
+  q_BxDxW: jax.Array | None
+  level_starts: tuple = struct.field(pytree_node=False)  # pool index where each level starts
+
+  @classmethod
+  def start(cls, tok_BxK, score_BxK, q_BxW, root_BxF) -> "Pool":
+    b, k = tok_BxK.shape
+    return cls(
+      tok_BxK, score_BxK, jnp.full((b, k), -1, jnp.int32),
+      jnp.broadcast_to(root_BxF[:, None], (b, k, root_BxF.shape[-1])),
+      jnp.zeros((b, k), jnp.int32), None if q_BxW is None else q_BxW[:, None], (0,),
+    )  # fmt: skip
+
+  def best_of_level(self, level: int, k: int) -> jax.Array:
+    """``[B, k]`` pool indices of level ``level``'s best k nodes (all k of level 1)."""
+    lo = self.level_starts[level - 1]
+    hi = self.level_starts[level] if level < len(self.level_starts) else self.tok_BxP.shape[1]
+    return lo + jax.lax.top_k(self.score_BxP[:, lo:hi], k)[1]
+
+  def offer(self, frontier_BxK, tok_BxKxK, score_BxKxK, q_BxKxW, out_BxKxF) -> "Pool":
+    """Adds each frontier node's k children (scores accumulated along the path)."""
+    b, k = frontier_BxK.shape
+    parent_score = jnp.take_along_axis(self.score_BxP, frontier_BxK, axis=1)
+    score = (parent_score[:, :, None] + score_BxKxK).reshape(b, k * k)
+    first_dist = 0 if self.q_BxDxW is None else self.q_BxDxW.shape[1]
+    cat = lambda a, x: jnp.concatenate([a, x], axis=1)  # noqa: E731
+    return Pool(
+      cat(self.tok_BxP, tok_BxKxK.reshape(b, k * k)),
+      cat(self.score_BxP, score),
+      cat(self.parent_BxP, jnp.repeat(frontier_BxK, k, axis=1)),
+      cat(self.s_in_BxPxF, jnp.repeat(out_BxKxF, k, axis=1)),
+      cat(self.dist_BxP, jnp.broadcast_to(jnp.repeat(first_dist + jnp.arange(k), k), (b, k * k))),
+      None if self.q_BxDxW is None else cat(self.q_BxDxW, q_BxKxW),
+      self.level_starts + (self.tok_BxP.shape[1],),
+    )
+
+
+@struct.dataclass
+class Expanded:
+  """The nodes expanded so far, in expansion order: pool index, depth, and which of them are
+  each one's ancestors (itself included): the attention mask of their forward."""
+
+  nodes_BxM: jax.Array
+  ancestors_BxMxM: jax.Array
+  depths: tuple = struct.field(pytree_node=False)
+
+  @classmethod
+  def empty(cls, b: int) -> "Expanded":
+    return cls(jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, 0), bool), ())
+
+  def add(self, frontier_BxK, parent_BxP, depth: int) -> "Expanded":
+    """The frontier joins; a new node's ancestors are its parent's row (the parent was
+    expanded one level up, or is the root) plus itself."""
+    b, k = frontier_BxK.shape
+    m = self.nodes_BxM.shape[1]
+    parent_BxK = jnp.take_along_axis(parent_BxP, frontier_BxK, axis=1)
+    is_parent_BxKxM = (self.nodes_BxM[:, None, :] == parent_BxK[:, :, None]).astype(jnp.int32)
+    anc_BxMxM = self.ancestors_BxMxM.astype(jnp.int32)
+    inherited = jnp.einsum("bkm,bmn->bkn", is_parent_BxKxM, anc_BxMxM) > 0
+    rows = jnp.concatenate([inherited, jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k))], 2)
+    old = jnp.pad(self.ancestors_BxMxM, ((0, 0), (0, 0), (0, k)))
+    return Expanded(
+      jnp.concatenate([self.nodes_BxM, frontier_BxK], axis=1),
+      jnp.concatenate([old, rows], axis=1) if m else rows,
+      self.depths + (depth,) * k,
+    )
 
 
 # --- Saving and loading ------------------------------------------------------------------------

@@ -229,6 +229,15 @@ class Medusa(Chain):
         f"{target_cfg.dim}, vocabulary {target_cfg.vocab_size}): train heads for this target."
       )
 
+  def check_params(self, params) -> None:
+    if not isinstance(params, dict) or "vocab_ids" not in params:
+      raise ValueError("drafter_params for Medusa need the heads' tensors and vocab_ids.")
+    try:
+      heads = {k: v for k, v in params.items() if k != "vocab_ids"}
+      schema.check_shapes(SCHEMA, self.heads, heads, 0)
+    except ValueError as e:
+      raise ValueError(f"drafter_params do not fit these Medusa heads: {e}") from None
+
   def draft_calls_per_step(self) -> int:
     return 1
 

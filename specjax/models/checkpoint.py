@@ -251,13 +251,25 @@ def _read_safetensors(files):
   return tensors
 
 
-def load_safetensors(directory) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors)."""
+def safetensors_config(directory) -> ModelConfig:
+  """The ModelConfig of an HF checkpoint directory, from its config.json alone."""
   directory = Path(directory)
   config_path = directory / "config.json"
   if not config_path.is_file():
     raise FileNotFoundError(f"No config.json in {directory}.")
-  cfg = _hf_config(json.loads(config_path.read_text()))
+  try:
+    return _hf_config(json.loads(config_path.read_text()))
+  except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+    what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+    raise ValueError(
+      f"{config_path} is not a valid HF config ({what}): re-export the checkpoint."
+    ) from None
+
+
+def load_safetensors(directory) -> tuple[ModelConfig, Params]:
+  """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors)."""
+  directory = Path(directory)
+  cfg = safetensors_config(directory)
   tensors = _read_safetensors(_safetensors_files(directory))
 
   def load(name):

@@ -11,9 +11,12 @@ anything is loaded; ``load`` reads the weights.
 """
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 
 from specjax.models import checkpoint, registry, tiny
@@ -62,6 +65,25 @@ def check(c: ml_collections.ConfigDict, field: str) -> None:
 
 
 def load(c: ml_collections.ConfigDict) -> Model:
+  """The model of a config section; weights read from a file must be finite."""
+  model = _load(c)
+  if c.source != "random":
+    check_finite(model.params, c.path or c.name)
+  return model
+
+
+def check_finite(params, where: str) -> None:
+  """A ValueError naming the first weight holding NaN or infinity (a damaged file)."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if not bool(jnp.isfinite(leaf).all()):
+      name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+      raise ValueError(
+        f"{where}: weight {name} holds NaN or infinity: the file is damaged or was saved from "
+        "a diverged run; use another checkpoint."
+      )
+
+
+def _load(c: ml_collections.ConfigDict) -> Model:
   if c.source == "random":
     cfg, params = tiny.random_model(
       seed=c.seed,
@@ -82,7 +104,32 @@ def load(c: ml_collections.ConfigDict) -> Model:
     reader = checkpoint.open_gguf(c.path)
     return Model(*checkpoint.load_gguf(reader), Tokenizer.from_gguf(reader))
   cfg, params = checkpoint.load_safetensors(c.path)
-  return Model(cfg, params, Tokenizer.from_directory(c.path))
+  # A draft exported from a random target has no tokenizer: prompts are then token ids.
+  has_tokenizer = (Path(c.path) / "tokenizer.json").is_file()
+  return Model(cfg, params, Tokenizer.from_directory(c.path) if has_tokenizer else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _peek(source: str, name: str, path: str) -> Model:
+  if source == "registry":
+    reader = checkpoint.open_gguf(registry.resolve(name))
+    cfg = dataclasses.replace(checkpoint.gguf_config(reader), name=name)
+    return Model(cfg, None, Tokenizer.from_gguf(reader))
+  if source == "gguf":
+    reader = checkpoint.open_gguf(path)
+    return Model(checkpoint.gguf_config(reader), None, Tokenizer.from_gguf(reader))
+  cfg = checkpoint.safetensors_config(path)
+  has_tokenizer = (Path(path) / "tokenizer.json").is_file()
+  return Model(cfg, None, Tokenizer.from_directory(path) if has_tokenizer else None)
+
+
+def peek(c: ml_collections.ConfigDict) -> Model | None:
+  """The model's config and tokenizer from its file's header, without its weights (a second,
+  not the ~10 s a 135M model's weights take): enough to check prompts and sizes before
+  loading. None for random models (their config is the section itself)."""
+  if c.source == "random":
+    return None
+  return _peek(c.source, c.get("name", ""), c.get("path", ""))
 
 
 def check_same_tokenizer(target: Model, draft: Model) -> None:

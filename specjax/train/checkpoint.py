@@ -10,14 +10,19 @@ process killed mid-save leaves a tmp directory that ``latest_step`` never report
 next manager removes. A kill therefore costs at most the steps since the last finished save.
 
 Restoring checks, before reading any array, that every leaf the run expects exists in the
-checkpoint with the same shape and dtype, and names the first one that does not.
+checkpoint with the same shape and dtype, and names the first one that does not. After reading,
+the arrays must match the checksum written into ``meta`` at save time (a SHA-256 over every
+leaf's bytes), so damaged files are one clear error naming the checkpoint instead of a run that
+silently continues from zeros or NaN; a checkpoint that cannot be read at all is the same error.
 """
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from specjax.parallel import path_str
@@ -30,6 +35,24 @@ def _as_dict(state: TrainState) -> dict[str, Any]:
 
 def _leaves(tree) -> dict[str, Any]:
   return {path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def digest(state: TrainState) -> str | None:
+  """SHA-256 over every leaf's bytes in path order; None when some leaf is not fully held by
+  this process (several processes: each would see only its shards)."""
+  leaves = _leaves(_as_dict(state))
+  if not all(getattr(x, "is_fully_addressable", True) for x in leaves.values()):
+    return None
+  h = hashlib.sha256()
+  for name in sorted(leaves):
+    h.update(name.encode())
+    h.update(np.ascontiguousarray(jax.device_get(leaves[name])).tobytes())
+  return h.hexdigest()
+
+
+DAMAGED_FIX = (
+  "delete that step directory (the run resumes from the one before) or use a new workdir"
+)
 
 
 class Checkpointer:
@@ -56,7 +79,9 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
-    """Starts an (async) save of ``state`` as ``step``; returns once the device copy is taken."""
+    """Starts an (async) save of ``state`` as ``step``; returns once the device copy is taken.
+    The state's checksum goes into ``meta``."""
+    meta = meta | {"digest": digest(state)}
     self._manager.save(
       step,
       args=ocp.args.Composite(
@@ -69,7 +94,7 @@ class Checkpointer:
 
   def restore(self, step: int, abstract: TrainState, signature: dict[str, Any]) -> TrainState:
     """The checkpoint at ``step``, sharded like ``abstract``; raises if it is another model's."""
-    meta = self.read_meta(step)
+    meta = self._reading(step, lambda: self.read_meta(step))
     self._check_leaves(step, abstract)
     saved = meta.get("signature", {})
     diff = sorted(k for k in set(saved) | set(signature) if saved.get(k) != signature.get(k))
@@ -79,13 +104,36 @@ class Checkpointer:
         + "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {signature.get(k)!r}" for k in diff)
         + ". Use a new workdir, or restore the settings it was trained with."
       )
-    restored = self._manager.restore(
-      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(_as_dict(abstract)))
+    restored = self._reading(
+      step,
+      lambda: self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(_as_dict(abstract)))
+      ),
     )
-    return TrainState(**restored["state"])
+    state = TrainState(**restored["state"])
+    want = meta.get("digest")
+    if want is not None and digest(state) not in (None, want):
+      raise ValueError(
+        f"checkpoint {self.directory}/{step} is damaged: its arrays do not match the checksum "
+        f"written when it was saved; {DAMAGED_FIX}."
+      )
+    return state
+
+  def _reading(self, step: int, read):
+    """``read()``; a damaged checkpoint's orbax/TensorStore error (often ~150 lines) becomes
+    one line naming it."""
+    try:
+      return read()
+    except Exception as e:
+      text = str(e).strip()
+      first = text.splitlines()[0][:160] if text else type(e).__name__
+      raise ValueError(
+        f"checkpoint {self.directory}/{step} cannot be read ({first}...): it is damaged; "
+        f"{DAMAGED_FIX}."
+      ) from None
 
   def _check_leaves(self, step: int, abstract: TrainState) -> None:
-    saved = _leaves(self._manager.item_metadata(step)["state"])
+    saved = _leaves(self._reading(step, lambda: self._manager.item_metadata(step))["state"])
     wanted = _leaves(_as_dict(abstract))
     where = f"checkpoint {self.directory}/{step}"
     fix = (

@@ -295,14 +295,21 @@ def read_shards(directory, keys: Sequence[str] | None = None) -> tuple[dict, dic
     path = directory / shard["file"]
     if not path.is_file():
       raise ValueError(f"{path} is listed in {MANIFEST} but missing: regenerate {directory}.")
-    with np.load(path) as f:
-      if len(f["tokens"]) != shard["examples"]:
-        raise ValueError(
-          f"{path} holds {len(f['tokens'])} examples, {MANIFEST} says {shard['examples']}: "
-          f"regenerate {directory}."
-        )
-      for k in keys or f.files:
-        parts.setdefault(k, []).append(f[k])
+    try:
+      with np.load(path) as f:
+        n = len(f["tokens"])
+        arrays = {k: f[k] for k in keys or f.files}
+    except Exception as e:  # BadZipFile, EOFError, CRC errors: a damaged file
+      raise ValueError(
+        f"{path} is damaged ({type(e).__name__}: {e}): delete it and {MANIFEST}, then rerun "
+        "the self_distill task with the same output_dir to generate it again."
+      ) from None
+    if n != shard["examples"]:
+      raise ValueError(
+        f"{path} holds {n} examples, {MANIFEST} says {shard['examples']}: regenerate {directory}."
+      )
+    for k, v in arrays.items():
+      parts.setdefault(k, []).append(v)
   return manifest, {k: np.concatenate(v) for k, v in parts.items()}
 
 

@@ -233,10 +233,14 @@ def self_distill(
     lo = s * shard_size
     rows = prompts[lo : lo + shard_size]
     shards.append({"file": path.name, "examples": len(rows)})
-    if path.is_file():  # Finished by an earlier run with the same plan.
-      resumed += 1
-      bar.update(len(rows))
-      continue
+    if path.is_file():  # Finished by an earlier run with the same plan, unless damaged.
+      damage = shard_damage(path, len(rows))
+      if damage is None:
+        resumed += 1
+        bar.update(len(rows))
+        continue
+      tqdm.write(f"{path} is damaged ({damage}): generating it again")
+      path.unlink()
     t0 = time.perf_counter()
     continuations = []
     for j in range(0, len(rows), batch_size):
@@ -368,13 +372,29 @@ def _hidden_states(params, cfg, arrays, capture_layers, capture_final, batch_siz
   return {k: v.astype(np.float16) for k, v in out.items()}
 
 
+def shard_damage(path: Path, examples: int) -> str | None:
+  """Why a finished shard cannot be trusted (unreadable, or not ``examples`` rows), or None.
+  Reads every array, so a zip member whose data was damaged fails its CRC here."""
+  try:
+    with np.load(path) as f:
+      arrays = {k: f[k] for k in f.files}
+  except Exception as e:  # BadZipFile, EOFError, zlib/CRC errors, ...
+    return f"{type(e).__name__}: {e}"
+  if "tokens" not in arrays or len(arrays["tokens"]) != examples:
+    return f"it holds {len(arrays.get('tokens', ()))} examples, not {examples}"
+  return None
+
+
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-  """``np.savez`` to a temp file in the same directory, then an atomic rename."""
+  """``np.savez`` to a temp file in the same directory, synced to disk, then an atomic rename
+  (a crash never leaves a renamed shard whose data is still in the page cache only)."""
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "wb") as f:
       np.savez(f, **arrays)
+      f.flush()
+      os.fsync(f.fileno())
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
   except BaseException:

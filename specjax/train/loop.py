@@ -15,7 +15,10 @@ of loss, KL, acceptance, gradient norm and learning rate, plus tokens/s), eval r
 (orbax writes each process's shards).
 """
 
+import contextlib
 import dataclasses
+import fcntl
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,34 @@ def _evaluate(steps, state, frozen, eval_ds, loop, mesh) -> dict[str, float]:
   return {f"eval/{k}": float(np.mean([m[k] for m in ms])) for k in ms[0]}
 
 
+@contextlib.contextmanager
+def workdir_lock(workdir: Path | None):
+  """Holds ``workdir/.lock`` for the run: a second run on the same workdir is refused at once
+  (two runs writing one set of checkpoints both crash at their first save otherwise)."""
+  if workdir is None or jax.process_index() != 0:
+    yield
+    return
+  workdir.mkdir(parents=True, exist_ok=True)
+  with open(workdir / ".lock", "a+") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or "?"
+      raise ValueError(
+        f"train.workdir={str(workdir)!r} is in use by another training run (pid {holder}): "
+        "wait for it, stop it, or give this run another workdir."
+      ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _check_finite(m: dict, first: int, last: int, ckpt) -> None:
   """Stops a run whose loss or gradients turned non-finite, before it logs or saves them."""
   bad = {k: v for k, v in m.items() if k in ("loss", "grad_norm") and not np.isfinite(v)}
@@ -123,8 +154,14 @@ def train(
   mesh: Mesh,
   meta: dict[str, Any] | None = None,
 ) -> Result:
-  """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming)."""
+  """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming), holding
+  the workdir's lock."""
   check(loop, mesh, train_ds, eval_ds)
+  with workdir_lock(Path(loop.workdir) if loop.workdir else None):
+    return _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta)
+
+
+def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta) -> Result:
   is_main = jax.process_index() == 0
   workdir = Path(loop.workdir) if loop.workdir else None
   steps = compile_steps(objective, optim, mesh, target_params, loop.seed)

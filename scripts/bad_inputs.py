@@ -1,0 +1,79 @@
+"""Runs bad inputs through the CLI and writes what each gives: message, exit code, time.
+
+    python scripts/bad_inputs.py > docs/bad-inputs.md
+
+Every case is a real ``python -m specjax.run`` process on this machine (the time includes
+Python and JAX start-up, about 3 s here); the message is the last line the process printed.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cases(tmp: Path) -> list[tuple[str, list[str]]]:
+  (tmp / "a_file").write_text("")
+  (tmp / "noget.py").write_text("x = 1\n")
+  (tmp / "typo.py").write_text(
+    "from configs import tiny\ndef get_config():\n  c = tiny.get_config()\n"
+    "  return c.drafter.nosuch_section\n"
+  )
+  tiny, demo = "--config=configs/tiny.py", "--config=configs/demo.py"
+  eagle = [demo, "--config.drafter.name=eagle"]
+  return [
+    ("no --config", []),
+    ("config file without get_config", [f"--config={tmp}/noget.py"]),
+    ("bug inside the config file", [f"--config={tmp}/typo.py"]),
+    ("misspelt field", [tiny, "--config.tempreature=0.5"]),
+    ("misspelt nested field", [tiny, "--config.drafter.prompt_lookup.max_ngrm=2"]),
+    ("temperature=inf", [tiny, "--config.temperature=inf"]),
+    ("top_p=1.5", [tiny, "--config.top_p=1.5"]),
+    ("seed=-1", [tiny, "--config.seed=-1"]),
+    ("unknown task", [tiny, "--config.task=fly"]),
+    ("unknown drafter", [tiny, "--config.drafter.name=hydra"]),
+    ("benchmark.repeats=0", [demo, "--config.benchmark.repeats=0"]),
+    ("output_dir is a file", [demo, f"--config.output_dir={tmp}/a_file"]),
+    ("output_dir not writable", [demo, "--config.output_dir=/proc/specjax"]),
+    ("train workdir is a file",
+     ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
+    ("GGUF path that does not exist",
+     [demo, "--config.target.source=gguf", "--config.target.path=/no/model.gguf"]),
+    ("prompt + max_new_tokens > max_len", [demo, "--config.max_len=64"]),
+    ("KV cache larger than memory", [demo, "--config.max_len=100000000"]),
+    ("EAGLE tree: total < depth", [*eagle, "--config.drafter.eagle.depth=6",
+                                   "--config.drafter.eagle.total=4"]),
+    ("EAGLE drafter path missing", [*eagle, "--config.drafter.eagle.path=/no/drafter"]),
+    ("EAGLE drafter for another target",
+     [*eagle, "--config.drafter.eagle.path=experiments/eagle_smollm2/drafter",
+      "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
+    ("Medusa tree deeper than the heads", [demo, "--config.drafter.name=medusa",
+                                           "--config.drafter.medusa.tree_spec=(2,2,2,2,2)"]),
+  ]  # fmt: skip
+
+
+def main() -> None:
+  rows = []
+  with tempfile.TemporaryDirectory() as d:
+    for name, args in cases(Path(d)):
+      t0 = time.perf_counter()
+      proc = subprocess.run(
+        [sys.executable, "-m", "specjax.run", *args], cwd=ROOT, capture_output=True, text=True,
+        env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600,
+      )  # fmt: skip
+      dt = time.perf_counter() - t0
+      lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
+      msg = (lines or [(proc.stderr.strip().splitlines() or ["(nothing)"])[-1]])[-1]
+      msg = msg.replace(d, "TMP").replace("|", "\\|")
+      rows.append(f"| {name} | `{msg}` | {proc.returncode} | {dt:.1f} s |")
+      print(f"{name}: rc {proc.returncode}, {dt:.1f} s", file=sys.stderr)
+  print("| input | message | exit | time |\n|---|---|---|---|")
+  print("\n".join(rows))
+
+
+if __name__ == "__main__":
+  main()
