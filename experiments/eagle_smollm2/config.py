@@ -38,7 +38,8 @@ FEATURES = "data/features/eagle_smollm2"  # float16 final features of the traini
 WORKDIR_3 = "results/eagle3_smollm2"
 FEATURES_3 = "data/features/eagle3_smollm2"
 DRAFTER_3 = f"{HERE}/drafter3"
-BUDGET_300 = {"eagle1_300": f"{HERE}/drafter_eagle1_300", "ttt_300": f"{HERE}/drafter_ttt_300"}
+# The equal-budget pair, decoded from their workdirs (17 MB each, not kept in git).
+BUDGET_300 = {n: f"{WORKDIR}_{n}/draft_final" for n in ("eagle1_300", "ttt_300")}
 EAGLE3_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers
 
 
@@ -184,7 +185,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "eagle1_300", "ttt_300"):
+  for run in ("eagle1", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue

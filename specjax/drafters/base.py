@@ -211,6 +211,12 @@ class WithFeatures:
     return getattr(self.inner, attr)
 
 
+def sampled_candidates(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> bool:
+  """``c.candidates``: ``sampled`` (drawn from the draft, verified with q), ``top_k``
+  (deterministic), or ``auto`` (sampled iff the run's temperature is above 0)."""
+  return c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+
+
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
   if int(num_draft) != num_draft or num_draft < low:
     hint = "; use K = 0 for autoregressive decoding" if low == 0 else ""

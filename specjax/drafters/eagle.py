@@ -48,7 +48,7 @@ from flax import struct
 
 from specjax import sampling
 from specjax.drafters import artifact
-from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict
+from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict, sampled_candidates
 from specjax.models import llama, schema, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
@@ -300,7 +300,7 @@ class Eagle(Chain):
         "objective.name=eagle writes one into workdir/draft_final)."
       )
     cfg, params, _ = load(c.path, target)
-    sampled = c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+    sampled = sampled_candidates(c, config)
     d = cls(cfg, c.top_k, c.depth, c.total, sampled)
     d.check_target(target.cfg)
     return d, params

@@ -36,7 +36,7 @@ import numpy as np
 from specjax import sampling
 from specjax.drafters import artifact
 from specjax.drafters.artifact import target_head
-from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict
+from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict, sampled_candidates
 from specjax.models import schema
 from specjax.models.config import ModelConfig
 from specjax.models.schema import Param
@@ -206,7 +206,7 @@ class Medusa(Chain):
 
   @classmethod
   def build(cls, c, config, target):
-    sampled = c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+    sampled = sampled_candidates(c, config)
     tree = parse_tree(c)
     if c.path:
       heads, params, meta = load(c.path, target)

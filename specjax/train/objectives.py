@@ -33,6 +33,7 @@ import ml_collections
 
 from specjax import parallel
 from specjax.drafters import artifact, eagle, medusa
+from specjax.drafters.base import sampled_candidates
 from specjax.drafters.draft_model import DraftModel
 from specjax.models import llama
 from specjax.models.config import ModelConfig
@@ -337,7 +338,7 @@ class MedusaHeads:
 
   def drafter(self, config: ml_collections.ConfigDict) -> medusa.Medusa:
     c = config.drafter.medusa
-    sampled = c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+    sampled = sampled_candidates(c, config)
     return medusa.Medusa(self.heads, medusa.parse_tree(c), sampled)
 
   def export(self, directory: Path, params: Params, target) -> Path:
@@ -528,7 +529,7 @@ class EagleFeatures:
 
   def drafter(self, config: ml_collections.ConfigDict) -> eagle.Eagle:
     c = config.drafter.eagle
-    sampled = c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+    sampled = sampled_candidates(c, config)
     return eagle.Eagle(self.eagle, c.top_k, c.depth, c.total, sampled)
 
   def export(self, directory: Path, params: Params, target) -> Path:
