@@ -105,26 +105,30 @@ MEDUSA_TAU_B4 = 1.2660550458715596  # greedy tau of the committed heads and thei
 # the fixture's prompts (rerunning the :tree step may change the tree: re-measure then)
 
 
-def test_medusa_heads_equal_autoregressive_and_keep_their_tau(smol):
-  """The committed Medusa heads (experiments/medusa_smollm2) on SmolLM2, greedy: batch 4
-  (ragged prompts, stop ids) gives AR's tokens at the tau they were measured at; batch 1 gives
-  AR's batch-1 tokens."""
-  from experiments.medusa_smollm2 import config as medusa_config
-
+def _committed_drafter_equals_ar(smol, c, min_tau: float) -> None:
+  """The drafter of config ``c`` on SmolLM2, greedy: batch 4 (ragged prompts, stop ids) gives
+  the pre-refit fixture's AR tokens at ``min_tau`` or better; batch 1 gives AR's tokens."""
   cfg, params, tok = smol
   before = json.loads(BEFORE_REFIT.read_text())
   prompts = _chat(tok, before["prompts"])
   kw = dict(max_new_tokens=before["max_new_tokens"], max_len=before["max_len"])
   kw["eos_id"] = sorted(tok.stop_ids)
-  c = medusa_config.get_config("benchmark")
-  c.drafter.medusa.path = str(MEDUSA_HEADS)
   build.check(c)
   drafter, dparams = build.drafter(c, build.Model(cfg, params, tok))
   out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
   assert out.tokens == before["runs"]["none"]["tokens"]
-  assert out.metrics["tau"] >= MEDUSA_TAU_B4 - 1e-9, out.metrics["tau"]
+  assert out.metrics["tau"] >= min_tau - 1e-9, out.metrics["tau"]
   one = generate(params, cfg, prompts[:1], drafter=drafter, drafter_params=dparams, **kw)
   assert one.tokens == generate(params, cfg, prompts[:1], **kw).tokens
+
+
+def test_medusa_heads_equal_autoregressive_and_keep_their_tau(smol):
+  """The committed Medusa heads (experiments/medusa_smollm2) and their saved tree."""
+  from experiments.medusa_smollm2 import config as medusa_config
+
+  c = medusa_config.get_config("benchmark")
+  c.drafter.medusa.path = str(MEDUSA_HEADS)
+  _committed_drafter_equals_ar(smol, c, MEDUSA_TAU_B4)
 
 
 EAGLE_DRAFTER = Path(__file__).parents[1] / "experiments" / "eagle_smollm2" / "drafter"
@@ -133,22 +137,9 @@ EAGLE_TAU_B4 = 1.6428571428571428  # greedy tau of the committed drafter and its
 
 
 def test_eagle_drafter_equals_autoregressive_and_keeps_its_tau(smol):
-  """The committed EAGLE drafter (experiments/eagle_smollm2) on SmolLM2, greedy, its EAGLE-2
-  tree: batch 4 (ragged prompts, stop ids) gives AR's tokens at the tau it was measured at;
-  batch 1 gives AR's batch-1 tokens."""
+  """The committed EAGLE drafter (experiments/eagle_smollm2) with an EAGLE-2 tree."""
   from experiments.eagle_smollm2 import config as eagle_config
 
-  cfg, params, tok = smol
-  before = json.loads(BEFORE_REFIT.read_text())
-  prompts = _chat(tok, before["prompts"])
-  kw = dict(max_new_tokens=before["max_new_tokens"], max_len=before["max_len"])
-  kw["eos_id"] = sorted(tok.stop_ids)
   c = eagle_config.get_config("sweep_b1")
   c.drafter.eagle.path = str(EAGLE_DRAFTER)
-  build.check(c)
-  drafter, dparams = build.drafter(c, build.Model(cfg, params, tok))
-  out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
-  assert out.tokens == before["runs"]["none"]["tokens"]
-  assert out.metrics["tau"] >= EAGLE_TAU_B4 - 1e-9, out.metrics["tau"]
-  one = generate(params, cfg, prompts[:1], drafter=drafter, drafter_params=dparams, **kw)
-  assert one.tokens == generate(params, cfg, prompts[:1], **kw).tokens
+  _committed_drafter_equals_ar(smol, c, EAGLE_TAU_B4)
