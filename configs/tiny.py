@@ -2,6 +2,8 @@
 
     python -m specjax.run --config=configs/tiny.py
     python -m specjax.run --config=configs/tiny.py --config.task=benchmark
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m specjax.run \
+      --config=configs/tiny.py --config.mesh.data=4 --config.mesh.tensor=2
 
 Prints each prompt's token ids and the generated ids, then tokens, target calls, tau and
 per-position acceptance alpha; benchmark also prints AR vs speculative tokens/s and writes
@@ -56,6 +58,21 @@ def get_config():
   c.top_k = 0  # 0 = off
   c.top_p = 1.0  # 1 = off
   c.seed = 0  # sampling and prompt seed
+
+  # Decoding on several devices (specjax/placement.py): rows over data, weights and KV heads
+  # over tensor; -1 = the devices the other axis leaves. 1 x 1 = one device.
+  c.mesh = config_dict.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.fsdp = 1  # decoding keeps it at 1 (weights are split over tensor only)
+  c.mesh.tensor = 1
+  c.dtype = "auto"  # weights and caches: auto = bfloat16 on GPU/TPU, float32 on CPU
+  c.device_memory_gib = 0.0  # per-device limit; 0 = the device's own (a CPU: host / devices)
+  c.distributed = config_dict.ConfigDict()  # several processes, as in configs/train_tiny.py
+  c.distributed.coordinator_address = ""
+  c.distributed.num_processes = 1
+  c.distributed.process_id = 0
+  c.distributed.heartbeat_timeout_s = 60  # a silent peer is declared dead after this
+  c.distributed.initialization_timeout_s = 300
 
   c.benchmark = config_dict.ConfigDict()
   c.benchmark.repeats = 3  # timed runs after the compiling one; the median is reported

@@ -11,11 +11,13 @@ see models/source.py); the drafter from ``config.drafter`` by name through the r
 import dataclasses
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
+from tqdm.auto import tqdm
 
-from specjax import decode, drafters, results, sampling, verify
-from specjax.models import source
+from specjax import decode, drafters, parallel, placement, results, sampling, verify
+from specjax.models import llama, source, tiny
 from specjax.models.source import Model
 
 VERIFIERS = ("rejection", "typical")
@@ -57,6 +59,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   source.check(config.target, "target")
   drafters.check(config)
   source.choice(config.verifier, VERIFIERS, "verifier")
+  dtype(config)
   verifier(config)
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
@@ -84,27 +87,142 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 
 def check_request(config: ml_collections.ConfigDict) -> None:
-  """The prompts against ``max_len`` and the vocabulary, and the KV cache against this
-  machine's memory, from the target's header and tokenizer: before its weights load."""
+  """The prompts against ``max_len`` and the vocabulary, the mesh against the model's sizes,
+  and the weights and KV cache against a device's memory, from the target's header and
+  tokenizer: before its weights load."""
   model = source.peek(config.target)
-  if model is None:
-    return
-  req = request(config, model)
-  budgets = [req.max_new_tokens] * len(req.prompts)
+  cfg = header_config(config.target) if model is None else model.cfg
+  if decodes_on_mesh(config):  # the sizes the config states, before they meet the devices
+    stated = {k: v for k, v in dataclasses.asdict(mesh_config(config)).items() if v != -1}
+    placement.check_model(stated, cfg)
+    placement.check_batch(stated, config.batch_size)
+  m = mesh(config)
+  shape = {"data": 1, "fsdp": 1, "tensor": 1} if m is None else dict(m.shape)
+  placement.check_batch(shape, config.batch_size)
+  placement.check_model(shape, cfg)
+  if model is not None:
+    req = request(config, model)
+    budgets = [req.max_new_tokens] * len(req.prompts)
+    try:
+      decode.check_prompts(req.prompts, budgets, req.max_len, model.cfg.vocab_size)
+    except ValueError as e:
+      raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
+  kind = dtype(config)
+  weights = jax.eval_shape(lambda: llama.init_params(cfg, jax.random.key(0), dtype=kind))
+  itemsize = np.dtype(kind).itemsize
+  fp = placement.footprint(
+    {
+      "target weights": placement.bytes_per_device(weights, llama.RULES, shape),
+      "target KV cache": placement.cache_bytes(
+        cfg, config.batch_size, config.max_len, shape, itemsize
+      ),
+    },
+    shape,
+  )
   try:
-    decode.check_prompts(req.prompts, budgets, req.max_len, model.cfg.vocab_size)
-    decode.check_memory(model.cfg, req.batch_size, req.max_len)
+    placement.check_fits(fp, config.get("device_memory_gib", 0.0))
   except ValueError as e:
-    raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
+    raise ValueError(f"{e} (config.max_len, config.batch_size, config.mesh)") from None
+
+
+def header_config(c: ml_collections.ConfigDict):
+  """The target's sizes without its weights: the file's header, or a random model's fields."""
+  model = source.peek(c)
+  if model is not None:
+    return model.cfg
+  keys = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim", "name")
+  return tiny.tiny_config(**{k: c[k] for k in keys})
+
+
+def mesh(config: ml_collections.ConfigDict):
+  """The decoding mesh of ``config.mesh`` (placement.py), or None for one device (no section,
+  or a 1 x 1 mesh). Join a multi-process run (``distributed``) before calling this."""
+  if not decodes_on_mesh(config):
+    return None
+  return placement.mesh_for(mesh_config(config))
+
+
+MESH_TASKS = ("generate", "benchmark", "device_bench")
+
+
+def decodes_on_mesh(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config.mesh`` is a decoding mesh: tasks that decode on one device refuse a mesh
+  they would ignore; training reads ``config.mesh`` itself (specjax/train)."""
+  if "mesh" not in config or config.get("task") == "train":
+    return False
+  if config.get("task") in MESH_TASKS:
+    return True
+  if any(n != 1 for n in config.mesh.values()):
+    raise ValueError(
+      f"config.mesh={dict(config.mesh)}: task={config.get('task')} decodes on one device; "
+      f"a mesh applies to task={', '.join(MESH_TASKS)}. Leave config.mesh at 1 x 1 x 1."
+    )
+  return False
+
+
+def mesh_config(config: ml_collections.ConfigDict) -> parallel.MeshConfig:
+  try:
+    cfg = parallel.MeshConfig(**config.mesh)
+  except TypeError as e:
+    raise ValueError(f"config.mesh: {e}; its fields are data, fsdp, tensor.") from None
+  placement.check_decoding(cfg)
+  return cfg
+
+
+def distributed(config: ml_collections.ConfigDict) -> parallel.DistributedConfig:
+  """``config.distributed`` (absent: one process)."""
+  if "distributed" not in config:
+    return parallel.DistributedConfig()
+  return parallel.DistributedConfig(**config.distributed)
+
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def dtype(config: ml_collections.ConfigDict) -> str:
+  """``config.dtype`` of weights and caches: ``auto`` is bfloat16 on an accelerator (half the
+  bytes every step reads) and float32 on a CPU (where bfloat16 matrix products are slow)."""
+  name = source.choice(config.get("dtype", "auto"), DTYPES, "dtype")
+  if name == "auto":
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  return name
 
 
 def target(config: ml_collections.ConfigDict) -> Model:
-  return source.load(config.target)
+  """The target, its weights in ``dtype(config)``."""
+  model = source.load(config.target)
+  if dtype(config) == "float32":
+    return model
+  return dataclasses.replace(model, params=llama.cast(model.params, dtype(config)))
 
 
 def drafter(config: ml_collections.ConfigDict, target: Model):
-  """Returns ``(drafter, drafter_params)``: ``config.drafter.name`` from the registry."""
-  return drafters.build(config, target)
+  """Returns ``(drafter, drafter_params)``: ``config.drafter.name`` from the registry, its
+  weights in the target's dtype."""
+  d, params = drafters.build(config, target)
+  if params is not None and dtype(config) != "float32":
+    params = llama.cast(params, dtype(config))
+  return d, params
+
+
+def placed(config: ml_collections.ConfigDict, target: Model, drafter, dparams):
+  """``(mesh, target params, drafter params)``: the weights placed once on ``mesh(config)``
+  (unchanged for one device), after the per-device bytes are printed and checked."""
+  m = mesh(config)
+  tparams = target.params
+  if m is not None:
+    rules = getattr(drafter, "partition_rules", ())
+    tparams = placement.place(tparams, llama.RULES, m)
+    dparams = placement.place(dparams, rules, m)
+  shape = dict(m.shape) if m is not None else {"data": 1, "fsdp": 1, "tensor": 1}
+  fp = decode.footprint(
+    target.cfg, tparams, drafter, dparams, config.batch_size, config.max_len, shape,
+    getattr(drafter, "partition_rules", ()),
+  )  # fmt: skip
+  placement.check_fits(fp, config.get("device_memory_gib", 0.0))
+  where = "" if m is None else f", mesh {dict(m.shape)} over {jax.process_count()} process(es)"
+  tqdm.write(f"memory {fp.describe()}{where}")
+  return m, tparams, dparams
 
 
 def verifier(config: ml_collections.ConfigDict):

@@ -20,7 +20,6 @@ every layer's cache every step (30 copies of 3 MB per step for SmolLM2 at max_le
 import collections
 import dataclasses
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,9 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.sharding import Mesh
 
 from specjax import metrics as metrics_lib
-from specjax import sampling, trees, verify
+from specjax import placement, sampling, trees, verify
 from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
 from specjax.metrics import Metrics
 from specjax.models import llama
@@ -71,6 +71,8 @@ class _Static:
   drafter: Drafter
   max_len: int
   verifier: Callable
+  prompt_width: int  # the prompt's slots at the start of the token buffer
+  mesh: Mesh | None = None  # None: one device; else the placement of placement.py
 
   @property
   def num_slots(self) -> int:
@@ -98,10 +100,13 @@ def _features(feats: tuple, drafter: Drafter) -> jax.Array | None:
   return jnp.concatenate(feats, axis=-1) if drafter.feature_layers else None
 
 
-def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
+def _prefill(tparams, st: _Static, tokens_BxS, prompt_len_B, sp, key):
   """Runs the prompt through the target and samples the first new token (one target call)."""
+  prompt_BxP = tokens_BxS[:, : st.prompt_width]
   b, p = prompt_BxP.shape
-  cache = llama.init_cache(st.target_cfg, b, st.num_slots)
+  cache = llama.init_cache(st.target_cfg, b, st.num_slots, llama.param_dtype(tparams))
+  cache = cache.replace(k=placement.constrain_cache(cache.k, st.mesh))
+  cache = cache.replace(v=placement.constrain_cache(cache.v, st.mesh))
   positions = jnp.broadcast_to(jnp.arange(p), (b, p))
   logits_BxPxV, feats, cache = llama.forward(
     tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p),
@@ -109,8 +114,7 @@ def _prefill(tparams, st: _Static, prompt_BxP, prompt_len_B, sp, key):
   )  # fmt: skip
   last_BxV = jnp.take_along_axis(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
   first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
-  tokens = jnp.zeros((b, st.num_slots), jnp.int32).at[:, :p].set(prompt_BxP)
-  tokens = write_rows(tokens, first_B[:, None], prompt_len_B)
+  tokens = write_rows(tokens_BxS, first_B[:, None], prompt_len_B)
   prefill = Prefill(prompt_BxP, prompt_len_B, _features(feats, st.drafter), st.num_slots)
   return tokens, first_B, cache.replace(lengths=prompt_len_B), prefill
 
@@ -313,15 +317,25 @@ def _step(tparams, dparams, st: _Static, sp, limits: Limits, s: DecodeState) -> 
   )  # fmt: skip
 
 
-def _generate(tparams, dparams, prompt_BxP, prompt_len_B, sp, limits: Limits, key, *, st):
+def _generate(tparams, dparams, tokens_BxS, prompt_len_B, sp, limits: Limits, key, *, st):
+  """``tokens_BxS`` holds the prompts (zeros after them); it is donated and comes back with
+  the generated tokens written after each prompt."""
   TRACES["generate"] += 1
-  b = prompt_BxP.shape[0]
+  b = tokens_BxS.shape[0]
+  if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.wrap_key_data(key)  # raw key data: how a key crosses onto a mesh
   key_prefill, key_loop = jax.random.split(key)
-  tokens, first_B, cache, prefill = _prefill(tparams, st, prompt_BxP, prompt_len_B, sp, key_prefill)
+  tokens, first_B, cache, prefill = _prefill(tparams, st, tokens_BxS, prompt_len_B, sp, key_prefill)
   metrics = Metrics.zeros(b, st.drafter.num_draft)
   metrics = metrics.replace(target_calls=metrics.target_calls + 1, row_calls=metrics.row_calls + 1)
   cfg, d1 = st.target_cfg, st.drafter.num_draft + 1
-  zeros = tuple(jnp.zeros((b, cfg.num_kv_heads, d1, cfg.head_dim)) for _ in range(cfg.num_layers))
+  zeros = placement.constrain_cache(
+    tuple(
+      jnp.zeros((b, cfg.num_kv_heads, d1, cfg.head_dim), cache.k[0].dtype)
+      for _ in range(cfg.num_layers)
+    ),
+    st.mesh,
+  )
   state = DecodeState(
     tokens=tokens,
     num_new=jnp.ones((b,), jnp.int32),
@@ -339,7 +353,37 @@ def _generate(tparams, dparams, prompt_BxP, prompt_len_B, sp, limits: Limits, ke
   return state.tokens, state.num_new, state.metrics
 
 
-_generate_jit = jax.jit(_generate, static_argnames=("st",))
+_generate_jit = jax.jit(_generate, static_argnames=("st",), donate_argnums=(2,))
+
+
+@functools.lru_cache(maxsize=16)
+def _sharded_jit(st: _Static, params_shardings: tuple) -> Callable:
+  """``_generate`` with explicit placements on ``st.mesh``: weights as placed
+  (``params_shardings`` = (treedef, leaf shardings) of target and drafter params), rows over
+  data, the rest replicated; outputs rows over data, metrics replicated; the token buffer
+  donated."""
+  (t_def, t_sh), (d_def, d_sh) = params_shardings
+  rows = placement.NamedSharding(st.mesh, placement.ROWS_SPEC)
+  rep = placement.NamedSharding(st.mesh, placement.P())
+  return jax.jit(
+    functools.partial(_generate, st=st),
+    in_shardings=(t_def.unflatten(t_sh), d_def.unflatten(d_sh), rows, rows, rep, rep, rep),
+    out_shardings=(rows, rows, rep),
+    donate_argnums=(2,),
+  )
+
+
+def _jitted(st: _Static, tparams, dparams) -> tuple[Any, dict]:
+  """The jitted ``_generate`` for this placement and its keyword arguments: one device, or
+  explicit shardings on a mesh."""
+  if st.mesh is None:
+    return _generate_jit, {"st": st}
+
+  def placed(tree):
+    leaves, treedef = jax.tree.flatten(jax.tree.map(lambda x: x.sharding, tree))
+    return treedef, tuple(leaves)
+
+  return _sharded_jit(st, (placed(tparams), placed(dparams))), {}
 
 
 @dataclasses.dataclass
@@ -349,6 +393,7 @@ class Generation:
   tokens: list[list[int]]
   counts: dict[str, np.ndarray]  # raw metric counts: merge runs with metrics.merge
   metrics: dict[str, Any]  # derived: tau, alpha, ...
+  local_rows: list[int] | None = None  # on a multi-process mesh: the rows this process holds
 
 
 def prompt_width(longest: int, max_len: int) -> int:
@@ -372,6 +417,7 @@ def generate(
   eos_id: int | Sequence[int] | None = None,
   verifier: Callable = verify.verify,
   pad_to: int = 0,
+  mesh: Mesh | None = None,
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
@@ -390,6 +436,12 @@ def generate(
   target's next token; the default (``verify.verify``) is lossless for chains and trees, and
   ``verify.TypicalAcceptance`` is Medusa's lossy rule.
 
+  ``mesh`` (``placement.mesh_for``): the same loop with the weights tensor-parallel, the rows
+  and caches split over the mesh (placement.py). Weights not yet placed are placed on each call:
+  place them once with ``placement.place`` (as ``tasks/generate.py`` does). With several
+  processes every process passes the same prompts and gets every row back; ``local_rows``
+  says which rows its devices computed.
+
   Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
   tokens per row and, with the batch size, the drafter and the model, fixes the compiled
   shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile).
@@ -398,18 +450,20 @@ def generate(
   """
   args, st = _arguments(
     target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-    temperature, top_k, top_p, seed, eos_id, verifier, pad_to,
+    temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh,
   )  # fmt: skip
-  tokens, num_new, metrics = _generate_jit(*args, st=st)
-  tokens, num_new = np.asarray(tokens), np.asarray(num_new)
+  fn, kw = _jitted(st, args[0], args[1])
+  tokens_d, num_new_d, metrics = fn(*args, **kw)
+  tokens, num_new = placement.fetch(tokens_d), placement.fetch(num_new_d)
   rows = [tokens[r, len(p) : len(p) + num_new[r]].tolist() for r, p in enumerate(prompts)]
   counts = metrics_lib.counts(jax.device_get(metrics), num_new)
-  return Generation(tokens=rows, counts=counts, metrics=metrics_lib.summarize(counts))
+  local = placement.local_rows(tokens_d) if mesh is not None else None
+  return Generation(rows, counts, metrics_lib.summarize(counts), local)
 
 
 def _arguments(
   target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-  temperature, top_k, top_p, seed, eos_id, verifier, pad_to,
+  temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh=None,
 ):  # fmt: skip
   """Checks ``generate``'s arguments (before anything compiles) and makes the jitted call's."""
   sp = SamplingParams.create(temperature, top_k, top_p)
@@ -426,19 +480,63 @@ def _arguments(
   if len(budgets) != b:
     raise ValueError(f"max_new_tokens has {len(budgets)} entries for {b} prompts.")
   check_prompts(prompts, budgets, max_len, target_cfg.vocab_size)
-  check_memory(target_cfg, b, max_len)
-
-  width = prompt_width(max(pad_to, *map(len, prompts)), max_len)
-  prompt_BxP = np.zeros((b, width), np.int32)
-  for r, prompt in enumerate(prompts):
-    prompt_BxP[r, : len(prompt)] = prompt
+  shape = {"data": 1, "fsdp": 1, "tensor": 1} if mesh is None else dict(mesh.shape)
+  if mesh is not None:
+    placement.check_batch(shape, b)
+    placement.check_model(shape, target_cfg)
+    if isinstance(getattr(drafter, "cfg", None), ModelConfig):
+      placement.check_model(shape, drafter.cfg, "draft model")
   if isinstance(seed, int) and not 0 <= seed < 2**32:
     raise ValueError(f"seed must be an integer in [0, 2**32), got {seed}.")
+  st = _Static(
+    target_cfg, drafter, max_len, verifier, prompt_width(max(pad_to, *map(len, prompts)), max_len),
+    mesh,
+  )  # fmt: skip
+  rules = getattr(drafter, "partition_rules", ())
+  placement.check_fits(
+    footprint(target_cfg, target_params, drafter, drafter_params, b, st.num_slots, shape, rules)
+  )
+
+  tokens_BxS = np.zeros((b, st.num_slots), np.int32)
+  for r, prompt in enumerate(prompts):
+    tokens_BxS[r, : len(prompt)] = prompt
   key = jax.random.key(seed) if isinstance(seed, int) else seed
-  limits = Limits(jnp.asarray(budgets, jnp.int32), _stop_ids(eos_id))
-  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-  args = (target_params, drafter_params, jnp.asarray(prompt_BxP), lengths, sp, limits, key)
-  return args, _Static(target_cfg, drafter, max_len, verifier)
+  lengths = np.asarray([len(p) for p in prompts], np.int32)
+  limits = Limits(np.asarray(budgets, np.int32), _stop_ids(eos_id))
+  if mesh is None:
+    args = (target_params, drafter_params, jnp.asarray(tokens_BxS), jnp.asarray(lengths), sp)
+    return args + (jax.tree.map(jnp.asarray, limits), key), st
+  args = (
+    placement.place(target_params, llama.RULES, mesh),
+    placement.place(drafter_params, rules, mesh),
+    placement.put_rows(tokens_BxS, mesh),
+    placement.put_rows(lengths, mesh),
+    placement.put_replicated(sp, mesh),
+    placement.put_replicated(limits, mesh),
+    placement.put_replicated(jax.random.key_data(key), mesh),
+  )
+  return args, st
+
+
+def footprint(
+  target_cfg, target_params, drafter, drafter_params, batch, num_slots, mesh_shape, rules=()
+) -> placement.Footprint:
+  """Bytes one device holds: weights by their partition rules, the target's KV cache (and a
+  draft model's), rows over data and kv heads over tensor."""
+  parts = {
+    "target weights": placement.bytes_per_device(target_params, llama.RULES, mesh_shape),
+    "target KV cache": placement.cache_bytes(
+      target_cfg, batch, num_slots, mesh_shape, np.dtype(llama.param_dtype(target_params)).itemsize
+    ),
+  }
+  if drafter_params is not None:
+    parts["drafter weights"] = placement.bytes_per_device(drafter_params, rules, mesh_shape)
+  if isinstance(getattr(drafter, "cfg", None), ModelConfig):
+    itemsize = np.dtype(llama.param_dtype(drafter_params)).itemsize
+    parts["draft KV cache"] = placement.cache_bytes(
+      drafter.cfg, batch, num_slots, mesh_shape, itemsize
+    )
+  return placement.footprint(parts, mesh_shape)
 
 
 def compiled(
@@ -452,14 +550,16 @@ def compiled(
   max_len: int = 256,
   verifier: Callable = verify.verify,
   pad_to: int = 0,
+  mesh: Mesh | None = None,
 ) -> jax.stages.Compiled:
   """The compiled program ``generate`` runs for these shapes (ahead of time, nothing run):
   for ``cost_analysis()``, ``as_text()`` (the optimised HLO) or timing a compile."""
   args, st = _arguments(
     target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-    0.0, 0, 1.0, 0, None, verifier, pad_to,
+    0.0, 0, 1.0, 0, None, verifier, pad_to, mesh,
   )  # fmt: skip
-  return _generate_jit.lower(*args, st=st).compile()
+  fn, kw = _jitted(st, args[0], args[1])
+  return fn.lower(*args, **kw).compile()
 
 
 def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int) -> None:
@@ -481,22 +581,6 @@ def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int
       )
     if min(prompt) < 0 or max(prompt) >= vocab_size:
       raise ValueError(f"prompts[{r}] has token ids outside [0, {vocab_size}).")
-
-
-def check_memory(cfg: ModelConfig, batch: int, max_len: int) -> None:
-  """Refuses a KV cache larger than this machine's memory, with the numbers, before XLA
-  tries to allocate it."""
-  need = 2 * cfg.num_layers * batch * cfg.num_kv_heads * max_len * cfg.head_dim * 4
-  try:
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  except (ValueError, OSError, AttributeError):
-    return
-  if need > have:
-    raise ValueError(
-      f"max_len={max_len} at batch {batch} needs a {need / 2**30:.1f} GiB KV cache for "
-      f"{cfg.name!r}, more than this machine's {have / 2**30:.1f} GiB of memory: lower max_len "
-      "or the batch size."
-    )
 
 
 def _is_int(x) -> bool:

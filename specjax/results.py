@@ -10,13 +10,17 @@ from typing import Any
 
 def write_json(path: str | Path, record: Any) -> Path:
   """Writes ``record`` to ``path`` via a temp file and rename: never a half-written file."""
+  return write_text(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> Path:
+  """Writes ``text`` to ``path`` via a temp file and rename: never a half-written file."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "w") as f:
-      json.dump(record, f, indent=2, sort_keys=False)
-      f.write("\n")
+      f.write(text)
     os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
     os.replace(tmp, path)
   except BaseException:

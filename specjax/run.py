@@ -29,6 +29,7 @@ TASKS = {
   "max_len": "max_len",
   "feature_cost": "feature_cost",
   "medusa_tree": "medusa_tree",
+  "device_bench": "device_bench",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

@@ -80,10 +80,11 @@ def exact_pvalues(
   calls: int = 5,
   stop_ids: Sequence[int] = (),
   verifier=verify.verify,
+  mesh=None,
 ) -> list[float]:
-  """Samples ``rows * calls`` rows through the batched ``generate``, the ``prompts`` cycled
-  through each batch (ragged lengths in one batch), and returns one chi-square p-value per
-  prompt against the target's enumerated distribution for that prompt."""
+  """Samples ``rows * calls`` rows through the batched ``generate`` (on ``mesh``, if given), the
+  ``prompts`` cycled through each batch (ragged lengths in one batch), and returns one
+  chi-square p-value per prompt against the target's enumerated distribution for that prompt."""
   tcfg, tparams = target
   batch = [list(prompts[i % len(prompts)]) for i in range(rows)]
   sampled: list[list] = [[] for _ in prompts]
@@ -99,6 +100,7 @@ def exact_pvalues(
       seed=call,
       eos_id=list(stop_ids) or None,
       verifier=verifier,
+      mesh=mesh,
       **knobs,
     )
     for i, row in enumerate(out.tokens):

@@ -6,7 +6,6 @@ cross-process collectives.
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -21,14 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 LAYOUT = {"data": 2, "fsdp": 2}  # data across the two processes, fsdp within each
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _start(args: dict, heartbeat_s: int = 10) -> list[subprocess.Popen]:
-  port = _free_port()
+  port = train_worker.free_port()
   procs = []
   for pid in range(2):
     dist = {

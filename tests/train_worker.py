@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,8 +56,14 @@ def env(devices: int = 1) -> dict:
   }
 
 
-def command(args: dict) -> list[str]:
-  return [sys.executable, str(ROOT / "tests" / "train_worker.py"), json.dumps(args)]
+def command(args: dict, script: str = "train_worker.py") -> list[str]:
+  return [sys.executable, str(ROOT / "tests" / script), json.dumps(args)]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def parse(stdout: str) -> dict:
@@ -64,10 +71,13 @@ def parse(stdout: str) -> dict:
   return json.loads(line[len("RESULT ") :])
 
 
-def run_subprocess(args: dict, devices: int = 1, timeout: float = 300) -> dict:
-  """Runs the worker to completion in a fresh process and returns its RESULT."""
+def run_subprocess(
+  args: dict, devices: int = 1, timeout: float = 300, script: str = "train_worker.py"
+) -> dict:
+  """Runs a worker script (this one by default) to completion in a fresh process and returns
+  its RESULT."""
   proc = subprocess.run(
-    command(args), capture_output=True, text=True, env=env(devices), timeout=timeout
+    command(args, script), capture_output=True, text=True, env=env(devices), timeout=timeout
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return parse(proc.stdout)

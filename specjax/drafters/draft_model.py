@@ -41,6 +41,11 @@ class DraftModel(Chain):
   def __post_init__(self):
     check_num_draft(self.num_draft, low=1)
 
+  @property
+  def partition_rules(self):
+    """On a decoding mesh the draft model is split like the target (placement.py)."""
+    return llama.RULES
+
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -93,7 +98,7 @@ class DraftModel(Chain):
 
   def init(self, params, prefill: Prefill):
     b, p = prefill.tokens.shape
-    cache = llama.init_cache(self.cfg, b, prefill.num_slots)
+    cache = llama.init_cache(self.cfg, b, prefill.num_slots, llama.param_dtype(params))
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
     _, _, cache = llama.forward(
       params, self.cfg, prefill.tokens, positions, cache, llama.causal_mask(p), window=p

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
 from specjax import sampling
 from specjax.drafters import artifact
@@ -234,6 +235,11 @@ class Eagle(Chain):
     return self.cfg.feature_layers
 
   @property
+  def partition_rules(self):
+    """On a decoding mesh: the layer and embedding like the target's, the head by rows."""
+    return (*llama.RULES, (r"(^|/)proj$", P("tensor", None)))
+
+  @property
   def num_draft(self) -> int:
     return self.depth
 
@@ -322,7 +328,7 @@ class Eagle(Chain):
     b, p = prefill.tokens.shape
     s_BxPxF = fuse(params, prefill.features)
     next_BxP = jnp.concatenate([prefill.tokens[:, 1:], prefill.tokens[:, :1]], axis=1)
-    cache = llama.init_cache(self.cfg.layer, b, prefill.num_slots)
+    cache = llama.init_cache(self.cfg.layer, b, prefill.num_slots, llama.param_dtype(params))
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
     attn = llama.attention_inputs(cache.lengths, llama.causal_mask(p), cache.num_slots, window=p)
     _, k, v = layer(params, self.cfg, inputs(params, next_BxP, s_BxPxF), positions,

@@ -135,8 +135,9 @@ def rope(x_BxTxHxDh: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.A
 
 
 def embed(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array) -> jax.Array:
+  """The residual stream is float32 whatever the weights' type (see ``attention``)."""
   del cfg
-  return params["embed"][tokens_BxT]
+  return params["embed"][tokens_BxT].astype(jnp.float32)
 
 
 def final_norm(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array) -> jax.Array:
@@ -210,7 +211,7 @@ def _attend_written(cfg, size, q_BxGxRTxDh, k_cache, v_cache, lengths_B, mask_Bx
   scores = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k_cache[:, :, :size]) * scale
   visible_Bx1xRTxW = jnp.tile(visibility(lengths_B, mask_BxTxT, size), (1, cfg.groups, 1))[:, None]
   scores = jnp.where(visible_Bx1xRTxW, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+  weights = jax.nn.softmax(scores, axis=-1).astype(q_BxGxRTxDh.dtype)
   return jnp.einsum("bgqs,bgsd->bgqd", weights, v_cache[:, :, :size])
 
 
@@ -223,14 +224,14 @@ def _attend_window(cfg, size, q_BxGxRTxDh, k_cache, v_cache, k_new, v_new, lengt
   scores_new = jnp.einsum("bgqd,bgtd->bgqt", q_BxGxRTxDh, k_new) * scale
   scores_new = jnp.where(new_visible_Bx1xRTxT, scores_new.astype(jnp.float32), lowest)
   if size == 0:  # an empty cache: the new tokens see only each other
-    weights = jax.nn.softmax(scores_new, axis=-1).astype(v_new.dtype)
+    weights = jax.nn.softmax(scores_new, axis=-1).astype(q_BxGxRTxDh.dtype)
     return jnp.einsum("bgqt,bgtd->bgqd", weights, v_new)
   k_BxGxWxDh, v_BxGxWxDh = k_cache[:, :, :size], v_cache[:, :, :size]
   prefix_Bx1x1xW = (jnp.arange(size) < lengths_B[:, None])[:, None, None, :]
   scores_old = jnp.einsum("bgqd,bgsd->bgqs", q_BxGxRTxDh, k_BxGxWxDh) * scale
   scores_old = jnp.where(prefix_Bx1x1xW, scores_old.astype(jnp.float32), lowest)
   weights = jax.nn.softmax(jnp.concatenate([scores_old, scores_new], axis=-1), axis=-1)
-  weights = weights.astype(v_cache.dtype)
+  weights = weights.astype(q_BxGxRTxDh.dtype)
   out = jnp.einsum("bgqs,bgsd->bgqd", weights[..., :size], v_BxGxWxDh)
   return out + jnp.einsum("bgqt,bgtd->bgqd", weights[..., size:], v_new)
 
@@ -274,6 +275,11 @@ def attention(
   place); without, the new keys and values ``[B, G, T, Dh]`` alone (for ``write_kv``) and the
   cache only read."""
   q_BxGxRTxDh, k_BxGxTxDh, v_BxGxTxDh = qkv(p, cfg, x_BxTxD, positions_BxT)
+  if k_cache is not None and k_cache.dtype != k_BxGxTxDh.dtype:
+    # A bfloat16 cache: the new tokens see each other's K/V rounded as the cache stores them,
+    # so a T-token verify computes what T one-token steps reading the cache would.
+    # (Products with float32 queries and weights promote back to float32.)
+    k_BxGxTxDh, v_BxGxTxDh = k_BxGxTxDh.astype(k_cache.dtype), v_BxGxTxDh.astype(v_cache.dtype)
   if attn.write:
     k_cache = write_rows(k_cache, k_BxGxTxDh, attn.lengths, axis=1)
     v_cache = write_rows(v_cache, v_BxGxTxDh, attn.lengths, axis=1)
@@ -412,6 +418,18 @@ def forward(
 
 def causal_mask(t: int) -> jax.Array:
   return jnp.tril(jnp.ones((t, t), bool))
+
+
+def param_dtype(params: Params):
+  """The weights' float type (the embedding's); caches are kept in it too."""
+  return params["embed"].dtype
+
+
+def cast(params: Params, dtype) -> Params:
+  """Every floating weight as ``dtype`` (integer leaves, e.g. vocabulary maps, stay)."""
+  return jax.tree.map(
+    lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+  )
 
 
 def init_cache(cfg: ModelConfig, batch: int, num_slots: int, dtype=jnp.float32) -> KVCache:

@@ -12,7 +12,7 @@ import platform
 import jax
 import ml_collections
 
-from specjax import baselines, build, metrics, results
+from specjax import baselines, build, metrics, parallel, results
 from specjax.decode import generate
 from specjax.models import registry
 from specjax.tasks import timing
@@ -31,15 +31,17 @@ COLUMNS = (
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
+  parallel.initialize(build.distributed(config))
   build.check(config)
   target = build.target(config)
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
-  common = req.generate_kwargs()
+  mesh, tparams, dparams = build.placed(config, target, drafter, dparams)
+  common = req.generate_kwargs() | {"mesh": mesh}
   modes = {
-    "ar": lambda b: generate(target.params, target.cfg, b, **common),
+    "ar": lambda b: generate(tparams, target.cfg, b, **common),
     "speculative": lambda b: generate(
-      target.params,
+      tparams,
       target.cfg,
       b,
       drafter=drafter,

@@ -148,7 +148,9 @@ def verify_cost(target, sizes, max_len: int, context: int = 128, repeats: int = 
   fwd = jax.jit(forward, donate_argnums=1)
   fns = {}
   for t in sizes:
-    cache = llama.init_cache(target.cfg, 1, max_len + max(sizes) + 1)
+    cache = llama.init_cache(
+      target.cfg, 1, max_len + max(sizes) + 1, llama.param_dtype(target.params)
+    )
     cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
     tokens, positions = jnp.ones((1, t), jnp.int32), context + jnp.arange(t)[None]
     _, cache = fwd(target.params, cache, tokens, positions)
