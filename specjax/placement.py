@@ -90,18 +90,13 @@ def check_batch(mesh_shape: dict, batch: int) -> None:
 # -- placing arrays -----------------------------------------------------------------------------
 
 
-def shardings(tree: Any, rules: parallel.Rules, mesh: Mesh) -> Any:
-  """``NamedSharding`` per leaf of ``tree`` by ``rules`` (unmatched leaves are replicated)."""
-  return parallel.shardings(tree, rules, mesh)
-
-
 def place(tree: Any, rules: parallel.Rules, mesh: Mesh) -> Any:
   """``tree`` as global arrays sharded by ``rules``. Leaves already placed so stay as they are
   (placing once and passing the result to every ``generate`` call moves nothing); host values
   are split by every process alike, each filling only its own devices."""
   if tree is None:
     return None
-  want = shardings(tree, rules, mesh)
+  want = parallel.shardings(tree, rules, mesh)
 
   def put(x, sharding):
     if isinstance(x, jax.Array) and x.sharding == sharding:
@@ -115,15 +110,11 @@ def place(tree: Any, rules: parallel.Rules, mesh: Mesh) -> Any:
 
 def put_rows(x: Any, mesh: Mesh) -> jax.Array:
   """A host array every process holds in full, its leading (row) axis split over data."""
-  return parallel.put_global(np.asarray(x), NamedSharding(mesh, _fit_rows(np.shape(x), mesh)))
+  return parallel.put_global(np.asarray(x), NamedSharding(mesh, ROWS_SPEC))
 
 
 def put_replicated(tree: Any, mesh: Mesh) -> Any:
   return jax.tree.map(lambda x: parallel.put_global(np.asarray(x), parallel.replicated(mesh)), tree)
-
-
-def _fit_rows(shape, mesh: Mesh) -> P:
-  return ROWS_SPEC if shape else P()
 
 
 def constrain_cache(kv: tuple, mesh: Mesh | None) -> tuple:

@@ -30,6 +30,7 @@ TASKS = {
   "feature_cost": "feature_cost",
   "medusa_tree": "medusa_tree",
   "device_bench": "device_bench",
+  "losslessness": "losslessness",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

@@ -73,7 +73,7 @@ class DraftModel(Chain):
         )
       dcfg, dparams = tiny.truncated(target.cfg, target.params, c.num_layers)
     else:
-      draft = source.load(c.model)
+      draft = source.load_shared(c.model)
       source.check_same_tokenizer(target, draft)
       dcfg, dparams = draft.cfg, draft.params
     d = cls(dcfg, c.num_draft)

@@ -72,6 +72,19 @@ def load(c: ml_collections.ConfigDict) -> Model:
   return model
 
 
+def load_shared(c: ml_collections.ConfigDict) -> Model:
+  """``load``, but a model already loaded by this process is returned again rather than read
+  a second time (a sweep over K builds one draft model per variant; their weights are one)."""
+  key = tuple(sorted((k, repr(v)) for k, v in c.items()))
+  if key not in _SHARED:
+    _SHARED.clear()  # one model at a time: a new one replaces the last
+    _SHARED[key] = load(c)
+  return _SHARED[key]
+
+
+_SHARED: dict[tuple, Model] = {}
+
+
 def check_finite(params, where: str) -> None:
   """A ValueError naming the first weight holding NaN or infinity (a damaged file)."""
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:

@@ -2,7 +2,9 @@
 
 For every batch size in ``sweep.batch_sizes`` and every category in ``sweep.categories``
 (name -> prompts), the target runs autoregressively and with every drafter variant in
-``sweep.variants`` (name -> ``drafter`` config overrides) on the same prompts. Each run is
+``sweep.variants`` (name -> ``drafter`` config overrides) on the same prompts (and, with
+``sweep.draft_ar`` naming a draft-model variant, that draft alone as AR: the cost ratio c =
+AR tokens/s / draft tokens/s). Each run is
 done once to compile and ``benchmark.repeats`` more times; the median is the steady time.
 Speedups are ratios of times measured in this process. Greedy runs also check that every
 variant's text equals AR's. Writes ``sweep.json`` (every measurement) and prints one table.
@@ -71,6 +73,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
       modes[name] = lambda b, d=d, dp=dp, kw=kw: generate(
         target.params, target.cfg, b, drafter=d, drafter_params=dp, verifier=verifier, **kw
       )
+    if config.sweep.get("draft_ar"):  # the draft model alone, as AR: its cost ratio c
+      d, dp = drafters[config.sweep.draft_ar]
+      modes["draft_ar"] = lambda b, d=d, dp=dp, kw=kw: generate(dp, d.cfg, b, **kw)
     texts = {}
     describe = f"{category}, batch {batch_size}"
     timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)
@@ -87,7 +92,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     ar = record["runs"][-len(modes)]
     for run_ in record["runs"][-len(modes) :]:
       run_["speedup"] = run_["tokens_per_s"] / ar["tokens_per_s"]
-      if req.temperature == 0:
+      if req.temperature == 0 and run_["variant"] != "draft_ar":
         run_["identical"] = texts[run_["variant"]] == texts["ar"]
       rows.append(run_ | {"calls_per_token": run_["target_calls_per_token"]})
     record["summary"] = _summary(record["runs"])
