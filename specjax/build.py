@@ -147,12 +147,12 @@ MESH_TASKS = ("generate", "benchmark", "device_bench")
 
 def decodes_on_mesh(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config.mesh`` is a decoding mesh: tasks that decode on one device refuse a mesh
-  they would ignore; training reads ``config.mesh`` itself (specjax/train)."""
+  they would ignore (sizes > 1); training reads ``config.mesh`` itself (specjax/train)."""
   if "mesh" not in config or config.get("task") == "train":
     return False
   if config.get("task") in MESH_TASKS:
     return True
-  if any(n != 1 for n in config.mesh.values()):
+  if any(n > 1 for n in config.mesh.values()):  # -1 ("every device"): a training mesh's
     raise ValueError(
       f"config.mesh={dict(config.mesh)}: task={config.get('task')} decodes on one device; "
       f"a mesh applies to task={', '.join(MESH_TASKS)}. Leave config.mesh at 1 x 1 x 1."

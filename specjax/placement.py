@@ -39,12 +39,18 @@ ROWS_SPEC = P(parallel.BATCH_AXES)
 
 def mesh_for(cfg: parallel.MeshConfig, devices: Sequence[Any] | None = None) -> Mesh | None:
   """The decoding mesh over the first ``data x tensor`` devices (every device for a -1 axis,
-  and always every process's devices in a multi-process run); None for a 1 x 1 mesh."""
+  and always every process's devices in a multi-process run); None for one device."""
   check_decoding(cfg)
   devices = list(jax.devices() if devices is None else devices)
   sizes = (cfg.data, cfg.fsdp, cfg.tensor)
-  if -1 not in sizes and jax.process_count() == 1:
-    wanted = math.prod(sizes)
+  if jax.process_count() == 1:
+    wanted = math.prod(cfg.shape(len(devices))) if -1 in sizes else math.prod(sizes)
+    if wanted > len(devices):
+      raise ValueError(
+        f"mesh (data={cfg.data}, tensor={cfg.tensor}) needs {wanted} devices but "
+        f"{len(devices)} are available: set mesh.data x mesh.tensor to at most {len(devices)} "
+        "(on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N emulates N devices)."
+      )
     if wanted == 1:
       return None
     if wanted < len(devices):
@@ -205,7 +211,7 @@ def device_memory() -> tuple[int, str] | None:
   except (ValueError, OSError, AttributeError):
     return None
   n = jax.local_device_count()
-  return host // n, f"this host's memory shared by {n} device(s)"
+  return host // n, f"this host's memory shared by {n} device" + "s" * (n > 1)
 
 
 def check_fits(fp: Footprint, limit_gib: float = 0.0, field: str = "config.device_memory_gib"):

@@ -2,12 +2,11 @@
 drafter) and deliberately broken verifiers.
 
 The broken verifiers exist so the exact-distribution tests can show that they fail on a
-wrong algorithm, not only pass on the right one. The chi-square check needs scipy (the
-``test`` extra); nothing in the library imports this module.
+wrong algorithm, not only pass on the right one. The enumerated distribution and the
+chi-square statistic live in ``specjax/exact.py``; nothing in the library imports this module.
 """
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 
 import jax
@@ -17,55 +16,12 @@ import numpy as np
 from specjax import sampling, trees, verify
 from specjax.decode import generate
 from specjax.drafters.base import Draft, Drafter, Prefill, Stateless, Verdict, WithFeatures
-from specjax.models import llama
+from specjax.exact import chi2_pvalue, sequence_distribution
 
 # --- The exact-distribution check -------------------------------------------------------------
 
 # A correct sampler must give p > P_PASS (fails by chance 1 time in 1000); a wrong one p < P_FAIL.
 P_PASS, P_FAIL = 1e-3, 1e-6
-
-
-def sequence_distribution(
-  params, cfg, prompt, num_new: int, sp: sampling.SamplingParams, stop_ids: Sequence[int] = ()
-) -> dict[tuple[int, ...], float]:
-  """The target's probability of every row ``generate`` can return for ``prompt``.
-
-  A row is ``num_new`` tokens, or fewer ending at its first stop token (the stop token
-  included). Computed by enumerating every continuation with full forwards (no cache) and
-  the same ``sampling.probs``: the ground truth the decode loop must reproduce.
-  """
-  v = cfg.vocab_size
-  conts = np.asarray(list(itertools.product(range(v), repeat=num_new)), np.int32)
-  seqs = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(conts), 1)), conts], axis=1)
-  logits, _ = jax.jit(llama.logits_of, static_argnums=1)(params, cfg, jnp.asarray(seqs))
-  p = np.asarray(sampling.probs(logits, sp))  # [n, t, V]
-  lp, out = len(prompt), {}
-  for r, cont in enumerate(conts.tolist()):
-    stops = [i for i, x in enumerate(cont) if x in stop_ids]
-    row = tuple(cont[: stops[0] + 1] if stops else cont)
-    if row not in out:
-      out[row] = float(np.prod([p[r, lp - 1 + i, x] for i, x in enumerate(row)]))
-  return out
-
-
-def chi2_pvalue(rows: Sequence[Sequence[int]], dist: dict[tuple[int, ...], float]) -> float:
-  """Chi-square p-value of sampled ``rows`` against ``dist`` (cells expected < 5 pooled).
-
-  Raises AssertionError if a row the target cannot produce was sampled."""
-  from scipy import stats
-
-  index = {row: i for i, row in enumerate(dist)}
-  counts = np.zeros(len(dist))
-  for row in rows:
-    row = tuple(row)
-    assert dist.get(row, 0.0) > 0, f"sampled {row}, which the target gives probability 0"
-    counts[index[row]] += 1
-  expected = np.asarray(list(dist.values())) * len(rows)
-  small = expected < 5
-  obs = np.append(counts[~small], counts[small].sum())
-  exp = np.append(expected[~small], expected[small].sum())
-  keep = exp > 0
-  return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
 def exact_pvalues(

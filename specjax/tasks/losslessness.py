@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from specjax import build, results, sampling, testing, verify
+from specjax import build, exact, results, sampling, verify
 from specjax.decode import generate
-from specjax.drafters import DraftModel
+from specjax.drafters import DraftModel, eagle
 from specjax.drafters.base import Draft
 from specjax.models import llama, tiny
 from specjax.tasks.benchmark import machine
@@ -87,12 +87,14 @@ def joint(samples: int, seed: int) -> dict:
   """Sampled vs enumerated 3-token continuations of a vocab-5 random target."""
   target = tiny.random_model(seed=7, vocab_size=5)
   dcfg, dparams = tiny.random_model(seed=8, vocab_size=5)
+  ecfg = eagle.EagleConfig(target[0], ("final",), 0)  # a random EAGLE layer, full vocabulary
+  eparams = eagle.init_params(ecfg, jax.random.key(seed), target[1], np.arange(5))
   cases = {
     "chain (draft model, K = 2)": (DraftModel(dcfg, 2), dparams),
-    "tree (EAGLE, 2 x 2, 3 nodes)": testing.eagle_drafter(target, 2, 2, 3),
+    "tree (EAGLE, 2 x 2, 3 nodes)": (eagle.Eagle(ecfg, 2, 2, 3, sampled=True), eparams),
   }
   prompt, knobs = [1, 2, 3], dict(temperature=1.0)
-  exact = testing.sequence_distribution(
+  truth = exact.sequence_distribution(
     target[1], target[0], prompt, 3, sampling.SamplingParams.create(**knobs)
   )
   out = {}
@@ -108,10 +110,10 @@ def joint(samples: int, seed: int) -> dict:
     sampled = [list(k) for k in counts for _ in range(counts[k])]
     out[name] = {
       "samples": n,
-      "pvalue": testing.chi2_pvalue(sampled, exact),
+      "pvalue": exact.chi2_pvalue(sampled, truth),
       "sequences": [
         {"seq": list(k), "exact": v, "empirical": counts.get(k, 0) / n}
-        for k, v in sorted(exact.items(), key=lambda kv: -kv[1])
+        for k, v in sorted(truth.items(), key=lambda kv: -kv[1])
       ],
     }
   return out
