@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from specjax import metrics as metrics_lib
 from specjax import placement, sampling, trees, verify
@@ -363,8 +364,7 @@ def _sharded_jit(st: _Static, params_shardings: tuple) -> Callable:
   data, the rest replicated; outputs rows over data, metrics replicated; the token buffer
   donated."""
   (t_def, t_sh), (d_def, d_sh) = params_shardings
-  rows = placement.NamedSharding(st.mesh, placement.ROWS_SPEC)
-  rep = placement.NamedSharding(st.mesh, placement.P())
+  rows, rep = NamedSharding(st.mesh, placement.ROWS_SPEC), NamedSharding(st.mesh, P())
   return jax.jit(
     functools.partial(_generate, st=st),
     in_shardings=(t_def.unflatten(t_sh), d_def.unflatten(d_sh), rows, rows, rep, rep, rep),
