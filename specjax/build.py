@@ -109,16 +109,8 @@ def check_request(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
   kind = dtype(config)
   weights = jax.eval_shape(lambda: llama.init_params(cfg, jax.random.key(0), dtype=kind))
-  itemsize = np.dtype(kind).itemsize
-  fp = placement.footprint(
-    {
-      "target weights": placement.bytes_per_device(weights, llama.RULES, shape),
-      "target KV cache": placement.cache_bytes(
-        cfg, config.batch_size, config.max_len, shape, itemsize
-      ),
-    },
-    shape,
-  )
+  fp = decode.footprint(cfg, weights, decode.AUTOREGRESSIVE, None, config.batch_size,
+                        config.max_len, shape)  # fmt: skip
   try:
     placement.check_fits(fp, config.get("device_memory_gib", 0.0))
   except ValueError as e:

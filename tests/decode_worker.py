@@ -34,8 +34,11 @@ LAYOUTS = {
   "tensor": {"data": 1, "tensor": 8},
   "mixed": {"data": 2, "tensor": 4},
 }
-# The exact-distribution case: vocab 8 (the tensor axis splits kv heads, vocab and MLP by 2).
-V8_TARGET = tiny.random_model(seed=0, num_heads=2, num_kv_heads=2)
+# The exact-distribution case in its multi-step form: vocab 6 (the tensor axis splits kv heads,
+# vocab and MLP by 2), five tokens per sample over several speculative steps, three ragged
+# prompts in every batch, a stop id.
+V6_TARGET = tiny.random_model(seed=7, vocab_size=6, num_heads=2, num_kv_heads=2)
+V6_PROMPTS, V6_STOP = ([1, 2, 1, 2], [3], [0, 2, 2, 1, 3, 0]), (4,)
 EXACT_LAYOUT = {"data": 4, "tensor": 2}
 
 
@@ -81,12 +84,13 @@ def main(args: dict) -> dict:
     out["weight_gathers"]["fsdp"] = weight_gathers(*cases()["draft_model"], fsdp)
   if args.get("exact"):
     mesh = placement.mesh_for(parallel.MeshConfig(**EXACT_LAYOUT))
-    drafter, dparams = testing.eagle_drafter(V8_TARGET, top_k=2, depth=2, total=3)
-    knobs = dict(temperature=1.0, top_k=6)
-    out["exact"] = testing.exact_pvalues(V8_TARGET, drafter, dparams, knobs, mesh=mesh)[0]
+    drafter, dparams = testing.eagle_drafter(V6_TARGET, top_k=2, depth=2, total=3)
+    kw = dict(prompts=V6_PROMPTS, num_new=5, stop_ids=V6_STOP, calls=10, mesh=mesh)
+    knobs = dict(temperature=1.0, top_k=5)
+    out["exact"] = testing.exact_pvalues(V6_TARGET, drafter, dparams, knobs, **kw)
     out["exact_broken"] = testing.exact_pvalues(
-      V8_TARGET, drafter, dparams, knobs, mesh=mesh, verifier=testing.keep_rejected_candidate
-    )[0]
+      V6_TARGET, drafter, dparams, knobs, verifier=testing.keep_rejected_candidate, **kw
+    )
   return out
 
 

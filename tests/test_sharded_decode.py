@@ -45,10 +45,11 @@ def test_eight_device_layouts_match_one_device():
   gathers = got["weight_gathers"]
   assert {k: gathers[k] for k in layouts} == {"data": [], "tensor": [], "mixed": []}
   assert gathers["fsdp"], gathers  # weights split over fsdp: the check sees them gathered
-  # The exact-distribution test on a 4 x 2 mesh: an EAGLE sampled tree at temperature 1 with
-  # top-k passes; the verifier that keeps a rejected candidate fails it.
-  assert got["exact"] > 1e-3
-  assert got["exact_broken"] < 1e-6
+  # The exact-distribution test, multi-step form, on a 4 x 2 mesh: an EAGLE sampled tree at
+  # temperature 1 with top-k passes for each of three ragged prompts (Bonferroni); the
+  # verifier that keeps a rejected candidate fails it.
+  assert min(got["exact"]) > 1e-3 / 3, got["exact"]
+  assert min(got["exact_broken"]) < 1e-6, got["exact_broken"]
 
 
 def test_tau_and_tokens_reference_is_not_trivial():
