@@ -59,6 +59,16 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
       "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
     ("Medusa tree deeper than the heads", [demo, "--config.drafter.name=medusa",
                                            "--config.drafter.medusa.tree_spec=(2,2,2,2,2)"]),
+    ("num_draft=auto without a curve", [demo, "--config.drafter.name=draft_model",
+                                        "--config.drafter.draft_model.num_draft=auto"]),
+    ("num_draft=auto, curve of another draft",
+     [demo, "--config.drafter.name=draft_model", "--config.drafter.draft_model.num_draft=auto",
+      "--config.drafter.draft_model.num_layers=4",
+      "--config.drafter.draft_model.auto_from=experiments/cost_model/results/smollm2/cost_model.json"]),
+    ("cost model: unknown chip", ["--config=experiments/cost_model/config.py",
+                                  "--config.cost_model.chips=('B300',)"]),
+    ("cost model at temperature 1", ["--config=experiments/cost_model/config.py",
+                                     "--config.temperature=1.0"]),
   ]  # fmt: skip
 
 

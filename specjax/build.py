@@ -194,6 +194,10 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   d, params = drafters.build(config, target)
   if params is not None and dtype(config) != "float32":
     params = llama.cast(params, dtype(config))
+  if config.drafter.name == "draft_model" and config.drafter.draft_model.num_draft == "auto":
+    from specjax import costmodel  # imports every drafter module
+
+    d = costmodel.auto_chain_length(config, target, d, params)
   return d, params
 
 

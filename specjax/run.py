@@ -31,6 +31,8 @@ TASKS = {
   "medusa_tree": "medusa_tree",
   "device_bench": "device_bench",
   "losslessness": "losslessness",
+  "cost_model": "cost_model",
+  "peers": "peers",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

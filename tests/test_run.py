@@ -39,14 +39,20 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
     "lookup_tree": {"name": "prompt_lookup", "prompt_lookup": {"num_branches": 2}},
     "lookahead": {"name": "lookahead", "lookahead": {"window": 3, "ngram": 3, "num_candidates": 2}},
   }
+  c.sweep.temperatures = (0.0, 1.0)
   record = sweep.run(c)
   saved = json.loads((tmp_path / "sweep.json").read_text())
-  assert len(saved["runs"]) == 2 * 3 == len(record["runs"])
-  assert all(r["identical"] for r in saved["runs"])
+  assert len(saved["runs"]) == 2 * 2 * 3 == len(record["runs"])
+  greedy = [r for r in saved["runs"] if r["temperature"] == 0]
+  assert len(greedy) == 6 and all(r["identical"] for r in greedy)
+  assert all("identical" not in r for r in saved["runs"] if r["temperature"] == 1)
   assert [r["tokens"] for r in saved["verify_cost"]] == [1, 4]
-  assert {(s["batch"], s["variant"]) for s in saved["summary"]} == {
-    (2, v) for v in ("ar", "lookup_tree", "lookahead")
+  assert {(s["temperature"], s["batch"], s["variant"]) for s in saved["summary"]} == {
+    (t, 2, v) for t in (0.0, 1.0) for v in ("ar", "lookup_tree", "lookahead")
   }
+  c.sweep.temperatures = (0.0, -1.0)
+  with pytest.raises(ValueError, match="sweep.temperatures"):
+    sweep.run(c)
 
 
 def test_benchmark_writes_json_record(small_config, tmp_path, capsys):

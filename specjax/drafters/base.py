@@ -218,6 +218,6 @@ def sampled_candidates(c: ml_collections.ConfigDict, config: ml_collections.Conf
 
 
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
-  if int(num_draft) != num_draft or num_draft < low:
+  if not isinstance(num_draft, (int, float)) or int(num_draft) != num_draft or num_draft < low:
     hint = "; use K = 0 for autoregressive decoding" if low == 0 else ""
     raise ValueError(f"{field} (K) must be an integer >= {low}, got {num_draft}{hint}.")

@@ -6,17 +6,21 @@ the last step accepted: after a full acceptance the draft never saw its K-th tok
 otherwise the rewrite is identical to what is there. So the draft cache needs no commit:
 like the target's, it is rolled back by lengths alone (it borrows the target's).
 
-Config (``config.drafter.draft_model``): ``num_draft`` K; ``source`` = ``truncate`` (the
-target's first ``num_layers`` layers) or ``model`` (the ``model`` subsection, any model source:
-registry, gguf, safetensors, random).
+Config (``config.drafter.draft_model``): ``num_draft`` K, or ``"auto"``: the K with the best
+speedup predicted for the machine it runs on (``costmodel.auto_chain_length``: τ for every K
+from the offline simulation in the ``auto_from`` file that ``task=cost_model`` wrote, step costs
+timed here); ``source`` = ``truncate`` (the target's first ``num_layers`` layers) or ``model``
+(the ``model`` subsection, any model source: registry, gguf, safetensors, random).
 """
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import struct
+from ml_collections import config_dict
 
 from specjax import sampling
 from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, check_num_draft
@@ -49,7 +53,8 @@ class DraftModel(Chain):
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.num_draft = 4  # K: draft tokens per step
+    c.num_draft = config_dict.FieldReference(4, field_type=object)  # K per step, or "auto"
+    c.auto_from = ""  # num_draft = "auto": a cost_model.json with this pair's tau for every K
     c.source = "truncate"  # truncate: the target's first num_layers layers | model
     c.num_layers = 1  # layers kept when source = truncate
     c.model = source.config()  # used when source = model (fields: models/source.py)
@@ -57,7 +62,19 @@ class DraftModel(Chain):
 
   @classmethod
   def check(cls, c, config):
-    check_num_draft(c.num_draft, f"{FIELD}.num_draft", low=1)
+    if c.num_draft == "auto":
+      if not c.get("auto_from"):
+        raise ValueError(
+          f"{FIELD}.num_draft='auto' needs {FIELD}.auto_from: the cost_model.json of a "
+          "task=cost_model run with this draft model (it holds tau for every K)."
+        )
+      if not Path(c.auto_from).is_file():
+        raise ValueError(f"{FIELD}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+    else:
+      try:
+        check_num_draft(c.num_draft, f"{FIELD}.num_draft", low=1)
+      except ValueError as e:
+        raise ValueError(f"{e} Or 'auto' (with auto_from) to pick K for this machine.") from None
     source.choice(c.source, ("truncate", "model"), "drafter.draft_model.source")
     if c.source == "model":
       source.check(c.model, "drafter.draft_model.model")
@@ -76,7 +93,7 @@ class DraftModel(Chain):
       draft = source.load_shared(c.model)
       source.check_same_tokenizer(target, draft)
       dcfg, dparams = draft.cfg, draft.params
-    d = cls(dcfg, c.num_draft)
+    d = cls(dcfg, 1 if c.num_draft == "auto" else c.num_draft)  # auto: K is set by build.drafter
     d.check_target(target.cfg)
     return d, dparams
 

@@ -1,6 +1,7 @@
 """task=sweep: AR vs several drafters, per prompt category and batch size, in one process.
 
-For every batch size in ``sweep.batch_sizes`` and every category in ``sweep.categories``
+For every temperature in ``sweep.temperatures`` (default: ``config.temperature`` alone), every
+batch size in ``sweep.batch_sizes`` and every category in ``sweep.categories``
 (name -> prompts), the target runs autoregressively and with every drafter variant in
 ``sweep.variants`` (name -> ``drafter`` config overrides) on the same prompts (and, with
 ``sweep.draft_ar`` naming a draft-model variant, that draft alone as AR: the cost ratio c =
@@ -46,26 +47,50 @@ def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
   return c
 
 
-def run(config: ml_collections.ConfigDict) -> dict:
+def check(config: ml_collections.ConfigDict) -> dict:
+  """The variants' configs (name -> config), every field checked before any model loads."""
   variants = {name: _variant_config(config, dict(o)) for name, o in config.sweep.variants.items()}
   if not variants or not config.sweep.categories:
     raise ValueError("config.sweep.variants and config.sweep.categories must be non-empty.")
   for c in variants.values():
     build.check(c)
+  temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
+  if any(not isinstance(t, (int, float)) or t < 0 for t in temperatures):
+    raise ValueError(f"config.sweep.temperatures={temperatures} must be numbers >= 0 (0 = greedy).")
+  return variants
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  variants = check(config)
   target = build.target(config)
   drafters = {name: build.drafter(c, target) for name, c in variants.items()}
+  record, _ = measure(config, target, drafters)
+  return record
+
+
+def measure(config, target, drafters: dict) -> tuple[dict, dict]:
+  """Decodes and times every job; returns the record (also written as ``sweep.json``) and the
+  AR rows per ``(temperature, batch, category)``: ``(prompt ids, new ids)`` for every row."""
+  temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
   verifier = build.verifier(config)
+  ar_rows = {}
   record = {"config": config.to_dict(), "machine": machine(), "runs": []}
   if config.sweep.verify_sizes:
     record["verify_cost"] = verify_cost(target, config.sweep.verify_sizes, config.max_len)
     print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
   rows = []
-  jobs = [(b, cat) for b in config.sweep.batch_sizes for cat in config.sweep.categories]
-  for batch_size, category in tqdm(jobs, desc="sweep", unit="category"):
+  jobs = [
+    (temp, b, cat)
+    for temp in temperatures
+    for b in config.sweep.batch_sizes
+    for cat in config.sweep.categories
+  ]
+  for temperature, batch_size, category in tqdm(jobs, desc="sweep", unit="category"):
     c = copy.deepcopy(config)
     with c.unlocked():
       c.prompts = tuple(config.sweep.categories[category])
       c.batch_size = batch_size
+      c.temperature = float(temperature)
     req = build.request(c, target)
     kw = req.generate_kwargs()
     modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
@@ -77,17 +102,22 @@ def run(config: ml_collections.ConfigDict) -> dict:
       d, dp = drafters[config.sweep.draft_ar]
       modes["draft_ar"] = lambda b, d=d, dp=dp, kw=kw: generate(dp, d.cfg, b, **kw)
     texts = {}
-    describe = f"{category}, batch {batch_size}"
+    describe = f"{category}, batch {batch_size}, temperature {temperature:g}"
     timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)
     for mode, t in timed.items():
       outs = t.pop("outs")
       texts[mode] = [row for out in outs for row in out.tokens]
+      if mode == "ar":
+        prompts = [p for batch in req.batches() for p in batch]
+        ar_rows[(temperature, batch_size, category)] = list(zip(prompts, texts[mode], strict=True))
       m = metrics.summarize(metrics.merge([out.counts for out in outs]))
-      run_ = {"batch": batch_size, "category": category, "variant": mode} | m | t
+      run_ = {"temperature": temperature, "batch": batch_size, "category": category}
+      run_ |= {"variant": mode} | m | t
       run_["tokens_per_s"] = m["tokens"] / t["steady_s"]
       record["runs"].append(run_)
       tqdm.write(
-        f"  B={batch_size} {category} {mode}: tau {m['tau']:.2f}, {run_['tokens_per_s']:.1f} tok/s"
+        f"  T={temperature:g} B={batch_size} {category} {mode}: tau {m['tau']:.2f}, "
+        f"{run_['tokens_per_s']:.1f} tok/s"
       )
     ar = record["runs"][-len(modes)]
     for run_ in record["runs"][-len(modes) :]:
@@ -98,10 +128,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
     record["summary"] = _summary(record["runs"])
     results.write_json(f"{config.output_dir}/sweep.json", record)  # partial results survive
   print(results.table(rows, COLUMNS))
-  print(results.table(record["summary"], ("batch", "variant", "mean_speedup", "mean_tau")))
+  cols = ("batch", "variant", "mean_speedup", "mean_tau")
+  print(
+    results.table(record["summary"], (("temperature",) if len(temperatures) > 1 else ()) + cols)
+  )
   path = results.write_json(f"{config.output_dir}/sweep.json", record)
   print(f"wrote {path}")
-  return record
+  return record, ar_rows
 
 
 def markdown(record: dict) -> str:
@@ -119,13 +152,15 @@ def markdown(record: dict) -> str:
 
 
 def _summary(runs: list[dict]) -> list[dict]:
-  """Per batch size and variant: the mean over categories of speedup and tau."""
+  """Per temperature, batch size and variant: the mean over categories of speedup and tau."""
   out = []
-  keys = sorted({(r["batch"], r["variant"]) for r in runs}, key=lambda k: (k[0], k[1] != "ar"))
-  for b, v in keys:
-    sel = [r for r in runs if (r["batch"], r["variant"]) == (b, v)]
+  key = lambda r: (r.get("temperature", 0.0), r["batch"], r["variant"])  # noqa: E731
+  keys = sorted({key(r) for r in runs}, key=lambda k: (k[0], k[1], k[2] != "ar"))
+  for temp, b, v in keys:
+    sel = [r for r in runs if key(r) == (temp, b, v)]
     out.append(
       {
+        "temperature": temp,
         "batch": b,
         "variant": v,
         "mean_speedup": sum(r["speedup"] for r in sel) / len(sel),

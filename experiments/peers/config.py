@@ -1,0 +1,62 @@
+"""Peers side by side: specjax vs HF transformers on the same model, prompts and draft.
+
+    pip install -e '.[oracle]' && bash scripts/install_models.sh all
+    python -m specjax.run --config=experiments/peers/config.py          # SmolLM2-135M, ~6 min
+    python -m specjax.run --config=experiments/peers/config.py:qwen     # Qwen pair, ~10 min
+    python -m specjax.report experiments/peers                          # README
+
+task=peers (``specjax/tasks/peers.py``): specjax AR / prompt lookup / draft model against HF
+``generate`` plain / ``prompt_lookup_num_tokens`` / assisted generation with the same draft,
+greedy, batch 1, in one process. SmolLM2: the chat and code prompts of
+``experiments/training_free``, 64 new tokens, K = 4, the draft is the target's first 8 layers
+(HF loads the same GGUF with ``num_hidden_layers=8``). Qwen: the pair config's first two code
+prompts, 96 new tokens, the 0.5B as the draft, K = 4.
+"""
+
+from ml_collections import config_dict
+
+from configs import demo, qwen_coder_pair
+from experiments.training_free import config as training_free
+
+HERE = "experiments/peers"
+
+
+def get_config(arg: str = "smollm2"):
+  if arg not in ("smollm2", "qwen"):
+    raise ValueError(f"config argument {arg!r} is unknown; use smollm2 or qwen.")
+  if arg == "smollm2":
+    c = demo.get_config()
+    c.prompts = training_free.CATEGORIES["chat"] + training_free.CATEGORIES["code"]
+    c.max_new_tokens = 64
+    c.max_len = 384
+    c.drafter.draft_model.num_layers = 8
+  else:
+    c = qwen_coder_pair.get_config()
+    c.prompts = c.prompts[:2]
+    c.max_new_tokens = 96
+  c.task = "peers"
+  c.output_dir = f"{HERE}/results/{arg}"
+  c.benchmark.repeats = 1
+  c.peers = config_dict.ConfigDict({"num_draft": 4})
+  return c
+
+
+def report(results_dir):
+  import json
+
+  from specjax import results
+  from specjax.tasks import peers
+
+  out = []
+  for name in ("smollm2", "qwen"):
+    path = results_dir / name / "peers.json"
+    if not path.exists():
+      continue
+    record = json.loads(path.read_text())
+    m = record["machine"]
+    out += [f"### {record['config']['target']['name']}", ""]
+    out += [f"torch {m['torch']}, transformers {m['transformers']}, jax {m['jax']}.", ""]
+    hf = next(r["tokens_per_s"] for r in record["rows"] if r["mode"] == "hf_greedy")
+    rows = [r | {"vs_hf_greedy": r["tokens_per_s"] / hf} for r in record["rows"]]
+    out += [results.markdown_table(rows, peers.COLUMNS + ("vs_hf_greedy",)), ""]
+  return "\n".join(out)

@@ -1,0 +1,121 @@
+"""Temperature sweep 0 -> 1.5 on SmolLM2-135M-Instruct: alpha and tau per drafter.
+
+    python -m specjax.run --config=experiments/temperature_sweep/config.py     # ~25 min
+    python -m specjax.report experiments/temperature_sweep                     # README
+
+One process (task=sweep) decodes the chat and code prompts of ``experiments/training_free``
+(none in any drafter's training text) at temperatures 0, 0.5, 1.0 and 1.5 (top-k and top-p
+off: the whole distribution) with AR and five drafters: prompt lookup (4-token chain), the
+target's first 8 layers as a draft model (2-token chain, no training), Medusa's trained heads
+(their saved sparse tree; children sampled without replacement at T > 0), and the trained
+EAGLE drafter as a 4-token chain and a 2 x 5, 8-node tree (sampled children at T > 0). Every
+drafter is verified losslessly (recursive rejection with the drafts' q). Writes
+``results/sweep.json``; the report gives tau, alpha at the first draft position and the speedup
+over AR measured in the same process, per temperature.
+"""
+
+from ml_collections import config_dict
+
+from configs import demo
+from experiments.eagle_smollm2 import config as eagle_smollm2
+from experiments.training_free import config as training_free
+
+HERE = "experiments/temperature_sweep"
+TEMPERATURES = (0.0, 0.5, 1.0, 1.5)
+
+
+def variants() -> dict:
+  eagle = lambda top_k, depth, total: {  # noqa: E731
+    "name": "eagle",
+    "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": top_k, "depth": depth, "total": total},
+  }  # fmt: skip
+  return {
+    "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+    "draft_8_layers_k2": {"name": "draft_model", "draft_model": {"num_draft": 2}},
+    "medusa": {"name": "medusa", "medusa": {"path": eagle_smollm2.MEDUSA_HEADS}},
+    "eagle_chain_4": eagle(1, 4, 4),
+    "eagle_tree_2x5_8": eagle(2, 5, 8),
+  }
+
+
+def get_config(arg: str | None = None):
+  if arg:
+    raise ValueError(f"temperature_sweep/config.py takes no argument (got {arg!r}).")
+  c = demo.get_config()
+  c.task = "sweep"
+  c.output_dir = f"{HERE}/results"
+  c.max_new_tokens = 48
+  c.max_len = 384
+  c.top_k = 0
+  c.top_p = 1.0
+  c.seed = 0
+  c.benchmark.repeats = 1
+  c.drafter.draft_model.num_layers = 8
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.temperatures = TEMPERATURES
+  c.sweep.batch_sizes = (1,)
+  c.sweep.categories = {k: training_free.CATEGORIES[k] for k in ("chat", "code")}
+  c.sweep.verify_sizes = ()
+  c.sweep.variants = variants()
+  return c
+
+
+def rows(record: dict) -> list[dict]:
+  """Per temperature and variant, over categories: mean tau, alpha at draft position 1
+  (accepted / attempted, pooled) and mean speedup."""
+  out = []
+  for s in record["summary"]:
+    sel = [
+      r
+      for r in record["runs"]
+      if (r["temperature"], r["batch"], r["variant"])
+      == (s["temperature"], s["batch"], s["variant"])
+    ]
+    tries = sum(r["position_attempts"][0] for r in sel if r["position_attempts"])
+    hits = sum(r["alpha"][0] * r["position_attempts"][0] for r in sel if r["position_attempts"])
+    out.append(
+      {
+        "temperature": s["temperature"],
+        "variant": s["variant"],
+        "tau": s["mean_tau"],
+        "alpha_1": hits / tries if tries else None,
+        "speedup": s["mean_speedup"],
+      }
+    )
+  return out
+
+
+def figure(table: list[dict], path) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+  names = [v for v in dict.fromkeys(r["variant"] for r in table) if v not in ("ar", "draft_ar")]
+  for name in names:
+    sel = sorted((r for r in table if r["variant"] == name), key=lambda r: r["temperature"])
+    temps = [r["temperature"] for r in sel]
+    for ax, key in zip(axes, ("tau", "alpha_1", "speedup"), strict=True):
+      ax.plot(temps, [r[key] for r in sel], "o-", label=name)
+  labels = ("τ (tokens per target call)", "α at draft position 1", "speedup vs AR")
+  for ax, label in zip(axes, labels, strict=True):
+    ax.set(xlabel="temperature", ylabel=label)
+  axes[2].axhline(1, color="grey", lw=0.5)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def report(results_dir):
+  import json
+
+  from specjax import results
+
+  record = json.loads((results_dir / "sweep.json").read_text())
+  table = rows(record)
+  figure(table, results_dir / "figure.png")
+  cols = ("temperature", "variant", "tau", "alpha_1", "speedup")
+  out = [results.markdown_table([r for r in table if r["variant"] != "ar"], cols), ""]
+  out += ["![tau, alpha and speedup against temperature](results/figure.png)"]
+  return "\n".join(out)

@@ -1,0 +1,294 @@
+"""What a decoding step costs on a device, and the speedup a drafter's τ is worth there.
+
+A step of speculative decoding is a fixed list of forwards (static shapes: the same whatever
+is accepted), ``step_work(drafter)``: e.g. a draft-model chain of K is the draft over 2 tokens,
+K - 1 draft forwards over 1, and the target over K + 1. A ``Profile`` prices a forward of each
+model over T tokens, plus a fixed per-step overhead (sampling, verification, bookkeeping), so
+
+    predicted speedup = τ x step_seconds(AR) / step_seconds(drafter)
+
+Two kinds of profile:
+
+- ``measure`` (this machine): each forward timed on its own, jitted, batch 1, after a context
+  of ``context`` cached tokens. For the target the cost of T tokens is the cheaper of one
+  forward over T and T one-token forwards (a GEMM over T rows vs T matrix-vector products).
+  The overhead is one AR step measured in decoding minus one target forward.
+- ``roofline`` (a named chip, no measurement): a forward over T tokens reads the weights and
+  the KV cache once and does 2 x params x T flops, so it takes max(bytes / bandwidth,
+  flops / peak). Chips: ``CHIPS``, from their vendors' data sheets (bf16 dense peak, HBM
+  bandwidth). It leaves out kernel-launch and host overhead, which dominate for small models
+  on a GPU: the roofline is an upper bound on the speedup there.
+"""
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import sampling
+from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
+from specjax.drafters.base import DraftContext
+from specjax.models import llama
+from specjax.models.config import ModelConfig
+
+# name: (HBM bytes/s, bf16 dense FLOP/s, source)
+CHIPS = {
+  "H100-SXM": (3.35e12, 989e12, "NVIDIA H100 data sheet (SXM5: 3.35 TB/s, 989 TFLOPS bf16 dense)"),
+  "H200": (4.8e12, 989e12, "NVIDIA H200 data sheet (SXM: 4.8 TB/s, 989 TFLOPS bf16 dense)"),
+  "TPU-v5e": (819e9, 197e12, "Google Cloud TPU v5e documentation (819 GB/s, 197 TFLOPS bf16)"),
+  "TPU-v5p": (2765e9, 459e12, "Google Cloud TPU v5p documentation (2,765 GB/s, 459 TFLOPS bf16)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+  """One forward of ``model`` ("target", "draft_model", "medusa", "eagle", "lookup") over
+  ``tokens`` tokens."""
+
+  model: str
+  tokens: int
+
+
+def step_work(drafter) -> tuple[Forward, ...]:
+  """The forwards of one decoding step with ``drafter`` (None: autoregressive)."""
+  if drafter is None or drafter.name == "autoregressive":
+    return (Forward("target", 1),)
+  verify = Forward("target", drafter.num_nodes + 1 + getattr(drafter, "num_extra", 0))
+  if isinstance(drafter, prompt_lookup.PromptLookup):
+    return (Forward("lookup", 1), verify)
+  if isinstance(drafter, draft_model.DraftModel):
+    return (
+      (Forward("draft_model", 2),)
+      + (Forward("draft_model", 1),) * (drafter.num_draft - 1)
+      + (verify,)
+    )
+  if isinstance(drafter, medusa.Medusa):
+    return (Forward("medusa", 1), verify)
+  if isinstance(drafter, eagle.Eagle):
+    levels = (Forward("eagle", drafter.top_k),) * (drafter.depth - 1)
+    return (Forward("eagle", drafter.depth + 1),) + levels + (verify,)
+  raise ValueError(f"drafter {drafter.name!r} has no step cost model (known: prompt_lookup, "
+                   "draft_model, medusa, eagle).")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """Seconds per forward (``cost(model, tokens)``) and per step beyond forwards."""
+
+  name: str
+  cost: Callable[[str, int], float]
+  overhead: float
+  source: str
+
+  def step_seconds(self, drafter) -> float:
+    return self.overhead + sum(self.cost(f.model, f.tokens) for f in step_work(drafter))
+
+  def speedup(self, drafter, tau: float, abstained: float = 0.0) -> float:
+    """τ x (one AR step) / (the mean step with ``drafter``), where a fraction ``abstained`` of
+    the steps were one-token forwards (the drafter had nothing to propose)."""
+    ar = self.step_seconds(None)
+    return tau * ar / (abstained * ar + (1 - abstained) * self.step_seconds(drafter))
+
+
+# --- roofline ---------------------------------------------------------------------------------
+
+
+def _llama_sizes(cfg: ModelConfig) -> tuple[int, int]:
+  """(parameters read per forward, KV bytes per cached token at 2 bytes): the input embedding
+  is a gather, so only a tied head reads the table."""
+  read = cfg.num_params() - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim)
+  return read, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+
+
+def model_sizes(target_cfg: ModelConfig, drafter, dparams) -> dict[str, tuple[int, int]]:
+  """Per model of a step: (parameters read, KV bytes per cached token)."""
+  out = {"target": _llama_sizes(target_cfg), "lookup": (0, 0)}
+  if isinstance(drafter, draft_model.DraftModel):
+    out["draft_model"] = _llama_sizes(drafter.cfg)
+  elif isinstance(drafter, medusa.Medusa):
+    own = sum(int(np.size(v)) for k, v in dparams.items() if k != "vocab_ids")
+    out["medusa"] = (own, 0)
+  elif isinstance(drafter, eagle.Eagle):
+    layer = _llama_sizes(dataclasses.replace(drafter.cfg.layer, num_layers=1))
+    own = sum(int(np.size(v)) for k, v in jax.tree_util.tree_leaves_with_path(dparams)
+              if "embed" not in jax.tree_util.keystr(k))  # fmt: skip
+    out["eagle"] = (own, layer[1])
+  return out
+
+
+def roofline(chip: str, sizes: dict[str, tuple[int, int]], context: int = 256) -> Profile:
+  """A named chip's profile from bandwidth and peak flops (bf16 weights and caches)."""
+  if chip not in CHIPS:
+    raise ValueError(f"unknown chip {chip!r}; known: {', '.join(CHIPS)}.")
+  bandwidth, flops, source = CHIPS[chip]
+
+  def cost(model: str, tokens: int) -> float:
+    params, kv_per_token = sizes[model]
+    bytes_read = 2 * params + kv_per_token * (context + tokens)
+    return max(bytes_read / bandwidth, 2 * params * tokens / flops)
+
+  return Profile(chip, cost, 0.0, source)
+
+
+# --- measured ---------------------------------------------------------------------------------
+
+
+def median_seconds(fn: Callable[[], jax.Array], repeats: int = 9) -> float:
+  """Median wall time of ``fn()`` (compiled by a first call that is not timed)."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def llama_forward_seconds(params, cfg: ModelConfig, sizes, context: int, repeats: int = 9):
+  """``{T: seconds}`` of one batch-1 forward over T tokens after ``context`` cached ones."""
+
+  @jax.jit
+  def fwd(params, cache, tokens_1xT):
+    t = tokens_1xT.shape[1]
+    positions = context + jnp.arange(t)[None]
+    logits, _, _ = llama.forward(params, cfg, tokens_1xT, positions, cache, llama.causal_mask(t))
+    return logits
+
+  out = {}
+  for t in sizes:
+    cache = llama.init_cache(cfg, 1, context + max(sizes) + 1, llama.param_dtype(params))
+    cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
+    tokens = jnp.ones((1, t), jnp.int32)
+    out[t] = median_seconds(lambda cache=cache, tokens=tokens: fwd(params, cache, tokens), repeats)
+  return out
+
+
+def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, repeats: int = 9):
+  """``{model: {T: seconds}}`` for the drafter's own forwards in ``step_work``."""
+  models = {f.model: set() for f in step_work(drafter) if f.model != "target"}
+  for f in step_work(drafter):
+    if f.model != "target":
+      models[f.model].add(f.tokens)
+  out = {}
+  for model, sizes in models.items():
+    if model == "draft_model":
+      out[model] = llama_forward_seconds(dparams, drafter.cfg, sorted(sizes), context, repeats)
+    elif model == "medusa":
+      h = jnp.ones((1, target_cfg.dim), jnp.float32)
+      fn = jax.jit(medusa.head_logits)
+      out[model] = {1: median_seconds(lambda fn=fn, h=h: fn(dparams, h), repeats)}
+    elif model == "eagle":
+      out[model] = {t: _eagle_seconds(drafter, dparams, t, repeats) for t in sorted(sizes)}
+    elif model == "lookup":
+      s = context + 64
+      ctx = DraftContext(
+        tokens=jnp.ones((1, s), jnp.int32), lengths=jnp.asarray([context], jnp.int32),
+        key=jax.random.key(0), sampling=sampling.SamplingParams.create(0.0),
+        vocab_size=target_cfg.vocab_size,
+      )  # fmt: skip
+      fn = jax.jit(lambda ctx: drafter.propose(None, None, ctx)[0].tokens)
+      out[model] = {1: median_seconds(lambda fn=fn, ctx=ctx: fn(ctx), repeats)}
+  return out
+
+
+def _eagle_seconds(drafter, p, t: int, repeats: int) -> float:
+  """One EAGLE forward over t pairs (fc, the layer, its head) with no cache."""
+
+  @jax.jit
+  def fwd(p, tokens_1xT, s_1xTxF):
+    attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
+    x = eagle.inputs(p, tokens_1xT, eagle.fuse(p, s_1xTxF))
+    out, _, _ = eagle.layer(p, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
+    return eagle.logits(p, out)
+
+  width = drafter.cfg.target.dim * len(drafter.feature_layers)
+  s = jnp.ones((1, t, width), jnp.float32)
+  return median_seconds(lambda: fwd(p, jnp.ones((1, t), jnp.int32), s), repeats)
+
+
+def measured(name: str, target_seconds: dict, drafter_parts: dict, overhead: float) -> Profile:
+  """A profile from timed forwards (interpolated in T); for the target, the cheaper of one
+  forward over T and T one-token forwards."""
+  tables = {"target": target_seconds} | drafter_parts
+
+  def cost(model: str, tokens: int) -> float:
+    table = tables[model]
+    xs = sorted(table)
+    t = float(np.interp(tokens, xs, [table[x] for x in xs]))
+    return min(t, tokens * table[xs[0]]) if model == "target" and xs[0] == 1 else t
+
+  return Profile(name, cost, overhead, "timed on this machine (batch 1, jitted, median)")
+
+
+# --- num_draft = "auto" -----------------------------------------------------------------------
+
+
+def _draft_fields(drafter_config: dict) -> dict:
+  """What identifies a draft model in a config: its source, truncation depth or model."""
+  c = drafter_config.get("draft_model", {})
+  fields = {"source": c.get("source")}
+  if c.get("source") == "truncate":
+    fields["num_layers"] = c.get("num_layers")
+  else:
+    m = c.get("model", {})
+    fields["model"] = {k: m.get(k) for k in ("source", "name", "path")}
+  return fields
+
+
+def tau_curve(path, config, target_name: str) -> dict[int, float]:
+  """``{K: τ}`` for this config's draft model from a ``cost_model.json``; a clear error if the
+  file holds none for this target and draft model."""
+  import json
+
+  record = json.loads(Path(path).read_text())
+  field = "config.drafter.draft_model.auto_from"
+  if record.get("target") != target_name:
+    raise ValueError(
+      f"{field}={path!r} was measured for target {record.get('target')!r}, not "
+      f"{target_name!r}: run task=cost_model with this target."
+    )
+  base = record["config"]["drafter"]
+  want = _draft_fields(config.drafter.to_dict())
+  for row in record["rows"]:
+    merged = {**base, "draft_model": {**base.get("draft_model", {}),
+                                      **row["drafter"].get("draft_model", {})}}  # fmt: skip
+    is_draft = row["drafter"].get("name") == "draft_model" and row.get("tau_by_k")
+    if is_draft and _draft_fields(merged) == want:
+      return {int(k): v for k, v in row["tau_by_k"].items()}
+  raise ValueError(
+    f"{field}={path!r} has no tau_by_k for draft model {want}: run task=cost_model with a "
+    "draft_model variant of this draft."
+  )
+
+
+def auto_chain_length(config, target, drafter, dparams, repeats: int = 5):
+  """The draft model with the K (within ``config.drafter.max_depth`` and ``max_nodes``) whose
+  predicted speedup is best on this machine: τ(K) from the offline simulation, step costs
+  from forwards timed here (the per-step overhead: a short AR decode minus one forward)."""
+  from specjax.decode import generate
+
+  curve = tau_curve(config.drafter.draft_model.auto_from, config, target.cfg.name)
+  limit = min(max(curve), config.drafter.max_depth, config.drafter.max_nodes)
+  ks = [k for k in sorted(curve) if k <= limit]
+  context = min(128, config.max_len // 2)
+  target_s = llama_forward_seconds(target.params, target.cfg, [1] + [k + 1 for k in ks],
+                                   context, repeats)  # fmt: skip
+  parts = drafter_seconds(drafter, dparams, target.cfg, context, repeats)
+  prompt, steps = [[1] * 8], 16
+  generate(target.params, target.cfg, prompt, max_new_tokens=steps, max_len=64)  # compile
+  t0 = time.perf_counter()
+  generate(target.params, target.cfg, prompt, max_new_tokens=steps, max_len=64)
+  overhead = max((time.perf_counter() - t0) / steps - target_s[1], 0.0)
+  profile = measured("this machine", target_s, parts, overhead)
+  options = {k: profile.speedup(dataclasses.replace(drafter, num_draft=k), curve[k]) for k in ks}
+  best = max(options, key=lambda k: (options[k], -k))
+  table = ", ".join(f"K={k}: τ {curve[k]:.2f} → {options[k]:.2f}x" for k in ks)
+  print(f"num_draft=auto: {table}; chose K={best}")
+  if options[best] < 1:
+    print(f"num_draft=auto: even K={best} is predicted slower than AR on this machine.")
+  return dataclasses.replace(drafter, num_draft=best)

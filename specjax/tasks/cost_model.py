@@ -1,0 +1,129 @@
+"""task=cost_model: τ and speedup predicted offline, next to measured decoding, per drafter.
+
+    python -m specjax.run --config=experiments/cost_model/config.py
+
+1. Measured decoding (the ``sweep`` task's loop, greedy, batch 1): AR and every variant in
+   ``sweep.variants`` on every category, interleaved timed passes, texts checked equal to AR.
+2. Predicted τ (``specjax/simulate.py``): one teacher-forced pass of each drafter over the AR
+   text gives its proposals at every root; replaying the steps gives the target calls.
+3. This machine's profile (``specjax/costmodel.py``): the target's forward over T = 1..max
+   tokens, each drafter's own forwards, and the per-step overhead (AR step minus one target
+   forward), all timed here; the predicted speedup is τ_predicted x AR step / drafter step.
+4. The same τ priced on named chips (roofline, ``cost_model.chips``).
+5. For chain drafters, τ for every chain length K = 1..``cost_model.max_k`` from one offline
+   pass of the longest chain (``tau_by_k``): what ``num_draft = "auto"`` picks K from.
+
+Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table.
+"""
+
+import statistics
+
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from specjax import build, costmodel, results, simulate
+from specjax.tasks import sweep
+from specjax.tasks.benchmark import machine
+
+COLUMNS = (
+  "variant",
+  "tau",
+  "predicted_tau",
+  "tau_error",
+  "speedup",
+  "predicted_speedup",
+  "speedup_error",
+)
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  cm = config.cost_model
+  variants = sweep.check(config)
+  unknown = [c for c in cm.chips if c not in costmodel.CHIPS]
+  if unknown:
+    raise ValueError(f"config.cost_model.chips has {unknown}; known: {', '.join(costmodel.CHIPS)}.")
+  if config.temperature != 0 or tuple(config.sweep.get("temperatures") or (0,)) != (0,):
+    raise ValueError("task=cost_model simulates greedy decoding: set temperature = 0.")
+  target = build.target(config)
+  drafters = {name: build.drafter(c, target) for name, c in variants.items()}
+  for d, _ in drafters.values():
+    simulate.check_supported(d)
+  record, ar_rows = sweep.measure(config, target, drafters)
+  runs = {(r["category"], r["variant"]): r for r in record["runs"]}
+
+  predicted, by_k = {}, {}  # (category, variant) -> predicted tau; variant -> {K: tau}
+  for (_, _, category), rows in tqdm(ar_rows.items(), desc="simulate", unit="category"):
+    for name, (d, dp) in drafters.items():
+      predicted[category, name] = simulate.replay(target, d, dp, rows)
+  every_row = [row for rows in ar_rows.values() for row in rows]
+  for name, (d, dp) in drafters.items():
+    if simulate.is_chain(d):  # tau for every chain length: what num_draft = "auto" reads
+      by_k[name] = simulate.tau_by_chain_length(target, d, dp, every_row, cm.get("max_k", 8))
+
+  sizes = sorted({1} | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
+                        if f.model == "target"})  # fmt: skip
+  target_s = costmodel.llama_forward_seconds(target.params, target.cfg, sizes, cm.context)
+  ar_step = statistics.median(
+    r["steady_s"] / r["target_calls"] for r in record["runs"] if r["variant"] == "ar"
+  )
+  parts = {}
+  for d, dp in drafters.values():
+    parts |= costmodel.drafter_seconds(d, dp, target.cfg, cm.context)
+  here = costmodel.measured("this machine", target_s, parts, max(ar_step - target_s[1], 0.0))
+  chips = {}
+  for chip in cm.chips:
+    sizes_by_model = {}
+    for d, dp in drafters.values():
+      sizes_by_model |= costmodel.model_sizes(target.cfg, d, dp)
+    chips[chip] = costmodel.roofline(chip, sizes_by_model, cm.context)
+
+  table = []
+  cats = list(config.sweep.categories)
+  for name, (d, _) in drafters.items():
+    replays = {c: predicted[c, name] for c in cats}
+    price = lambda prof, r, d=d: prof.speedup(d, r.tau, r.abstained / r.calls)  # noqa: E731
+    tau = np.mean([runs[c, name]["tau"] for c in cats])
+    tau_p = np.mean([r.tau for r in replays.values()])
+    speed = np.mean([runs[c, name]["speedup"] for c in cats])
+    speed_p = np.mean([price(here, r) for r in replays.values()])
+    row = {
+      "variant": name,
+      "tau": float(tau),
+      "predicted_tau": float(tau_p),
+      "tau_error": float(tau_p / tau - 1),
+      "speedup": float(speed),
+      "predicted_speedup": float(speed_p),
+      "speedup_error": float(speed_p / speed - 1),
+      "step_ms": 1e3 * here.step_seconds(d),
+      "abstained_calls": sum(r.abstained for r in replays.values()),
+      "drafter": config.sweep.variants[name].to_dict(),
+      "tau_by_k": by_k.get(name),
+      "per_category": {
+        c: {
+          "tau": runs[c, name]["tau"],
+          "predicted_tau": r.tau,
+          "speedup": runs[c, name]["speedup"],
+          "predicted_speedup": price(here, r),
+        }
+        for c, r in replays.items()
+      },  # fmt: skip
+    }
+    for chip, prof in chips.items():
+      row[f"{chip}_speedup"] = float(np.mean([price(prof, r) for r in replays.values()]))
+    table.append(row)
+  out = {
+    "config": config.to_dict(),
+    "machine": machine(),
+    "target": target.cfg.name,
+    "ar_step_ms": 1e3 * ar_step,
+    "overhead_ms": 1e3 * here.overhead,
+    "target_forward_ms": {t: 1e3 * s for t, s in target_s.items()},
+    "drafter_forward_ms": {m: {t: 1e3 * s for t, s in v.items()} for m, v in parts.items()},
+    "chips": {c: costmodel.CHIPS[c][2] for c in cm.chips},
+    "rows": table,
+  }
+  cols = COLUMNS + tuple(f"{c}_speedup" for c in cm.chips)
+  print(results.table(table, cols))
+  print(f"wrote {results.write_json(f'{config.output_dir}/cost_model.json', out)}")
+  return out

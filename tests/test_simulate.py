@@ -1,0 +1,187 @@
+"""The τ simulator replays greedy decoding exactly; the cost model prices steps; the task runs."""
+
+import json
+import types
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from configs import tiny as tiny_config
+from specjax import build, costmodel, simulate, testing, trees
+from specjax.decode import generate
+from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.models import tiny
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 3, 4, 9, 2, 7, 1, 3, 3], [5, 6]]
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+  """Vocab 16 with damped residuals: truncations and random heads agree with it often enough
+  that every drafter has accepted tokens to get right."""
+  cfg, params = tiny.random_model(seed=0, vocab_size=16, dim=32, num_layers=3, residual_scale=0.3)
+  return types.SimpleNamespace(cfg=cfg, params=params)
+
+
+def drafters(m):
+  dcfg, dparams = tiny.truncated(m.cfg, m.params, 1)
+  md, mp = testing.medusa_drafter(m.cfg, trees.Tree.from_spec((3, 2, 1)), 3, sampled=False)
+  ed, ep = testing.eagle_drafter((m.cfg, m.params), top_k=1, depth=4, total=4, sampled=False)
+  return {
+    "lookup": (PromptLookup(4), None),
+    "lookup_tree": (PromptLookup(3, num_branches=2), None),
+    "draft_model": (DraftModel(dcfg, 3), dparams),
+    "medusa": (md, mp),
+    "eagle_chain": (ed, ep),
+  }
+
+
+def simulated_calls(m, d, dp, rows, first_root=lambda prompt: len(prompt)):
+  tree, calls = simulate.node_tree(d), []
+  for prompt, new in rows:
+    text = list(prompt) + list(new)
+    r = first_root(prompt)
+    drafts = simulate.offline_drafts(m, d, dp, text, r)
+    acc = simulate.accepted_lengths(simulate.hits(drafts, text, r, tree), tree)
+    calls.append(simulate.walk(acc, len(new), (drafts == simulate.ABSTAINED).all(1))[0])
+  return calls
+
+
+@pytest.mark.slow
+def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model):
+  """Each row decoded alone (batch 1: an abstaining row is an AR step, as replayed)."""
+  ar = generate(model.params, model.cfg, PROMPTS, max_new_tokens=NEW, max_len=128)
+  rows = list(zip(PROMPTS, ar.tokens, strict=True))
+  wrong_root = 0
+  for name, (d, dp) in drafters(model).items():
+    outs = [
+      generate(model.params, model.cfg, [p], drafter=d, drafter_params=dp, max_new_tokens=NEW,
+               max_len=128, pad_to=16)
+      for p in PROMPTS
+    ]  # fmt: skip
+    assert [o.tokens[0] for o in outs] == ar.tokens, name
+    decoded = [int(o.counts["row_calls"][0]) for o in outs]
+    assert simulated_calls(model, d, dp, rows) == decoded, name
+    if name.startswith("lookup"):  # abstentions (no n-gram match) replayed row by row too
+      replays = [simulate.replay(model, d, dp, [r]) for r in rows]
+      assert [r.abstained for r in replays] == [int(o.counts["row_abstained"][0]) for o in outs]
+      assert sum(r.abstained for r in replays) > 0
+    assert sum(decoded) < len(PROMPTS) * NEW, f"{name}: nothing accepted, the check is empty"
+    # Broken: drafts taken at the prompt's last token as if the prefill had drafted too.
+    wrong_root += simulated_calls(model, d, dp, rows, lambda p: len(p) - 1) != decoded
+  assert wrong_root >= 3
+
+
+def test_accepted_lengths_follow_the_tree_and_walk_counts_the_prefill():
+  tree = trees.Tree((0, 0, 1, 2))  # two branches: node 1 -> 3, node 2 -> 4
+  hits = np.array([[0, 1, 0, 1], [1, 0, 1, 1], [0, 0, 1, 1], [1, 1, 0, 0]], bool)
+  assert simulate.accepted_lengths(hits, tree).tolist() == [2, 2, 0, 1]
+  assert simulate.walk(np.array([2, 0, 0, 5, 0]), 5) == (3, 0)  # prefill, 3 tokens, then 1
+  assert simulate.walk(np.array([0, 0, 0, 0]), 5, np.array([1, 0, 1, 1])) == (5, 3)
+  assert simulate.acceptance_by_depth(np.array([0, 1, 2, 2]), 2) == [0.75, 2 / 3]
+
+
+def test_dynamic_eagle_trees_are_refused(model):
+  ed, _ = testing.eagle_drafter((model.cfg, model.params), top_k=2, depth=3, total=5)
+  with pytest.raises(ValueError, match="dynamic trees are not simulated"):
+    simulate.check_supported(ed)
+
+
+def test_step_work_and_roofline(model):
+  d = drafters(model)
+  work = costmodel.step_work(d["draft_model"][0])
+  assert [(f.model, f.tokens) for f in work] == [("draft_model", 2)] + [("draft_model", 1)] * 2 + [
+    ("target", 4)
+  ]
+  assert [f.tokens for f in costmodel.step_work(d["medusa"][0])] == [1, 16]  # 3 + 6 + 6 nodes
+  assert costmodel.step_work(None) == (costmodel.Forward("target", 1),)
+  big = tiny.tiny_config(
+    vocab_size=49152,
+    dim=576,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    ffn_dim=1536,
+    tie_embeddings=True,
+  )  # fmt: skip  (SmolLM2-135M's shape)
+  prof = costmodel.roofline("H200", {"target": costmodel._llama_sizes(big)}, context=256)
+  one, eight, huge = (prof.cost("target", t) for t in (1, 8, 4096))
+  assert eight < 1.01 * one  # memory-bound: 8 tokens cost what 1 does
+  params = costmodel._llama_sizes(big)[0]
+  assert huge == pytest.approx(2 * params * 4096 / 989e12)  # compute-bound far out
+  assert one == pytest.approx((2 * params + 30 * 3 * 64 * 4 * 257) / 4.8e12)
+  with pytest.raises(ValueError, match="unknown chip"):
+    costmodel.roofline("A100-ish", {})
+
+
+def test_measured_profile_takes_the_cheaper_of_gemm_and_matvecs():
+  prof = costmodel.measured("m", {1: 1.0, 4: 5.0, 8: 6.0}, {}, overhead=0.5)
+  assert prof.cost("target", 4) == 4.0  # 4 one-token forwards beat the 5.0 GEMM
+  assert prof.cost("target", 8) == 6.0
+  assert prof.step_seconds(None) == 1.5
+
+
+@pytest.mark.slow
+def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, capsys):
+  from specjax.tasks import cost_model
+
+  c = tiny_config.get_config()
+  c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  c.update(max_new_tokens=16, max_len=48, batch_size=1, output_dir=str(tmp_path))
+  c.benchmark.repeats = 1
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes = (1,)
+  c.sweep.verify_sizes = ()
+  c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),), "random": ((5, 9, 11),)}
+  c.sweep.variants = {
+    "lookup": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 3}},
+    "draft": {"name": "draft_model", "draft_model": {"num_draft": 2}},
+  }
+  c.cost_model = config_dict.ConfigDict({"chips": ("H200",), "context": 16})
+  out = cost_model.run(c)
+  saved = json.loads((tmp_path / "cost_model.json").read_text())
+  assert sorted(r["variant"] for r in saved["rows"]) == ["draft", "lookup"]
+  for row in out["rows"]:
+    assert row["tau_error"] == pytest.approx(0, abs=1e-9)
+    assert row["predicted_speedup"] > 0 and row["H200_speedup"] > 0
+  assert saved["rows"][[r["variant"] for r in saved["rows"]].index("draft")]["tau_by_k"]
+
+  # num_draft = "auto" picks K from that file and this machine's step costs.
+  auto = tiny_config.get_config()
+  auto.target.update(c.target.to_dict())
+  auto.drafter.name = "draft_model"
+  auto.drafter.draft_model.num_draft = "auto"
+  with pytest.raises(ValueError, match="needs config.drafter.draft_model.auto_from"):
+    build.check(auto)
+  auto.drafter.draft_model.auto_from = str(tmp_path / "cost_model.json")
+  build.check(auto)
+  target = build.target(auto)
+  d, _ = build.drafter(auto, target)
+  assert 1 <= d.num_draft <= c.cost_model.get("max_k", 8)
+  assert "num_draft=auto:" in capsys.readouterr().out
+  auto.drafter.draft_model.source = "model"  # another draft model: no curve for it
+  auto.drafter.draft_model.model.update(c.target.to_dict() | {"name": "tiny-draft", "seed": 7})
+  with pytest.raises(ValueError, match="has no tau_by_k for draft model"):
+    build.drafter(auto, target)
+  auto.target.seed = 5
+  auto.target.name = "other"
+  with pytest.raises(ValueError, match="was measured for target"):
+    build.drafter(auto, build.target(auto))
+
+  c.cost_model.chips = ("B200",)
+  with pytest.raises(ValueError, match="cost_model.chips"):
+    cost_model.run(c)
+
+
+def test_tau_by_chain_length_matches_each_chain_simulated_alone(model):
+  ar = generate(model.params, model.cfg, PROMPTS, max_new_tokens=NEW, max_len=128)
+  rows = list(zip(PROMPTS, ar.tokens, strict=True))
+  d, dp = drafters(model)["draft_model"]
+  curve = simulate.tau_by_chain_length(model, d, dp, rows, 4)
+  for k in (1, 2, 4):
+    alone = simulate.replay(model, simulate.with_chain_length(d, k), dp, rows).tau
+    assert curve[k] == pytest.approx(alone)
+  assert curve[4] > curve[1] > 1
