@@ -159,6 +159,7 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
 def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
   """SIGINT while XLA compiles the demo's program: exit status 130 within 2 s, no core dump."""
   import signal
+  import threading
   import time
 
   cmd = [sys.executable, "-m", "specjax.run", "--config=configs/demo.py",
@@ -172,13 +173,19 @@ def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
     line = proc.stdout.readline()
     assert line, f"the demo ended before compiling: {out[-500:]}"
     out += line
+  # Keep reading: a full pipe would block the child's own writes (its progress bars, then the
+  # "interrupted" line) and with them its exit.
+  rest: list[str] = []
+  reader = threading.Thread(target=lambda: rest.extend(proc.stdout), daemon=True)
+  reader.start()
   time.sleep(1.0)  # inside the compile
   assert proc.poll() is None
   sent = time.monotonic()
   proc.send_signal(signal.SIGINT)
   rc = proc.wait(timeout=30)
   assert rc == 130 and time.monotonic() - sent < 2.0, (rc, time.monotonic() - sent)
-  assert "interrupted" in proc.stdout.read()
+  reader.join(timeout=10)
+  assert "interrupted" in "".join(rest)
 
 
 def test_check_runs_before_loading(small_config):
