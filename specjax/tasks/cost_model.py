@@ -71,12 +71,10 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for d, dp in drafters.values():
     parts |= costmodel.drafter_seconds(d, dp, target.cfg, cm.context)
   here = costmodel.measured("this machine", target_s, parts, max(ar_step - target_s[1], 0.0))
-  chips = {}
-  for chip in cm.chips:
-    sizes_by_model = {}
-    for d, dp in drafters.values():
-      sizes_by_model |= costmodel.model_sizes(target.cfg, d, dp)
-    chips[chip] = costmodel.roofline(chip, sizes_by_model, cm.context)
+  sizes_by_model = {}
+  for d, dp in drafters.values():
+    sizes_by_model |= costmodel.model_sizes(target.cfg, d, dp)
+  chips = {chip: costmodel.roofline(chip, sizes_by_model, cm.context) for chip in cm.chips}
 
   table = []
   cats = list(config.sweep.categories)
