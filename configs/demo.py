@@ -5,16 +5,38 @@
 Generates with prompt lookup (n-gram drafts from the prompt and the text so far: no draft
 model) and with plain autoregression on the same prompts in one process; prints the text, τ,
 α per draft position and the speedup, and writes results/demo/benchmark.json. Greedy outputs
-are identical in both modes (the run checks it). Swap the drafter with
-``--config.drafter.name=draft_model`` (the target's first
-``drafter.draft_model.num_layers`` layers).
+are identical in both modes (the run checks it).
+
+Prompt lookup's ``num_draft = "auto"`` picks the draft length K and ``min_ngram`` (how many
+tokens must match before it guesses; otherwise the step is an AR step) for the machine it runs
+on: τ and abstentions for every setting come from ``experiments/cost_model`` (replayed
+offline over other prompts), the step costs from the target's forwards timed here first (a
+few seconds). Fix them with ``--config.drafter.prompt_lookup.num_draft=4`` (and
+``min_ngram``), or swap the drafter with ``--config.drafter.name=draft_model`` (the target's
+first ``drafter.draft_model.num_layers`` layers).
 """
+
+from pathlib import Path
 
 from configs import tiny
 from specjax.models import source
 
+# τ of prompt lookup at every (K, min_ngram) on SmolLM2, replayed offline (task=cost_model).
+LOOKUP_GRID = (
+  Path(__file__).resolve().parents[1] / "experiments/cost_model/results/smollm2/cost_model.json"
+)
+
 
 def get_config():
+  """The main job: the demo with prompt lookup tuned for this machine."""
+  c = base()
+  c.drafter.prompt_lookup.num_draft = "auto"  # K and min_ngram for this machine
+  c.drafter.prompt_lookup.auto_from = str(LOOKUP_GRID)
+  return c
+
+
+def base():
+  """SmolLM2, the demo's prompts, prompt lookup with a fixed K = 4: what other configs build on."""
   c = tiny.get_config()
   c.task = "benchmark"
   c.output_dir = "results/demo"

@@ -29,7 +29,7 @@ def get_config(arg: str = "full"):
     c.device_bench.batch_sizes = (1, 2)
     c.device_bench.verify_sizes = (1, 4)
     return c
-  c = demo.get_config()
+  c = demo.base()
   c.task = "device_bench"
   c.output_dir = "results/device_bench"
   c.drafter.draft_model.num_layers = 8

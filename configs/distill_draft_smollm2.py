@@ -29,7 +29,7 @@ WORKDIR = "results/distill_draft_smollm2"
 
 
 def get_config(arg: str | None = None):
-  c = demo.get_config()  # SmolLM2 target, the demo prompts, chat template, greedy
+  c = demo.base()  # SmolLM2 target, the demo prompts, chat template, greedy
   c.task = "train"
   c.workdir = WORKDIR
   c.drafter.name = "draft_model"

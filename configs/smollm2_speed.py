@@ -14,7 +14,7 @@ from configs import demo
 
 
 def get_config():
-  c = demo.get_config()
+  c = demo.base()
   c.output_dir = "results/smollm2_speed"
   c.prompts = (
     "Write a short story about a lighthouse keeper.",

@@ -194,10 +194,14 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   d, params = drafters.build(config, target)
   if params is not None and dtype(config) != "float32":
     params = llama.cast(params, dtype(config))
-  if config.drafter.name == "draft_model" and config.drafter.draft_model.num_draft == "auto":
+  name = config.drafter.name
+  if name in ("draft_model", "prompt_lookup") and config.drafter[name].num_draft == "auto":
     from specjax import costmodel  # imports every drafter module
 
-    d = costmodel.auto_chain_length(config, target, d, params)
+    if name == "draft_model":
+      d = costmodel.auto_chain_length(config, target, d, params)
+    else:
+      d = costmodel.auto_lookup(config, target, d)
   return d, params
 
 

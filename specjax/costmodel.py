@@ -47,8 +47,8 @@ CHIPS = {
 
 @dataclasses.dataclass(frozen=True)
 class Forward:
-  """One forward of ``model`` ("target", "draft_model", "medusa", "eagle", "lookup") over
-  ``tokens`` tokens."""
+  """One forward of ``model`` ("target", "draft_model", "medusa", "eagle", "eagle_level",
+  "lookup") over ``tokens`` tokens."""
 
   model: str
   tokens: int
@@ -69,8 +69,9 @@ def step_work(drafter) -> tuple[Forward, ...]:
     )
   if isinstance(drafter, medusa.Medusa):
     return (Forward("medusa", 1), verify)
-  if isinstance(drafter, eagle.Eagle):
-    levels = (Forward("eagle", drafter.top_k),) * (drafter.depth - 1)
+  if isinstance(drafter, eagle.Eagle):  # the catch-up (its head on the last pair), then level
+    # d's forward over the d x top_k nodes expanded so far (its head on the newest top_k)
+    levels = tuple(Forward("eagle_level", d * drafter.top_k) for d in range(1, drafter.depth))
     return (Forward("eagle", drafter.depth + 1),) + levels + (verify,)
   raise ValueError(f"drafter {drafter.name!r} has no step cost model (known: prompt_lookup, "
                    "draft_model, medusa, eagle).")  # fmt: skip
@@ -117,7 +118,7 @@ def model_sizes(target_cfg: ModelConfig, drafter, dparams) -> dict[str, tuple[in
     layer = _llama_sizes(dataclasses.replace(drafter.cfg.layer, num_layers=1))
     own = sum(int(np.size(v)) for k, v in jax.tree_util.tree_leaves_with_path(dparams)
               if "embed" not in jax.tree_util.keystr(k))  # fmt: skip
-    out["eagle"] = (own, layer[1])
+    out["eagle"] = out["eagle_level"] = (own, layer[1])
   return out
 
 
@@ -182,8 +183,9 @@ def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, rep
       h = jnp.ones((1, target_cfg.dim), jnp.float32)
       fn = jax.jit(medusa.head_logits)
       out[model] = {1: median_seconds(lambda fn=fn, h=h: fn(dparams, h), repeats)}
-    elif model == "eagle":
-      out[model] = {t: _eagle_seconds(drafter, dparams, t, repeats) for t in sorted(sizes)}
+    elif model in ("eagle", "eagle_level"):
+      rows = 1 if model == "eagle" else drafter.top_k
+      out[model] = {t: _eagle_seconds(drafter, dparams, t, rows, repeats) for t in sorted(sizes)}
     elif model == "lookup":
       s = context + 64
       ctx = DraftContext(
@@ -196,15 +198,16 @@ def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, rep
   return out
 
 
-def _eagle_seconds(drafter, p, t: int, repeats: int) -> float:
-  """One EAGLE forward over t pairs (fc, the layer, its head) with no cache."""
+def _eagle_seconds(drafter, p, t: int, head_rows: int, repeats: int) -> float:
+  """One EAGLE forward over t pairs (fc, the layer) with no cache, its head on the last
+  ``head_rows``."""
 
   @jax.jit
   def fwd(p, tokens_1xT, s_1xTxF):
     attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
     x = eagle.inputs(p, tokens_1xT, eagle.fuse(p, s_1xTxF))
     out, _, _ = eagle.layer(p, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
-    return eagle.logits(p, out)
+    return eagle.logits(p, out[:, t - head_rows :])
 
   width = drafter.cfg.target.dim * len(drafter.feature_layers)
   s = jnp.ones((1, t, width), jnp.float32)
@@ -266,25 +269,35 @@ def tau_curve(path, config, target_name: str) -> dict[int, float]:
   )
 
 
-def auto_chain_length(config, target, drafter, dparams, repeats: int = 5):
-  """The draft model with the K (within ``config.drafter.max_depth`` and ``max_nodes``) whose
-  predicted speedup is best on this machine: τ(K) from the offline simulation, step costs
-  from forwards timed here (the per-step overhead: a short AR decode minus one forward)."""
+def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> Profile:
+  """This machine's profile for ``drafter``: the target's forwards over ``sizes`` tokens and
+  the drafter's own, timed here, and the per-step overhead (a short AR decode minus one
+  forward)."""
   from specjax.decode import generate
 
-  curve = tau_curve(config.drafter.draft_model.auto_from, config, target.cfg.name)
-  limit = min(max(curve), config.drafter.max_depth, config.drafter.max_nodes)
-  ks = [k for k in sorted(curve) if k <= limit]
   context = min(128, config.max_len // 2)
-  target_s = llama_forward_seconds(target.params, target.cfg, [1] + [k + 1 for k in ks],
-                                   context, repeats)  # fmt: skip
+  target_s = llama_forward_seconds(target.params, target.cfg, sorted({1, *sizes}), context,
+                                   repeats)  # fmt: skip
   parts = drafter_seconds(drafter, dparams, target.cfg, context, repeats)
   prompt, steps = [[1] * 8], 16
   generate(target.params, target.cfg, prompt, max_new_tokens=steps, max_len=64)  # compile
   t0 = time.perf_counter()
   generate(target.params, target.cfg, prompt, max_new_tokens=steps, max_len=64)
   overhead = max((time.perf_counter() - t0) / steps - target_s[1], 0.0)
-  profile = measured("this machine", target_s, parts, overhead)
+  return measured("this machine", target_s, parts, overhead)
+
+
+def _k_limit(config, most: int) -> int:
+  return min(most, config.drafter.max_depth, config.drafter.max_nodes)
+
+
+def auto_chain_length(config, target, drafter, dparams, repeats: int = 5):
+  """The draft model with the K (within ``config.drafter.max_depth`` and ``max_nodes``) whose
+  predicted speedup is best on this machine: τ(K) from the offline simulation, step costs
+  from forwards timed here."""
+  curve = tau_curve(config.drafter.draft_model.auto_from, config, target.cfg.name)
+  ks = [k for k in sorted(curve) if k <= _k_limit(config, max(curve))]
+  profile = _machine_profile(config, target, [k + 1 for k in ks], drafter, dparams, repeats)
   options = {k: profile.speedup(dataclasses.replace(drafter, num_draft=k), curve[k]) for k in ks}
   best = max(options, key=lambda k: (options[k], -k))
   table = ", ".join(f"K={k}: τ {curve[k]:.2f} → {options[k]:.2f}x" for k in ks)
@@ -292,3 +305,69 @@ def auto_chain_length(config, target, drafter, dparams, repeats: int = 5):
   if options[best] < 1:
     print(f"num_draft=auto: even K={best} is predicted slower than AR on this machine.")
   return dataclasses.replace(drafter, num_draft=best)
+
+
+# --- prompt lookup: K and min_ngram for the machine ---------------------------------------------
+
+
+def lookup_grid(target, rows, k_max: int, max_ngram: int = 3) -> list[dict]:
+  """Prompt lookup (a chain, abstaining where nothing matches) replayed for every K in
+  1..k_max and min_ngram in 1..max_ngram over ``rows`` (prompt ids, the target's greedy new
+  ids): ``[{num_draft, min_ngram, tau, abstained}]``, ``abstained`` the share of target calls
+  that were one-token steps. Stateless, so no model runs."""
+  from specjax import simulate
+
+  out = []
+  for n in range(1, max_ngram + 1):
+    for k in range(1, k_max + 1):
+      d = prompt_lookup.PromptLookup(k, max_ngram=max_ngram, min_ngram=n)
+      r = simulate.replay(target, d, None, rows)
+      out.append({"num_draft": k, "min_ngram": n, "tau": r.tau, "abstained": r.abstained / r.calls})
+  return out
+
+
+def lookup_curve(path, target_name: str) -> list[dict]:
+  """The ``lookup_grid`` of a ``cost_model.json``; a clear error if it has none for this
+  target."""
+  import json
+
+  record = json.loads(Path(path).read_text())
+  field = "config.drafter.prompt_lookup.auto_from"
+  if record.get("target") != target_name:
+    raise ValueError(
+      f"{field}={path!r} was measured for target {record.get('target')!r}, not "
+      f"{target_name!r}: run task=cost_model with this target."
+    )
+  if not record.get("lookup_grid"):
+    raise ValueError(
+      f"{field}={path!r} has no lookup_grid: run task=cost_model with a prompt_lookup variant."
+    )
+  return record["lookup_grid"]
+
+
+def auto_lookup(config, target, drafter, repeats: int = 5):
+  """Prompt lookup with the (K, min_ngram) whose predicted speedup is best on this machine:
+  τ and abstentions from the offline replay in the ``auto_from`` file, step costs timed here.
+  Where verifying K + 1 tokens costs several one-token forwards (a CPU), a longer min_ngram
+  (abstain unless the match is long: an AR step) beats guessing from one-token matches."""
+  grid = lookup_curve(config.drafter.prompt_lookup.auto_from, target.cfg.name)
+  limit = _k_limit(config, max(g["num_draft"] for g in grid))
+  grid = [g for g in grid if g["num_draft"] <= limit and g["min_ngram"] <= drafter.max_ngram]
+  k_max = max(g["num_draft"] for g in grid)
+  sizes = sorted({2, 3, (k_max + 3) // 2, k_max + 1})  # timed; the T between, interpolated
+  print(f"prompt_lookup num_draft=auto: timing the target's forwards over {sizes} tokens ...")
+  profile = _machine_profile(config, target, sizes, drafter, None, repeats)
+
+  def speedup(g):
+    d = dataclasses.replace(drafter, num_draft=g["num_draft"], min_ngram=g["min_ngram"])
+    return profile.speedup(d, g["tau"], g["abstained"])
+
+  best = max(grid, key=lambda g: (speedup(g), -g["num_draft"], -g["min_ngram"]))
+  top = sorted(grid, key=speedup, reverse=True)[:3]
+  table = ", ".join(f"K={g['num_draft']} min_ngram={g['min_ngram']}: τ {g['tau']:.2f} → "
+                    f"{speedup(g):.2f}x" for g in top)  # fmt: skip
+  print(f"prompt_lookup num_draft=auto (best of {len(grid)}): {table}; chose "
+        f"K={best['num_draft']}, min_ngram={best['min_ngram']}")  # fmt: skip
+  if speedup(best) < 1:
+    print("prompt_lookup num_draft=auto: every setting is predicted slower than AR here.")
+  return dataclasses.replace(drafter, num_draft=best["num_draft"], min_ngram=best["min_ngram"])

@@ -11,15 +11,19 @@ the context the drafter sees *is* the text:
 - Medusa: head d's rank-c candidate from the target's final feature at ``r - 1``;
 - EAGLE chains: the drafter's rollout on its own features from pair ``r - 1`` (the training-
   time test's forward, whose step j is exactly what decoding computes for depth j);
+- EAGLE-2 dynamic trees: the drafter's own ``propose``, one row per root, over a draft cache
+  of the text's pairs (the teacher-forced features) cut at the root: what decoding's cache holds
+  there. The tree's shape depends on draft scores off the accepted path, but only the
+  drafter's, never the target's, so it too is a function of the text;
 - stateless drafters (prompt lookup): ``propose`` itself, once per root.
 
-``offline_drafts`` returns those proposals; ``hits`` compares them with the text;
-``accepted_lengths`` walks the tree; ``walk`` replays decoding: after the prefill's token, each
-step moves past its accepted drafts and the target's token, so the number of target calls, and τ,
-are what batch-1 greedy decoding of the same prompts does (up to ties in floating point; a root
-where the drafter abstains is a one-token step). ``replay`` does all of it for some rows and
-``tau_by_chain_length`` gives τ for every chain length at once. EAGLE-2's dynamic trees are not
-simulated (their shape depends on the draft's scores off the accepted path).
+``offline_drafts`` returns those proposals with each root's tree (``parents``: the same for
+every root of a static tree); ``hits`` compares them with the text; ``accepted_lengths`` walks
+the trees; ``walk`` replays decoding: after the prefill's token, each step moves past its
+accepted drafts and the target's token, so the number of target calls, and τ, are what batch-1
+greedy decoding of the same prompts does (up to ties in floating point; a root where the
+drafter abstains is a one-token step). ``replay`` does all of it for some rows and
+``tau_by_chain_length`` gives τ for every chain length at once.
 """
 
 import dataclasses
@@ -29,57 +33,65 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling
+from specjax import sampling, trees
 from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
-from specjax.drafters.base import DraftContext
+from specjax.drafters.base import DraftContext, Prefill
 from specjax.models import llama
+from specjax.models.cache import KVCache
 from specjax.trees import Tree
 
 
-def node_tree(drafter) -> Tree:
-  """The static tree a drafter verifies (a chain unless it says otherwise)."""
+def _eagle_is_chain(drafter) -> bool:
+  return drafter.top_k == 1 and drafter.total == drafter.depth
+
+
+def node_tree(drafter) -> Tree | None:
+  """The static tree a drafter verifies (a chain unless it says otherwise); None for EAGLE-2's
+  dynamic trees (one per step)."""
   if isinstance(drafter, medusa.Medusa):
     return drafter.tree
   if isinstance(drafter, eagle.Eagle):
-    return Tree.chain(drafter.depth)
+    return Tree.chain(drafter.depth) if _eagle_is_chain(drafter) else None
   return getattr(drafter, "tree", None) or Tree.chain(drafter.num_draft)
 
 
 def check_supported(drafter) -> None:
   """One clear error for a drafter the simulator cannot replay offline."""
-  if isinstance(drafter, eagle.Eagle) and not (
-    drafter.top_k == 1 and drafter.total == drafter.depth
-  ):
-    raise ValueError(
-      f"drafter.eagle top_k={drafter.top_k}, total={drafter.total}: EAGLE-2 dynamic trees are "
-      "not simulated offline (their shape depends on draft scores off the accepted path); "
-      "simulate the chain (top_k = 1, total = depth)."
-    )
   if getattr(drafter, "num_extra", 0) or drafter.name not in (
     "prompt_lookup", "draft_model", "medusa", "eagle",
   ):  # fmt: skip
     raise ValueError(
       f"drafter.name={drafter.name!r}: offline acceptance is simulated for prompt_lookup, "
-      "draft_model, medusa and eagle chains."
+      "draft_model, medusa and eagle."
     )
 
 
 ABSTAINED = -1  # the token of every node at a root where the drafter abstained
 
 
-def offline_drafts(target, drafter, dparams, row: Sequence[int], first_root: int) -> np.ndarray:
-  """``[R, N]`` the tokens ``drafter`` proposes at roots ``first_root .. len(row) - 2`` given
-  the text ``row`` (greedy candidates: each node's top-ranked choice; ``ABSTAINED`` at every
-  node where the drafter abstains)."""
+def offline_drafts(
+  target, drafter, dparams, row: Sequence[int], first_root: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """``([R, N] tokens, [R, N] parents)``: the tree ``drafter`` proposes at each root
+  ``first_root .. len(row) - 2`` given the text ``row`` (greedy candidates: each node's
+  top-ranked choice; ``ABSTAINED`` at every node where the drafter abstains)."""
   check_supported(drafter)
   x = jnp.asarray(row, jnp.int32)[None]
   roots = np.arange(first_root, len(row) - 1)
   tree = node_tree(drafter)
+  if tree is None:  # EAGLE-2: a tree of its own at every root
+    return _eagle_tree(target, drafter, dparams, x, roots)
+  parents = np.broadcast_to(np.asarray(tree.parents), (len(roots), tree.num_nodes))
+  return _static_drafts(target, drafter, dparams, x, roots, tree), parents
+
+
+def _static_drafts(target, drafter, dparams, x, roots, tree: Tree) -> np.ndarray:
+  row_len = x.shape[1]
   depth_N = np.asarray(tree.depth[1:])
   if isinstance(drafter, draft_model.DraftModel):
     logits, _ = llama.logits_of(dparams, drafter.cfg, x)
     argmax_S = np.asarray(jnp.argmax(logits[0], -1))
-    idx = np.minimum(roots[:, None] + depth_N[None] - 1, len(row) - 1)
+    idx = np.minimum(roots[:, None] + depth_N[None] - 1, row_len - 1)
     return argmax_S[idx]
   if isinstance(drafter, medusa.Medusa):
     _, (f,) = llama.logits_of(target.params, target.cfg, x, (llama.FINAL,))
@@ -113,6 +125,41 @@ def _eagle_chain(target, drafter, p, x_1xS, roots) -> np.ndarray:
   return np.asarray(jnp.stack(picks, -1))[roots - 1]
 
 
+def _eagle_tree(target, drafter, p, x_1xS, roots) -> tuple[np.ndarray, np.ndarray]:
+  """``propose`` at every root at once: the draft cache holds the text's pairs (written by
+  ``init`` from the teacher-forced features), each row cut at its root, whose own pair
+  (features of ``r - 1``) is pending. Decoding has the n + 1 pairs of its last step pending
+  instead, but a pair's keys and values depend only on the pair and its position, so the
+  last one's output, which drafts depth 1, sees the same cache either way."""
+  if not len(roots):  # a text with at most one new token: no step to replay
+    empty = np.zeros((0, drafter.total), np.int32)
+    return empty, empty
+  s = x_1xS.shape[1]
+  _, feats = llama.logits_of(target.params, target.cfg, x_1xS, drafter.feature_layers)
+  f_1xSxF = jnp.concatenate(feats, axis=-1)
+  slots = s + drafter.depth + 1  # the catch-up writes depth + 1 slots from the root's pair
+  whole = drafter.init(p, Prefill(x_1xS, jnp.asarray([s], jnp.int32), f_1xSxF, slots))
+  r = len(roots)
+  tile = lambda a: jnp.repeat(a, r, axis=0)  # noqa: E731
+  pending = jnp.zeros((r, drafter.depth + 1, f_1xSxF.shape[-1]), f_1xSxF.dtype)
+  cache = KVCache(tuple(map(tile, whole.cache.k)), tuple(map(tile, whole.cache.v)),
+                  jnp.asarray(roots - 1, jnp.int32))  # fmt: skip
+  state = eagle.EagleState(
+    cache=cache,
+    pending_BxD1xF=pending.at[:, 0].set(f_1xSxF[0, roots - 1]),
+    count_B=jnp.ones((r,), jnp.int32),
+  )
+  ctx = DraftContext(
+    tokens=tile(jnp.pad(x_1xS, ((0, 0), (0, slots - s)))),
+    lengths=jnp.asarray(roots, jnp.int32),
+    key=jax.random.key(0),
+    sampling=sampling.SamplingParams.create(temperature=0.0),
+    vocab_size=target.cfg.vocab_size,
+  )
+  draft, _ = drafter.propose(p, state, ctx)
+  return np.asarray(draft.tokens), np.asarray(draft.parents)
+
+
 def _stateless(drafter, dparams, x_1xS, roots, vocab_size: int) -> np.ndarray:
   """``propose`` at every root at once: the text repeated, one row per root."""
   r = len(roots)
@@ -130,24 +177,32 @@ def _stateless(drafter, dparams, x_1xS, roots, vocab_size: int) -> np.ndarray:
   return tokens
 
 
-def hits(drafts_RxN: np.ndarray, row: Sequence[int], first_root: int, tree: Tree) -> np.ndarray:
+def node_depths(parents_RxN: np.ndarray) -> np.ndarray:
+  """``[R, N + 1]`` each node's depth (the root's 0) in every row's tree."""
+  return np.asarray(trees.depths(trees.ancestors(jnp.asarray(parents_RxN, jnp.int32))))
+
+
+def hits(
+  drafts_RxN: np.ndarray, parents_RxN: np.ndarray, row: Sequence[int], first_root: int
+) -> np.ndarray:
   """``[R, N]`` whether node n at root r proposes the text's token at ``r + depth(n)``."""
   text = np.asarray(row)
   roots = np.arange(first_root, first_root + len(drafts_RxN))
-  at = roots[:, None] + np.asarray(tree.depth[1:])[None]
+  at = roots[:, None] + node_depths(parents_RxN)[:, 1:]
   inside = at < len(text)
   return inside & (drafts_RxN == text[np.minimum(at, len(text) - 1)])
 
 
-def accepted_lengths(hits_RxN: np.ndarray, tree: Tree) -> np.ndarray:
+def accepted_lengths(hits_RxN: np.ndarray, parents_RxN: np.ndarray) -> np.ndarray:
   """``[R]`` the depth of the deepest node whose whole path hits (0: nothing accepted)."""
   r, n = hits_RxN.shape
+  rows = np.arange(r)
   ok = np.ones((r, n + 1), bool)  # node 0, the root, is always in
-  depth = np.asarray(tree.depth)
+  depth = node_depths(parents_RxN)
   best = np.zeros(r, int)
-  for i, p in enumerate(tree.parents, start=1):  # parents come before children
-    ok[:, i] = ok[:, p] & hits_RxN[:, i - 1]
-    best = np.where(ok[:, i], np.maximum(best, depth[i]), best)
+  for i in range(1, n + 1):  # parents come before children
+    ok[:, i] = ok[rows, parents_RxN[:, i - 1]] & hits_RxN[:, i - 1]
+    best = np.where(ok[:, i], np.maximum(best, depth[:, i]), best)
   return best
 
 
@@ -181,8 +236,11 @@ def with_chain_length(drafter, k: int):
 
 
 def is_chain(drafter) -> bool:
-  return node_tree(drafter).is_chain and isinstance(
-    drafter, (draft_model.DraftModel, eagle.Eagle, prompt_lookup.PromptLookup)
+  tree = node_tree(drafter)
+  return (
+    tree is not None
+    and tree.is_chain
+    and isinstance(drafter, (draft_model.DraftModel, eagle.Eagle, prompt_lookup.PromptLookup))
   )
 
 
@@ -203,11 +261,11 @@ class Replay:
 def replay(target, drafter, dparams, rows, chain_length: int | None = None) -> Replay:
   """Replays greedy decoding of ``rows`` (``(prompt ids, the target's greedy new ids)``);
   ``chain_length``: as if a chain drafter stopped after that many tokens."""
-  tree, tokens, calls, abstained = node_tree(drafter), 0, 0, 0
+  tokens, calls, abstained = 0, 0, 0
   for prompt, new in rows:
     text = list(prompt) + list(new)
-    drafts = offline_drafts(target, drafter, dparams, text, len(prompt))
-    acc = accepted_lengths(hits(drafts, text, len(prompt), tree), tree)
+    drafts, parents = offline_drafts(target, drafter, dparams, text, len(prompt))
+    acc = accepted_lengths(hits(drafts, parents, text, len(prompt)), parents)
     if chain_length is not None:
       acc = np.minimum(acc, chain_length)
     c, a = walk(acc, len(new), (drafts == ABSTAINED).all(axis=1))
@@ -220,12 +278,11 @@ def tau_by_chain_length(target, drafter, dparams, rows, k_max: int) -> dict[int,
   accepts min(a, K) where the longest accepts a (its proposals' first K tokens are the
   K-chain's, abstentions included)."""
   longest = with_chain_length(drafter, k_max)
-  tree = node_tree(longest)
   tokens, calls = 0, np.zeros(k_max + 1, int)
   for prompt, new in rows:
     text = list(prompt) + list(new)
-    drafts = offline_drafts(target, longest, dparams, text, len(prompt))
-    acc = accepted_lengths(hits(drafts, text, len(prompt), tree), tree)
+    drafts, parents = offline_drafts(target, longest, dparams, text, len(prompt))
+    acc = accepted_lengths(hits(drafts, parents, text, len(prompt)), parents)
     tokens += len(new)
     for k in range(1, k_max + 1):
       calls[k] += walk(np.minimum(acc, k), len(new))[0]

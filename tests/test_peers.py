@@ -16,7 +16,7 @@ def test_peers_side_by_side_on_smollm2(tmp_path):
   from specjax.tasks import peers
 
   c = peers_config.get_config()
-  c.prompts = demo.get_config().prompts[:2]  # a text to copy: lookup drafts get accepted
+  c.prompts = demo.base().prompts[:2]  # a text to copy: lookup drafts get accepted
   c.max_new_tokens = 24
   c.output_dir = str(tmp_path)
   record = peers.run(c)

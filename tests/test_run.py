@@ -168,7 +168,7 @@ def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
     cmd, cwd=request.config.rootpath, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
   )
   out = ""
-  deadline = time.monotonic() + 120
+  deadline = time.monotonic() + 240  # loading, timing forwards for num_draft=auto
   while "compiling" not in out and time.monotonic() < deadline:  # the demo says what compiles
     line = proc.stdout.readline()
     assert line, f"the demo ended before compiling: {out[-500:]}"
@@ -273,6 +273,9 @@ EXPERIMENT_VARIANTS = {
   "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", "sweep_b1", "sweep_b4"],
   "medusa_qwen_coder": [None],
   "eagle_smollm2": [None, "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4", "sweep_t1"],
+  "cost_model": [None, "qwen"],
+  "temperature_sweep": [None],
+  "summary": ["smollm2", "qwen"],
 }
 
 
@@ -287,7 +290,7 @@ def test_experiment_configs_pass_their_checks(name, arg):
   module = importlib.import_module(f"experiments.{name}.config")
   c = module.get_config() if arg is None else module.get_config(arg)
   configs = [c]
-  if c.task == "sweep":
+  if c.task in ("sweep", "cost_model"):
     configs += [sweep._variant_config(c, dict(o)) for o in c.sweep.variants.values()]
   for v in configs:
     build.check(v)

@@ -7,7 +7,7 @@ that commit, from this repository's root:
 
     git worktree add /tmp/before 47cc7fc
     python -c "import json; from configs import demo; \
-      print(json.dumps(list(demo.get_config().prompts)))" > /tmp/prompts.json
+      print(json.dumps(list(demo.base().prompts)))" > /tmp/prompts.json
     PYTHONPATH=/tmp/before python experiments/attention_window/before_refit.py /tmp/prompts.json \
       experiments/attention_window/results/before_refit.json
 """

@@ -16,7 +16,7 @@ from configs import demo
 
 
 def get_config():
-  c = demo.get_config()
+  c = demo.base()
   c.task = "max_len"
   c.output_dir = "experiments/attention_window/results"
   c.max_len_sweep = config_dict.ConfigDict()

@@ -1,6 +1,6 @@
 """τ simulator and cost model on SmolLM2-135M-Instruct: predicted vs measured, per drafter.
 
-    python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~17 min
+    python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~37 min
     python -m specjax.run --config=experiments/cost_model/config.py:qwen   # Qwen pair, ~20 min
     python -m specjax.report experiments/cost_model                        # README
 
@@ -9,11 +9,13 @@ task=cost_model: AR and every drafter below decode the four prompt categories of
 drafter's τ is also predicted without speculative decoding (one teacher-forced pass over the AR
 text, then the steps replayed: ``specjax/simulate.py``) and its speedup from this machine's
 profile (forwards timed one by one: ``specjax/costmodel.py``); the same predicted τ is priced on
-four accelerators by their roofline. Drafters: prompt lookup (chains of 2 and 4, a 2 x 3 tree),
+four accelerators by their roofline. Drafters: prompt lookup (chains of 2 and 4, a 2 x 3 tree,
+and chains that abstain unless 2 or 3 tokens match: K = 4 and 8),
 the target's first 8 layers as a draft model (K = 1, 2), Medusa's trained heads with their
-saved tree, the trained EAGLE drafter as 4- and 6-token chains. ``qwen``: Qwen2.5-Coder-1.5B
-with the 0.5B as a draft (K = 2, 4, 6) and prompt lookup on the pair config's four code
-prompts. Writes ``results/{smollm2,qwen}/cost_model.json`` and ``sweep.json``.
+saved tree, the trained EAGLE drafter as 4- and 6-token chains and as EAGLE-2 dynamic trees
+(2 x 5 with 8 nodes, 4 x 6 with 16). ``qwen``: Qwen2.5-Coder-1.5B with the 0.5B as a draft
+(K = 2, 4, 6) and prompt lookup on the pair config's four code prompts. Writes
+``results/{smollm2,qwen}/cost_model.json`` and ``sweep.json``.
 """
 
 from ml_collections import config_dict
@@ -27,21 +29,27 @@ CHIPS = ("H100-SXM", "H200", "TPU-v5e", "TPU-v5p")
 
 
 def variants() -> dict:
-  chain = lambda n: {  # noqa: E731
-    "name": "eagle", "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": 1, "depth": n, "total": n}
+  eagle = lambda top_k, depth, total: {  # noqa: E731
+    "name": "eagle",
+    "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": top_k, "depth": depth, "total": total},
   }  # fmt: skip
-  lookup = lambda k, g=1: {  # noqa: E731
-    "name": "prompt_lookup", "prompt_lookup": {"num_draft": k, "num_branches": g}
+  lookup = lambda k, g=1, n=1: {  # noqa: E731
+    "name": "prompt_lookup",
+    "prompt_lookup": {"num_draft": k, "num_branches": g, "min_ngram": n},
   }  # fmt: skip
   return {
     "lookup_k2": lookup(2),
     "lookup_k4": lookup(4),
     "lookup_2x3": lookup(3, 2),
+    "lookup_k4_min2": lookup(4, n=2),  # abstain unless the last 2 tokens match
+    "lookup_k8_min3": lookup(8, n=3),
     "draft_8l_k1": {"name": "draft_model", "draft_model": {"num_draft": 1}},
     "draft_8l_k2": {"name": "draft_model", "draft_model": {"num_draft": 2}},
     "medusa": {"name": "medusa", "medusa": {"path": eagle_smollm2.MEDUSA_HEADS}},
-    "eagle_chain_4": chain(4),
-    "eagle_chain_6": chain(6),
+    "eagle_chain_4": eagle(1, 4, 4),
+    "eagle_chain_6": eagle(1, 6, 6),
+    "eagle_tree_2x5_8": eagle(2, 5, 8),
+    "eagle_tree_4x6_16": eagle(4, 6, 16),
   }
 
 
@@ -59,7 +67,7 @@ def qwen_variants() -> dict:
 def get_config(arg: str = "smollm2"):
   if arg not in ("smollm2", "qwen"):
     raise ValueError(f"config argument {arg!r} is unknown; use smollm2 or qwen.")
-  c = demo.get_config() if arg == "smollm2" else qwen_coder_pair.get_config()
+  c = demo.base() if arg == "smollm2" else qwen_coder_pair.get_config()
   c.task = "cost_model"
   c.output_dir = f"{HERE}/results/{arg}"
   c.max_new_tokens = 64
@@ -121,6 +129,34 @@ def figure(records: dict, path) -> None:
   fig.savefig(path, dpi=120)
 
 
+def _grid_lines(record: dict) -> list[str]:
+  """Prompt lookup at every (K, min_ngram): τ and the speedup predicted here, and the best."""
+  grid = record.get("lookup_grid") or []
+  if not grid:
+    return []
+  ks = sorted({g["num_draft"] for g in grid})
+  rows = []
+  for n in sorted({g["min_ngram"] for g in grid}):
+    cells = {g["num_draft"]: g for g in grid if g["min_ngram"] == n}
+    rows.append(
+      {"min_ngram": n}
+      | {f"K={k}": f"{cells[k]['tau']:.2f} / {cells[k]['predicted_speedup']:.2f}x" for k in ks}
+    )
+  best = max(grid, key=lambda g: g["predicted_speedup"])
+  from specjax import results
+
+  return [
+    "Prompt lookup replayed at every K and min_ngram (all prompts pooled): τ / speedup "
+    "predicted here. A row abstains (an AR step) unless its last min_ngram tokens occurred "
+    f"before; best here: K={best['num_draft']}, min_ngram={best['min_ngram']} "
+    f"({best['predicted_speedup']:.2f}x). Prompt lookup's num_draft = auto reads this grid "
+    "and prices it with forwards it times where it runs:",
+    "",
+    results.markdown_table(rows, ("min_ngram",) + tuple(f"K={k}" for k in ks)),
+    "",
+  ]
+
+
 def report(results_dir):
   import json
 
@@ -142,8 +178,10 @@ def report(results_dir):
     chips = tuple(f"{c}_speedup" for c in record["chips"])
     forwards = ", ".join(f"T={t}: {ms:.1f}" for t, ms in record["target_forward_ms"].items())
     drafts = "; ".join(
-      f"{m} " + ", ".join(f"T={t}: {ms:.2f}" for t, ms in v.items())
-      for m, v in record["drafter_forward_ms"].items()
+      f"{name}: "
+      + ", ".join(f"{m} T={t}: {ms:.2f}" for m, v in models.items() for t, ms in v.items())
+      for name, models in record["drafter_forward_ms"].items()
+      if models
     )
     out += [
       f"### {name}: {record['target']}",
@@ -168,12 +206,13 @@ def report(results_dir):
         + tuple(f"K={k}" for k in range(1, record["config"]["cost_model"]["max_k"] + 1)),
       ),  # fmt: skip
       "",
+      *_grid_lines(record),
       "The same predicted τ priced on named chips (roofline):",
       "",
       results.markdown_table(rows, ("variant", "predicted_tau") + chips),
       "",
       f"Forwards timed here (ms, batch 1, {record['config']['cost_model']['context']} cached): "
-      f"target {forwards}; {drafts}.",
+      f"target {forwards}. Drafters' own forwards: {drafts}.",
       "",
     ]
   if records:

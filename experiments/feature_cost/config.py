@@ -14,7 +14,7 @@ from configs import demo
 
 
 def get_config():
-  c = demo.get_config()
+  c = demo.base()
   c.task = "feature_cost"
   c.output_dir = "experiments/feature_cost/results"
   c.benchmark.repeats = 3

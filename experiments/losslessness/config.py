@@ -16,7 +16,7 @@ from configs import demo
 
 
 def get_config():
-  c = demo.get_config()
+  c = demo.base()
   c.task = "losslessness"
   c.output_dir = "experiments/losslessness/results"
   c.drafter.name = "draft_model"

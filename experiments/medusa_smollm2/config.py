@@ -67,7 +67,7 @@ def variants() -> dict:
 
 
 def get_config(arg: str | None = None):
-  c = demo.get_config()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
+  c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
   c.task = "train"
   c.workdir = WORKDIR
   c.drafter.name = "medusa"

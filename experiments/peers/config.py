@@ -25,7 +25,7 @@ def get_config(arg: str = "smollm2"):
   if arg not in ("smollm2", "qwen"):
     raise ValueError(f"config argument {arg!r} is unknown; use smollm2 or qwen.")
   if arg == "smollm2":
-    c = demo.get_config()
+    c = demo.base()
     c.prompts = training_free.CATEGORIES["chat"] + training_free.CATEGORIES["code"]
     c.max_new_tokens = 64
     c.max_len = 384

@@ -25,7 +25,7 @@ KS = tuple(range(1, 9))
 def get_config(arg: str = "smollm2"):
   if arg not in ("smollm2", "qwen"):
     raise ValueError(f"config argument {arg!r} is unknown; use smollm2 or qwen.")
-  c = demo.get_config() if arg == "smollm2" else qwen_coder_pair.get_config()
+  c = demo.base() if arg == "smollm2" else qwen_coder_pair.get_config()
   c.task = "sweep"
   c.output_dir = f"experiments/speculative_theory/results/{arg}"
   c.max_new_tokens = 64

@@ -41,7 +41,7 @@ def variants() -> dict:
 def get_config(arg: str | None = None):
   if arg:
     raise ValueError(f"temperature_sweep/config.py takes no argument (got {arg!r}).")
-  c = demo.get_config()
+  c = demo.base()
   c.task = "sweep"
   c.output_dir = f"{HERE}/results"
   c.max_new_tokens = 48

@@ -89,7 +89,7 @@ def get_config(arg: str = "b1"):
   variants that led at batch 1), e.g. ``--config=experiments/training_free/config.py:b4``."""
   if arg not in ("b1", "b4"):
     raise ValueError(f"config argument {arg!r} is unknown; use b1 or b4.")
-  c = demo.get_config()
+  c = demo.base()
   c.task = "sweep"
   c.output_dir = f"experiments/training_free/results/{arg}"
   c.prompts = CATEGORIES["rewrite"]

@@ -70,6 +70,11 @@ class DraftModel(Chain):
         )
       if not Path(c.auto_from).is_file():
         raise ValueError(f"{FIELD}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+      from specjax import costmodel  # (it prices draft models: imported here, not at the top)
+
+      target = source.peek(config.target)  # the header's name, before any weights load
+      name = target.cfg.name if target is not None else config.target.get("name", "")
+      costmodel.tau_curve(c.auto_from, config, name)  # its curve is for this target and draft
     else:
       try:
         check_num_draft(c.num_draft, f"{FIELD}.num_draft", low=1)

@@ -17,19 +17,27 @@ lossless rule for deterministic proposals. Branches that repeat a sibling's toke
 node but stay lossless (p'(x) is 0 after the first rejection of x).
 
 Config (``config.drafter.prompt_lookup``): num_draft, max_ngram, min_ngram, num_branches,
-abstain, as the fields below.
+abstain, as the fields below. ``num_draft = "auto"`` (a chain, with ``auto_from``: a
+``cost_model.json`` whose ``lookup_grid`` holds τ and abstentions for every K and min_ngram,
+replayed offline) picks K and min_ngram for the machine it runs on
+(``costmodel.auto_lookup``: step costs timed there).
 """
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from ml_collections import config_dict
 
 from specjax import trees
 from specjax.drafters.base import Draft, DraftContext, Stateless, check_num_draft
+from specjax.models import source
 from specjax.models.cache import gather_rows
+
+FIELD = "config.drafter.prompt_lookup"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +62,8 @@ class PromptLookup(Stateless):
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.num_draft = 4  # K: draft tokens per branch
+    c.num_draft = config_dict.FieldReference(4, field_type=object)  # K per branch, or "auto"
+    c.auto_from = ""  # num_draft = "auto": a cost_model.json with a lookup_grid (task=cost_model)
     c.max_ngram = 3  # longest suffix n-gram searched for
     c.min_ngram = 1  # shortest
     c.num_branches = 1  # > 1: a tree of the best distinct matches
@@ -62,8 +71,43 @@ class PromptLookup(Stateless):
     return c
 
   @classmethod
+  def check(cls, c, config):
+    if c.num_draft == "auto":
+      if c.num_branches != 1:
+        raise ValueError(f"{FIELD}.num_draft='auto' picks a chain: set num_branches = 1.")
+      if not c.get("auto_from"):
+        raise ValueError(
+          f"{FIELD}.num_draft='auto' needs {FIELD}.auto_from: the cost_model.json of a "
+          "task=cost_model run on this target (it holds τ for every K and min_ngram)."
+        )
+      if not Path(c.auto_from).is_file():
+        raise ValueError(f"{FIELD}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+      if not c.abstain:
+        raise ValueError(
+          f"{FIELD}.num_draft='auto' prices abstaining steps as AR steps: set abstain = True."
+        )
+      from specjax import costmodel  # (it prices every drafter: imported here, not at the top)
+
+      target = source.peek(config.target)  # the header's name, before any weights load
+      name = target.cfg.name if target is not None else config.target.get("name", "")
+      grid = costmodel.lookup_curve(c.auto_from, name)
+      replayed = max(g["min_ngram"] for g in grid)  # the grid's min_ngram runs 1..max_ngram
+      if c.max_ngram != replayed:
+        raise ValueError(
+          f"{FIELD}.max_ngram={c.max_ngram}, but {c.auto_from!r} replayed max_ngram={replayed}: "
+          f"set max_ngram = {replayed}, or run task=cost_model with it."
+        )
+    elif isinstance(c.num_draft, str):
+      raise ValueError(
+        f"{FIELD}.num_draft={c.num_draft!r}: an integer K >= 1, or 'auto' (with auto_from) to "
+        "pick K and min_ngram for this machine."
+      )
+    return super().check(c, config)
+
+  @classmethod
   def build(cls, c, config, target):
-    return cls(c.num_draft, c.max_ngram, c.min_ngram, c.num_branches, c.abstain), None
+    k = 1 if c.num_draft == "auto" else c.num_draft  # auto: set by build.drafter
+    return cls(k, c.max_ngram, c.min_ngram, c.num_branches, c.abstain), None
 
   @property
   def tree(self) -> trees.Tree:

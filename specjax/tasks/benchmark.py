@@ -7,6 +7,7 @@ cost ratio c = draft step time / target step time. Writes a JSON record and prin
 speedups are ratios of times measured in this same run.
 """
 
+import dataclasses
 import platform
 
 import jax
@@ -54,6 +55,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
     modes["draft_ar"] = lambda b: generate(dparams, drafter.cfg, b, **common)
 
   record = {"config": config.to_dict(), "machine": machine(), "modes": {}}
+  # The drafter as built (num_draft = "auto" settles its knobs only here).
+  record["drafter"] = {
+    f.name: getattr(drafter, f.name)
+    for f in (dataclasses.fields(drafter) if dataclasses.is_dataclass(drafter) else ())
+    if isinstance(getattr(drafter, f.name), (bool, int, float, str))
+  }
   outputs = {}
   describe = f"{target.cfg.name}, batch {req.batch_size}, max_len {req.max_len}"
   timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)
@@ -67,6 +74,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   spec["speedup"] = spec["tokens_per_s"] / ar["tokens_per_s"]
   ar["speedup"] = 1.0
   summary = {"speedup": spec["speedup"], "tau": spec["tau"], "alpha": spec["alpha"]}
+  summary["num_draft"] = record["drafter"].get("num_draft")
   if req.temperature == 0:
     summary["greedy_outputs_identical"] = outputs["ar"] == outputs["speculative"]
   if "draft_ar" in record["modes"]:

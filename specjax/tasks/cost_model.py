@@ -12,10 +12,14 @@
 4. The same τ priced on named chips (roofline, ``cost_model.chips``).
 5. For chain drafters, τ for every chain length K = 1..``cost_model.max_k`` from one offline
    pass of the longest chain (``tau_by_k``): what ``num_draft = "auto"`` picks K from.
+6. With any prompt-lookup variant: every (K, min_ngram) replayed (``lookup_grid``: τ, the share
+   of one-token steps, the speedup predicted here and on the chips): what prompt lookup's
+   ``num_draft = "auto"`` picks from.
 
 Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table.
 """
 
+import dataclasses
 import statistics
 
 import ml_collections
@@ -23,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, results, simulate
+from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.tasks import sweep
 from specjax.tasks.benchmark import machine
 
@@ -57,24 +62,40 @@ def run(config: ml_collections.ConfigDict) -> dict:
     for name, (d, dp) in drafters.items():
       predicted[category, name] = simulate.replay(target, d, dp, rows)
   every_row = [row for rows in ar_rows.values() for row in rows]
+  k_max = cm.get("max_k", 8)
   for name, (d, dp) in drafters.items():
     if simulate.is_chain(d):  # tau for every chain length: what num_draft = "auto" reads
-      by_k[name] = simulate.tau_by_chain_length(target, d, dp, every_row, cm.get("max_k", 8))
+      by_k[name] = simulate.tau_by_chain_length(target, d, dp, every_row, k_max)
+  lookups = any(isinstance(d, PromptLookup) for d, _ in drafters.values())
+  grid = costmodel.lookup_grid(target, every_row, k_max) if lookups else []
 
-  sizes = sorted({1} | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
-                        if f.model == "target"})  # fmt: skip
+  sizes = {1} | {k + 1 for k in range(1, k_max + 1) if grid}
+  sizes = sorted(sizes | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
+                          if f.model == "target"})  # fmt: skip
   target_s = costmodel.llama_forward_seconds(target.params, target.cfg, sizes, cm.context)
   ar_step = statistics.median(
     r["steady_s"] / r["target_calls"] for r in record["runs"] if r["variant"] == "ar"
   )
-  parts = {}
-  for d, dp in drafters.values():
-    parts |= costmodel.drafter_seconds(d, dp, target.cfg, cm.context)
-  here = costmodel.measured("this machine", target_s, parts, max(ar_step - target_s[1], 0.0))
+  overhead = max(ar_step - target_s[1], 0.0)
+  parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
+  for name, (d, dp) in drafters.items():
+    parts[name] = costmodel.drafter_seconds(d, dp, target.cfg, cm.context)
+    here[name] = costmodel.measured("this machine", target_s, parts[name], overhead)
   sizes_by_model = {}
   for d, dp in drafters.values():
     sizes_by_model |= costmodel.model_sizes(target.cfg, d, dp)
   chips = {chip: costmodel.roofline(chip, sizes_by_model, cm.context) for chip in cm.chips}
+  if grid:  # every (K, min_ngram) priced here and on the chips
+    base = PromptLookup(1)
+    lookup_here = costmodel.measured(
+      "this machine", target_s, costmodel.drafter_seconds(base, None, target.cfg, cm.context),
+      overhead,
+    )  # fmt: skip
+    for g in grid:
+      d = dataclasses.replace(base, num_draft=g["num_draft"], min_ngram=g["min_ngram"])
+      g["predicted_speedup"] = lookup_here.speedup(d, g["tau"], g["abstained"])
+      for chip, prof in chips.items():
+        g[f"{chip}_speedup"] = prof.speedup(d, g["tau"], g["abstained"])
 
   table = []
   cats = list(config.sweep.categories)
@@ -84,7 +105,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     tau = np.mean([runs[c, name]["tau"] for c in cats])
     tau_p = np.mean([r.tau for r in replays.values()])
     speed = np.mean([runs[c, name]["speedup"] for c in cats])
-    speed_p = np.mean([price(here, r) for r in replays.values()])
+    speed_p = np.mean([price(here[name], r) for r in replays.values()])
     row = {
       "variant": name,
       "tau": float(tau),
@@ -93,7 +114,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       "speedup": float(speed),
       "predicted_speedup": float(speed_p),
       "speedup_error": float(speed_p / speed - 1),
-      "step_ms": 1e3 * here.step_seconds(d),
+      "step_ms": 1e3 * here[name].step_seconds(d),
       "abstained_calls": sum(r.abstained for r in replays.values()),
       "drafter": config.sweep.variants[name].to_dict(),
       "tau_by_k": by_k.get(name),
@@ -102,24 +123,30 @@ def run(config: ml_collections.ConfigDict) -> dict:
           "tau": runs[c, name]["tau"],
           "predicted_tau": r.tau,
           "speedup": runs[c, name]["speedup"],
-          "predicted_speedup": price(here, r),
+          "predicted_speedup": price(here[name], r),
         }
         for c, r in replays.items()
       },  # fmt: skip
     }
     for chip, prof in chips.items():
       row[f"{chip}_speedup"] = float(np.mean([price(prof, r) for r in replays.values()]))
+      # One step with the drafter over one AR step: prices any measured τ for this drafter.
+      row[f"{chip}_step_vs_ar"] = prof.step_seconds(d) / prof.step_seconds(None)
     table.append(row)
   out = {
     "config": config.to_dict(),
     "machine": machine(),
     "target": target.cfg.name,
     "ar_step_ms": 1e3 * ar_step,
-    "overhead_ms": 1e3 * here.overhead,
+    "overhead_ms": 1e3 * overhead,
     "target_forward_ms": {t: 1e3 * s for t, s in target_s.items()},
-    "drafter_forward_ms": {m: {t: 1e3 * s for t, s in v.items()} for m, v in parts.items()},
+    "drafter_forward_ms": {
+      name: {m: {t: 1e3 * s for t, s in v.items()} for m, v in models.items()}
+      for name, models in parts.items()
+    },
     "chips": {c: costmodel.CHIPS[c][2] for c in cm.chips},
     "rows": table,
+    "lookup_grid": grid,
   }
   cols = COLUMNS + tuple(f"{c}_speedup" for c in cm.chips)
   print(results.table(table, cols))

@@ -127,6 +127,9 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
       rows.append(run_ | {"calls_per_token": run_["target_calls_per_token"]})
     record["summary"] = _summary(record["runs"])
     results.write_json(f"{config.output_dir}/sweep.json", record)  # partial results survive
+    # Each category pads its prompts differently, so no later job reuses these programs; with a
+    # dozen variants the compiled code of every job would exhaust the process's memory maps.
+    jax.clear_caches()
   print(results.table(rows, COLUMNS))
   cols = ("batch", "variant", "mean_speedup", "mean_tau")
   print(
