@@ -243,18 +243,24 @@ def _draft_fields(drafter_config: dict) -> dict:
   return fields
 
 
-def tau_curve(path, config, target_name: str) -> dict[int, float]:
-  """``{K: τ}`` for this config's draft model from a ``cost_model.json``; a clear error if the
-  file holds none for this target and draft model."""
+def _record_for(path, field: str, target_name: str) -> dict:
+  """A ``cost_model.json``; a clear error (naming ``field``) if another target was measured."""
   import json
 
   record = json.loads(Path(path).read_text())
-  field = "config.drafter.draft_model.auto_from"
   if record.get("target") != target_name:
     raise ValueError(
       f"{field}={path!r} was measured for target {record.get('target')!r}, not "
       f"{target_name!r}: run task=cost_model with this target."
     )
+  return record
+
+
+def tau_curve(path, config, target_name: str) -> dict[int, float]:
+  """``{K: τ}`` for this config's draft model from a ``cost_model.json``; a clear error if the
+  file holds none for this target and draft model."""
+  field = "config.drafter.draft_model.auto_from"
+  record = _record_for(path, field, target_name)
   base = record["config"]["drafter"]
   want = _draft_fields(config.drafter.to_dict())
   for row in record["rows"]:
@@ -329,15 +335,8 @@ def lookup_grid(target, rows, k_max: int, max_ngram: int = 3) -> list[dict]:
 def lookup_curve(path, target_name: str) -> list[dict]:
   """The ``lookup_grid`` of a ``cost_model.json``; a clear error if it has none for this
   target."""
-  import json
-
-  record = json.loads(Path(path).read_text())
   field = "config.drafter.prompt_lookup.auto_from"
-  if record.get("target") != target_name:
-    raise ValueError(
-      f"{field}={path!r} was measured for target {record.get('target')!r}, not "
-      f"{target_name!r}: run task=cost_model with this target."
-    )
+  record = _record_for(path, field, target_name)
   if not record.get("lookup_grid"):
     raise ValueError(
       f"{field}={path!r} has no lookup_grid: run task=cost_model with a prompt_lookup variant."

@@ -32,6 +32,7 @@ drafter and its params once the target is loaded. ``specjax.drafters`` keeps the
 """
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Protocol
 
 import jax
@@ -215,6 +216,22 @@ def sampled_candidates(c: ml_collections.ConfigDict, config: ml_collections.Conf
   """``c.candidates``: ``sampled`` (drawn from the draft, verified with q), ``top_k``
   (deterministic), or ``auto`` (sampled iff the run's temperature is above 0)."""
   return c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+
+
+def check_auto_from(c, field: str, holds: str, config) -> str:
+  """``num_draft = "auto"``: ``c.auto_from`` names an existing ``cost_model.json``; returns the
+  target's name (from its file's header, before any weights load) to match it against."""
+  from specjax.models import source
+
+  if not c.get("auto_from"):
+    raise ValueError(
+      f"{field}.num_draft='auto' needs {field}.auto_from: the cost_model.json of a "
+      f"task=cost_model run {holds}."
+    )
+  if not Path(c.auto_from).is_file():
+    raise ValueError(f"{field}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+  target = source.peek(config.target)
+  return target.cfg.name if target is not None else config.target.get("name", "")
 
 
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:

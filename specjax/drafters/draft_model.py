@@ -14,7 +14,6 @@ timed here); ``source`` = ``truncate`` (the target's first ``num_layers`` layers
 """
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +22,14 @@ from flax import struct
 from ml_collections import config_dict
 
 from specjax import sampling
-from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, check_num_draft
+from specjax.drafters.base import (
+  Chain,
+  Draft,
+  DraftContext,
+  Prefill,
+  check_auto_from,
+  check_num_draft,
+)
 from specjax.models import llama, source, tiny
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
@@ -63,17 +69,9 @@ class DraftModel(Chain):
   @classmethod
   def check(cls, c, config):
     if c.num_draft == "auto":
-      if not c.get("auto_from"):
-        raise ValueError(
-          f"{FIELD}.num_draft='auto' needs {FIELD}.auto_from: the cost_model.json of a "
-          "task=cost_model run with this draft model (it holds tau for every K)."
-        )
-      if not Path(c.auto_from).is_file():
-        raise ValueError(f"{FIELD}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+      name = check_auto_from(c, FIELD, "with this draft model (it holds tau for every K)", config)
       from specjax import costmodel  # (it prices draft models: imported here, not at the top)
 
-      target = source.peek(config.target)  # the header's name, before any weights load
-      name = target.cfg.name if target is not None else config.target.get("name", "")
       costmodel.tau_curve(c.auto_from, config, name)  # its curve is for this target and draft
     else:
       try:

@@ -24,7 +24,6 @@ replayed offline) picks K and min_ngram for the machine it runs on
 """
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +32,13 @@ import numpy as np
 from ml_collections import config_dict
 
 from specjax import trees
-from specjax.drafters.base import Draft, DraftContext, Stateless, check_num_draft
-from specjax.models import source
+from specjax.drafters.base import (
+  Draft,
+  DraftContext,
+  Stateless,
+  check_auto_from,
+  check_num_draft,
+)
 from specjax.models.cache import gather_rows
 
 FIELD = "config.drafter.prompt_lookup"
@@ -75,21 +79,14 @@ class PromptLookup(Stateless):
     if c.num_draft == "auto":
       if c.num_branches != 1:
         raise ValueError(f"{FIELD}.num_draft='auto' picks a chain: set num_branches = 1.")
-      if not c.get("auto_from"):
-        raise ValueError(
-          f"{FIELD}.num_draft='auto' needs {FIELD}.auto_from: the cost_model.json of a "
-          "task=cost_model run on this target (it holds τ for every K and min_ngram)."
-        )
-      if not Path(c.auto_from).is_file():
-        raise ValueError(f"{FIELD}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+      name = check_auto_from(c, FIELD, "on this target (it holds τ for every K and min_ngram)",
+                             config)  # fmt: skip
       if not c.abstain:
         raise ValueError(
           f"{FIELD}.num_draft='auto' prices abstaining steps as AR steps: set abstain = True."
         )
       from specjax import costmodel  # (it prices every drafter: imported here, not at the top)
 
-      target = source.peek(config.target)  # the header's name, before any weights load
-      name = target.cfg.name if target is not None else config.target.get("name", "")
       grid = costmodel.lookup_curve(c.auto_from, name)
       replayed = max(g["min_ngram"] for g in grid)  # the grid's min_ngram runs 1..max_ngram
       if c.max_ngram != replayed:
