@@ -81,7 +81,10 @@ def _drafter_section(base: dict, override: dict) -> tuple[str, dict]:
   """The drafter a sweep variant runs: its name and its whole subsection (the record's base
   drafter config under the variant's overrides)."""
   name = override.get("name", base["name"])
-  return name, base.get(name, {}) | override.get(name, {})
+  section = base.get(name, {}) | override.get(name, {})
+  if name == "draft_model" and section.get("source") == "model":
+    section.pop("num_layers", None)  # read only when the draft truncates the target
+  return name, section
 
 
 def _same(a: tuple[str, dict], b: tuple[str, dict]) -> bool:
