@@ -151,7 +151,9 @@ def median_seconds(fn: Callable[[], jax.Array], repeats: int = 9) -> float:
 
 
 def llama_forward_seconds(params, cfg: ModelConfig, sizes, context: int, repeats: int = 9):
-  """``{T: seconds}`` of one batch-1 forward over T tokens after ``context`` cached ones."""
+  """``{T: seconds}`` of one batch-1 forward over T tokens after ``context`` cached ones: the
+  median of ``repeats`` rounds, each timing every T once (a slow spell of a shared machine
+  then lands on every T alike, not on whichever T was being timed)."""
 
   @jax.jit
   def fwd(params, cache, tokens_1xT):
@@ -160,13 +162,18 @@ def llama_forward_seconds(params, cfg: ModelConfig, sizes, context: int, repeats
     logits, _, _ = llama.forward(params, cfg, tokens_1xT, positions, cache, llama.causal_mask(t))
     return logits
 
-  out = {}
-  for t in sizes:
-    cache = llama.init_cache(cfg, 1, context + max(sizes) + 1, llama.param_dtype(params))
-    cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
-    tokens = jnp.ones((1, t), jnp.int32)
-    out[t] = median_seconds(lambda cache=cache, tokens=tokens: fwd(params, cache, tokens), repeats)
-  return out
+  cache = llama.init_cache(cfg, 1, context + max(sizes) + 1, llama.param_dtype(params))
+  cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
+  tokens = {t: jnp.ones((1, t), jnp.int32) for t in sizes}
+  for t in sizes:  # compile
+    jax.block_until_ready(fwd(params, cache, tokens[t]))
+  times = {t: [] for t in sizes}
+  for _ in range(repeats):
+    for t in sizes:
+      t0 = time.perf_counter()
+      jax.block_until_ready(fwd(params, cache, tokens[t]))
+      times[t].append(time.perf_counter() - t0)
+  return {t: statistics.median(v) for t, v in times.items()}
 
 
 def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, repeats: int = 9):

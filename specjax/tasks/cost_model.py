@@ -72,14 +72,14 @@ def run(config: ml_collections.ConfigDict) -> dict:
   sizes = {1} | {k + 1 for k in range(1, k_max + 1) if grid}
   sizes = sorted(sizes | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
                           if f.model == "target"})  # fmt: skip
-  target_s = costmodel.llama_forward_seconds(target.params, target.cfg, sizes, cm.context)
+  target_s = costmodel.llama_forward_seconds(target.params, target.cfg, sizes, cm.context, 15)
   ar_step = statistics.median(
     r["steady_s"] / r["target_calls"] for r in record["runs"] if r["variant"] == "ar"
   )
   overhead = max(ar_step - target_s[1], 0.0)
   parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
   for name, (d, dp) in drafters.items():
-    parts[name] = costmodel.drafter_seconds(d, dp, target.cfg, cm.context)
+    parts[name] = costmodel.drafter_seconds(d, dp, target.cfg, cm.context, 15)
     here[name] = costmodel.measured("this machine", target_s, parts[name], overhead)
   sizes_by_model = {}
   for d, dp in drafters.values():
