@@ -358,7 +358,7 @@ def auto_lookup(config, target, drafter, repeats: int = 5):
   (abstain unless the match is long: an AR step) beats guessing from one-token matches."""
   grid = lookup_curve(config.drafter.prompt_lookup.auto_from, target.cfg.name)
   limit = _k_limit(config, max(g["num_draft"] for g in grid))
-  grid = [g for g in grid if g["num_draft"] <= limit and g["min_ngram"] <= drafter.max_ngram]
+  grid = [g for g in grid if g["num_draft"] <= limit]
   k_max = max(g["num_draft"] for g in grid)
   sizes = sorted({2, 3, (k_max + 3) // 2, k_max + 1})  # timed; the T between, interpolated
   print(f"prompt_lookup num_draft=auto: timing the target's forwards over {sizes} tokens ...")
