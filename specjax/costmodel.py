@@ -10,9 +10,13 @@ model over T tokens, plus a fixed per-step overhead (sampling, verification, boo
 Two kinds of profile:
 
 - ``measure`` (this machine): each forward timed on its own, jitted, batch 1, after a context
-  of ``context`` cached tokens. For the target the cost of T tokens is the cheaper of one
-  forward over T and T one-token forwards (a GEMM over T rows vs T matrix-vector products).
-  The overhead is one AR step measured in decoding minus one target forward.
+  of ``context`` cached tokens, as verification runs it (the cache read-only, its slots those
+  of the decode). A drafter whose nodes form a tree (Medusa, EAGLE, branched lookup) is
+  verified under a tree mask, which is data, not the causal mask XLA folds into the program:
+  that forward (``target_tree``) is timed apart. For the target the cost of T tokens is the
+  cheaper of one forward over T and T one-token forwards (a GEMM over T rows vs T
+  matrix-vector products). Medusa and prompt lookup are timed as their whole ``propose``. The
+  overhead is one AR step measured in decoding minus one target forward.
 - ``roofline`` (a named chip, no measurement): a forward over T tokens reads the weights and
   the KV cache once and does 2 x params x T flops, so it takes max(bytes / bandwidth,
   flops / peak). Chips: ``CHIPS``, from their vendors' data sheets (bf16 dense peak, HBM
@@ -30,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling
+from specjax import sampling, trees
 from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
 from specjax.drafters.base import DraftContext
 from specjax.models import llama
@@ -47,18 +51,27 @@ CHIPS = {
 
 @dataclasses.dataclass(frozen=True)
 class Forward:
-  """One forward of ``model`` ("target", "draft_model", "medusa", "eagle", "eagle_level",
-  "lookup") over ``tokens`` tokens."""
+  """One forward of ``model`` ("target", "target_tree", "draft_model", "medusa", "eagle",
+  "eagle_level", "lookup") over ``tokens`` tokens."""
 
   model: str
   tokens: int
+
+
+def verifies_tree(drafter) -> bool:
+  """Whether ``drafter``'s drafts carry ``parents`` (verified under a tree mask), even where
+  the tree is a chain (EAGLE's top_k = 1)."""
+  if isinstance(drafter, (medusa.Medusa, eagle.Eagle)):
+    return True
+  return isinstance(drafter, prompt_lookup.PromptLookup) and drafter.num_branches > 1
 
 
 def step_work(drafter) -> tuple[Forward, ...]:
   """The forwards of one decoding step with ``drafter`` (None: autoregressive)."""
   if drafter is None or drafter.name == "autoregressive":
     return (Forward("target", 1),)
-  verify = Forward("target", drafter.num_nodes + 1 + getattr(drafter, "num_extra", 0))
+  kind = "target_tree" if verifies_tree(drafter) else "target"
+  verify = Forward(kind, drafter.num_nodes + 1 + getattr(drafter, "num_extra", 0))
   if isinstance(drafter, prompt_lookup.PromptLookup):
     return (Forward("lookup", 1), verify)
   if isinstance(drafter, draft_model.DraftModel):
@@ -109,6 +122,7 @@ def _llama_sizes(cfg: ModelConfig) -> tuple[int, int]:
 def model_sizes(target_cfg: ModelConfig, drafter, dparams) -> dict[str, tuple[int, int]]:
   """Per model of a step: (parameters read, KV bytes per cached token)."""
   out = {"target": _llama_sizes(target_cfg), "lookup": (0, 0)}
+  out["target_tree"] = out["target"]
   if isinstance(drafter, draft_model.DraftModel):
     out["draft_model"] = _llama_sizes(drafter.cfg)
   elif isinstance(drafter, medusa.Medusa):
@@ -150,30 +164,52 @@ def median_seconds(fn: Callable[[], jax.Array], repeats: int = 9) -> float:
   return statistics.median(times)
 
 
-def llama_forward_seconds(params, cfg: ModelConfig, sizes, context: int, repeats: int = 9):
-  """``{T: seconds}`` of one batch-1 forward over T tokens after ``context`` cached ones: the
-  median of ``repeats`` rounds, each timing every T once (a slow spell of a shared machine
-  then lands on every T alike, not on whichever T was being timed)."""
+def llama_forward_seconds(
+  params,
+  cfg: ModelConfig,
+  sizes,
+  context: int,
+  repeats: int = 9,
+  num_slots: int = 0,
+  masks: tuple[str, ...] = ("causal",),
+) -> dict[str, dict[int, float]]:
+  """``{mask: {T: seconds}}`` of one batch-1 forward over T tokens after ``context`` cached
+  ones, run as verification runs it (``llama.forward_kv``: the cache of ``num_slots`` slots,
+  by default just enough, read only), under a causal mask (a constant) and/or a tree mask
+  (``"tree"``: data, as a tree's ancestors are). The median of ``repeats`` rounds, each timing
+  every (mask, T) once: a slow spell of a shared machine then lands on every size alike."""
 
   @jax.jit
-  def fwd(params, cache, tokens_1xT):
+  def fwd(params, cache, tokens_1xT, mask):
     t = tokens_1xT.shape[1]
     positions = context + jnp.arange(t)[None]
-    logits, _, _ = llama.forward(params, cfg, tokens_1xT, positions, cache, llama.causal_mask(t))
+    logits, _, _ = llama.forward_kv(params, cfg, tokens_1xT, positions, cache, mask)
     return logits
 
-  cache = llama.init_cache(cfg, 1, context + max(sizes) + 1, llama.param_dtype(params))
+  num_slots = num_slots or context + max(sizes) + 1
+  if context + max(sizes) > num_slots:
+    raise ValueError(f"context {context} + {max(sizes)} tokens do not fit {num_slots} slots.")
+  cache = llama.init_cache(cfg, 1, num_slots, llama.param_dtype(params))
   cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
-  tokens = {t: jnp.ones((1, t), jnp.int32) for t in sizes}
-  for t in sizes:  # compile
-    jax.block_until_ready(fwd(params, cache, tokens[t]))
-  times = {t: [] for t in sizes}
+  tree = lambda t: trees.ancestors(jnp.zeros((1, t - 1), jnp.int32))  # noqa: E731  (a star)
+  mask = lambda m, t: llama.causal_mask(t) if m == "causal" or t == 1 else tree(t)  # noqa: E731
+  jobs = {(m, t): (jnp.ones((1, t), jnp.int32), mask(m, t)) for m in masks for t in sizes}
+  for tokens, mask in jobs.values():  # compile
+    jax.block_until_ready(fwd(params, cache, tokens, mask))
+  times = {job: [] for job in jobs}
   for _ in range(repeats):
-    for t in sizes:
+    for job, (tokens, mask) in jobs.items():
       t0 = time.perf_counter()
-      jax.block_until_ready(fwd(params, cache, tokens[t]))
-      times[t].append(time.perf_counter() - t0)
-  return {t: statistics.median(v) for t, v in times.items()}
+      jax.block_until_ready(fwd(params, cache, tokens, mask))
+      times[job].append(time.perf_counter() - t0)
+  return {m: {t: statistics.median(times[m, t]) for t in sizes} for m in masks}
+
+
+def target_seconds(target, sizes, context: int, num_slots: int, repeats: int) -> dict:
+  """``{"target": {T: s}, "target_tree": {T: s}}``: the target's verify forwards, timed."""
+  by_mask = llama_forward_seconds(target.params, target.cfg, sorted(sizes), context, repeats,
+                                  num_slots, ("causal", "tree"))  # fmt: skip
+  return {"target": by_mask["causal"], "target_tree": by_mask["tree"]}
 
 
 def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, repeats: int = 9):
@@ -185,23 +221,21 @@ def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, rep
   out = {}
   for model, sizes in models.items():
     if model == "draft_model":
-      out[model] = llama_forward_seconds(dparams, drafter.cfg, sorted(sizes), context, repeats)
-    elif model == "medusa":
-      h = jnp.ones((1, target_cfg.dim), jnp.float32)
-      fn = jax.jit(medusa.head_logits)
-      out[model] = {1: median_seconds(lambda fn=fn, h=h: fn(dparams, h), repeats)}
+      out[model] = llama_forward_seconds(dparams, drafter.cfg, sorted(sizes), context,
+                                         repeats)["causal"]  # fmt: skip
     elif model in ("eagle", "eagle_level"):
       rows = 1 if model == "eagle" else drafter.top_k
       out[model] = {t: _eagle_seconds(drafter, dparams, t, rows, repeats) for t in sorted(sizes)}
-    elif model == "lookup":
-      s = context + 64
+    elif model in ("medusa", "lookup"):  # the whole propose: heads, top-k, the tree's tokens
+      state = jnp.ones((1, target_cfg.dim), jnp.float32) if model == "medusa" else None
       ctx = DraftContext(
-        tokens=jnp.ones((1, s), jnp.int32), lengths=jnp.asarray([context], jnp.int32),
+        tokens=jnp.ones((1, context + 64), jnp.int32), lengths=jnp.asarray([context], jnp.int32),
         key=jax.random.key(0), sampling=sampling.SamplingParams.create(0.0),
         vocab_size=target_cfg.vocab_size,
       )  # fmt: skip
-      fn = jax.jit(lambda ctx: drafter.propose(None, None, ctx)[0].tokens)
-      out[model] = {1: median_seconds(lambda fn=fn, ctx=ctx: fn(ctx), repeats)}
+      fn = jax.jit(lambda p, s, ctx: drafter.propose(p, s, ctx)[0].tokens)
+      run = lambda fn=fn, s=state, ctx=ctx: fn(dparams, s, ctx)  # noqa: E731
+      out[model] = {1: median_seconds(run, repeats)}
   return out
 
 
@@ -221,16 +255,17 @@ def _eagle_seconds(drafter, p, t: int, head_rows: int, repeats: int) -> float:
   return median_seconds(lambda: fwd(p, jnp.ones((1, t), jnp.int32), s), repeats)
 
 
-def measured(name: str, target_seconds: dict, drafter_parts: dict, overhead: float) -> Profile:
-  """A profile from timed forwards (interpolated in T); for the target, the cheaper of one
-  forward over T and T one-token forwards."""
-  tables = {"target": target_seconds} | drafter_parts
+def measured(name: str, target_parts: dict, drafter_parts: dict, overhead: float) -> Profile:
+  """A profile from timed forwards, ``{model: {T: seconds}}`` (interpolated in T); for the
+  target (``target``, ``target_tree``), the cheaper of one forward over T and T one-token
+  forwards."""
+  tables = target_parts | drafter_parts
 
   def cost(model: str, tokens: int) -> float:
     table = tables[model]
     xs = sorted(table)
     t = float(np.interp(tokens, xs, [table[x] for x in xs]))
-    return min(t, tokens * table[xs[0]]) if model == "target" and xs[0] == 1 else t
+    return min(t, tokens * table[xs[0]]) if model.startswith("target") and xs[0] == 1 else t
 
   return Profile(name, cost, overhead, "timed on this machine (batch 1, jitted, median)")
 
@@ -289,14 +324,21 @@ def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> P
   from specjax.decode import generate
 
   context = min(128, config.max_len // 2)
-  target_s = llama_forward_seconds(target.params, target.cfg, sorted({1, *sizes}), context,
-                                   repeats)  # fmt: skip
+  slots = config.max_len + max(sizes)
+  target_s = target_seconds(target, {1, *sizes}, context, slots, repeats)
   parts = drafter_seconds(drafter, dparams, target.cfg, context, repeats)
-  prompt, steps = [[1] * 8], 16
-  generate(target.params, target.cfg, prompt, max_new_tokens=steps, max_len=64)  # compile
-  t0 = time.perf_counter()
-  generate(target.params, target.cfg, prompt, max_new_tokens=steps, max_len=64)
-  overhead = max((time.perf_counter() - t0) / steps - target_s[1], 0.0)
+  # An AR step after as many cached tokens: decodes of s and 2s tokens, the difference over s
+  # (their prefills cancel).
+  prompt, s = [[1] * context], max(1, min(16, (config.max_len - context) // 2))
+
+  def decode_seconds(n: int) -> float:
+    t0 = time.perf_counter()
+    generate(target.params, target.cfg, prompt, max_new_tokens=n, max_len=config.max_len)
+    return time.perf_counter() - t0
+
+  decode_seconds(s)  # compile (the budget is traced: one program for both)
+  step = (decode_seconds(2 * s) - decode_seconds(s)) / s
+  overhead = max(step - target_s["target"][1], 0.0)
   return measured("this machine", target_s, parts, overhead)
 
 

@@ -157,6 +157,28 @@ def _overlap(draft: Draft, p_BxN1xV, d: int) -> jax.Array:
   return jnp.sum(jnp.minimum(p_BxN1xV[:, :d], draft.probs), axis=-1)
 
 
+def _verdict(verifier, d: int, key, draft: Draft, logits_BxN1xV, sp):
+  """``(end[B], next[B], overlap[B, D])``: the verifier on the target's distributions."""
+  p_BxN1xV = sampling.probs(logits_BxN1xV, sp)
+  end_B, next_B = verifier(key, draft, p_BxN1xV, sp)
+  return end_B, next_B, _overlap(draft, p_BxN1xV, d)
+
+
+def _greedy_verdict(d: int, key, draft: Draft, logits_BxN1xV, sp):
+  """``_verdict`` at temperature 0, where every verifier takes the longest path of the target's
+  argmax tokens (its distributions are one-hot): from the argmax alone, so no V-wide softmax,
+  residual or sampling is computed (a real branch: ``lax.cond`` on the temperature)."""
+  argmax_BxN1 = jnp.argmax(logits_BxN1xV, axis=-1).astype(jnp.int32)
+  end_B, next_B = verify.greedy(draft, argmax_BxN1)
+  if draft.parents is not None or d == 0:  # as _overlap: zeros for trees
+    overlap = jnp.zeros((draft.tokens.shape[0], d), jnp.float32)
+  elif draft.probs is None:  # one-hot p and q: the overlap is whether x is the argmax
+    overlap = (draft.tokens[:, :d] == argmax_BxN1[:, :d]).astype(jnp.float32)
+  else:  # one-hot p: the overlap is q(argmax)
+    overlap = jnp.take_along_axis(draft.probs[:, :d], argmax_BxN1[:, :d, None], axis=-1)[..., 0]
+  return end_B, next_B, overlap
+
+
 def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _Static) -> Verified:
   """One target forward over ``[newest, draft nodes, extras]`` and the verifier's verdict."""
   d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
@@ -165,8 +187,11 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _St
   logits, feats, new_kv = llama.forward_kv(
     tparams, st.target_cfg, tokens_BxT, positions_BxT, cache, mask, st.drafter.feature_layers
   )
-  p_BxN1xV = sampling.probs(logits[:, : n_nodes + 1], sp)
-  end_B, next_B = st.verifier(key, draft, p_BxN1xV, sp)
+  end_B, next_B, overlap = jax.lax.cond(
+    sp.temperature <= 0, functools.partial(_greedy_verdict, d),
+    functools.partial(_verdict, st.verifier, d),
+    key, draft, logits[:, : n_nodes + 1], sp,
+  )  # fmt: skip
   n_B = jnp.take_along_axis(depth_BxN1, end_B[:, None], axis=1)[:, 0]
   if anc is None:  # a chain: the accepted nodes already sit in order
     path_BxD = jnp.broadcast_to(jnp.arange(1, d + 1), (L_B.shape[0], d))
@@ -179,7 +204,7 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: _St
   extra_logits = logits[:, n_nodes + 1 :] if draft.extra_tokens is not None else None
   return Verified(
     n_B, path_BxD, next_B, tokens_BxT, path_kv, features, extra_logits,
-    _overlap(draft, p_BxN1xV, d), jnp.bool_(True),
+    overlap, jnp.bool_(True),
   )  # fmt: skip
 
 

@@ -106,12 +106,22 @@ def deepest_passing(parents_BxN, pass_BxN) -> jax.Array:
   return jnp.argmax(jnp.where(ok_BxN1, depth_BxN1, -1), axis=-1)
 
 
+def greedy(draft, argmax_BxN1: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Temperature 0, from the target's argmax at the root and every node: the longest path
+  whose every token is the argmax at its parent, and the argmax after it. What every verifier
+  does on one-hot distributions, with no ``[B, N+1, V]`` array built."""
+  n = draft.tokens.shape[1]
+  if draft.parents is None:
+    end_B = num_accepted(draft.tokens == argmax_BxN1[:, :n])
+  else:
+    hit_BxN = jnp.take_along_axis(argmax_BxN1, draft.parents, axis=1) == draft.tokens
+    end_B = deepest_passing(draft.parents, hit_BxN)
+  return end_B, jnp.take_along_axis(argmax_BxN1, end_B[:, None], axis=1)[:, 0]
+
+
 def greedy_tree(draft, p_BxN1xV) -> tuple[jax.Array, jax.Array]:
   """The longest path whose every token is the target's argmax, and the argmax after it."""
-  argmax_BxN1 = jnp.argmax(p_BxN1xV, axis=-1)
-  hit_BxN = jnp.take_along_axis(argmax_BxN1, draft.parents, axis=1) == draft.tokens
-  end_B = deepest_passing(draft.parents, hit_BxN)
-  return end_B, jnp.take_along_axis(argmax_BxN1, end_B[:, None], axis=1)[:, 0]
+  return greedy(draft, jnp.argmax(p_BxN1xV, axis=-1))
 
 
 def rejection_sample_tree(

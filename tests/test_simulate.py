@@ -3,6 +3,8 @@
 import json
 import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from ml_collections import config_dict
@@ -12,7 +14,7 @@ from specjax import build, costmodel, simulate, testing, trees
 from specjax.decode import generate
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import tiny
+from specjax.models import llama, tiny
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 3, 4, 9, 2, 7, 1, 3, 3], [5, 6]]
 NEW = 40
@@ -115,10 +117,11 @@ def test_step_work_and_roofline(model):
   assert [(f.model, f.tokens) for f in work] == [("draft_model", 2)] + [("draft_model", 1)] * 2 + [
     ("target", 4)
   ]
-  assert [f.tokens for f in costmodel.step_work(d["medusa"][0])] == [1, 16]  # 3 + 6 + 6 nodes
+  medusa_work = [(f.model, f.tokens) for f in costmodel.step_work(d["medusa"][0])]
+  assert medusa_work == [("medusa", 1), ("target_tree", 16)]  # 3 + 6 + 6 nodes, a tree mask
   assert costmodel.step_work(None) == (costmodel.Forward("target", 1),)
   tree = [(f.model, f.tokens) for f in costmodel.step_work(d["eagle_tree"][0])]  # 2 x 3, 5 nodes
-  assert tree == [("eagle", 4), ("eagle_level", 2), ("eagle_level", 4), ("target", 6)]
+  assert tree == [("eagle", 4), ("eagle_level", 2), ("eagle_level", 4), ("target_tree", 6)]
   big = tiny.tiny_config(
     vocab_size=49152,
     dim=576,
@@ -138,10 +141,30 @@ def test_step_work_and_roofline(model):
     costmodel.roofline("A100-ish", {})
 
 
+def test_verifies_tree_matches_the_drafts_each_drafter_proposes(model):
+  """The cost model prices a tree mask where ``propose`` returns ``parents``: checked against
+  the drafts themselves, for every drafter family."""
+  from specjax import sampling
+  from specjax.drafters.base import DraftContext, Prefill
+
+  tokens = jnp.asarray([[1, 5, 9, 3, 1, 5, 9, 3, 2, 7]], jnp.int32)
+  lengths = jnp.asarray([8], jnp.int32)
+  ctx = DraftContext(tokens, lengths, jax.random.key(0), sampling.SamplingParams.create(0.0),
+                     model.cfg.vocab_size)  # fmt: skip
+  for name, (d, dp) in drafters(model).items():
+    _, feats = llama.logits_of(model.params, model.cfg, tokens, d.feature_layers)
+    features = jnp.concatenate(feats, axis=-1) if d.feature_layers else None
+    state = d.init(dp, Prefill(tokens, lengths, features, 24))
+    draft, _ = d.propose(dp, state, ctx)
+    assert costmodel.verifies_tree(d) == (draft.parents is not None), name
+
+
 def test_measured_profile_takes_the_cheaper_of_gemm_and_matvecs():
-  prof = costmodel.measured("m", {1: 1.0, 4: 5.0, 8: 6.0}, {}, overhead=0.5)
+  causal = {1: 1.0, 4: 5.0, 8: 6.0}
+  prof = costmodel.measured("m", {"target": causal, "target_tree": {1: 1.0, 8: 7.0}}, {}, 0.5)
   assert prof.cost("target", 4) == 4.0  # 4 one-token forwards beat the 5.0 GEMM
   assert prof.cost("target", 8) == 6.0
+  assert prof.cost("target_tree", 8) == 7.0  # a tree's verify: timed under its own mask
   assert prof.step_seconds(None) == 1.5
 
 
@@ -183,6 +206,17 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
       assert g["tau"] == pytest.approx(lookup_row["tau_by_k"][str(g["num_draft"])])
   assert len({g["tau"] for g in grid}) > 3  # the settings differ: the check is not empty
 
+  # The prediction redone over the same measured decoding (no timed decoding): same rows.
+  c.cost_model.reuse_sweep = str(tmp_path / "sweep.json")
+  again = cost_model.run(c)
+  for a, b in zip(out["rows"], again["rows"], strict=True):
+    assert (a["speedup"], a["predicted_tau"]) == (b["speedup"], b["predicted_tau"])
+  c.max_new_tokens = 12
+  with pytest.raises(ValueError, match="measured with other config.max_new_tokens"):
+    cost_model.run(c)
+  c.max_new_tokens = 16
+  del c.cost_model["reuse_sweep"]
+
   # Prompt lookup's num_draft = "auto" picks K and min_ngram from that grid.
   la = tiny_config.get_config()
   la.target.update(c.target.to_dict())
@@ -200,7 +234,7 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   assert (d.num_draft, d.min_ngram) in {(g["num_draft"], g["min_ngram"]) for g in grid}
   assert "chose K=" in capsys.readouterr().out
   # Where a step costs what an AR step does, the pick is the cell with the highest tau.
-  free = costmodel.measured("free", {1: 1.0}, {"lookup": {1: 0.0}}, overhead=0.0)
+  free = costmodel.measured("free", {"target": {1: 1.0}}, {"lookup": {1: 0.0}}, overhead=0.0)
   monkeypatch.setattr(costmodel, "_machine_profile", lambda *a, **k: free)
   d, _ = build.drafter(la, build.target(la))
   top = max(grid, key=lambda g: (g["tau"], -g["num_draft"], -g["min_ngram"]))

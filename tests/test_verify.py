@@ -67,6 +67,36 @@ def test_greedy_is_rejection_sampling_on_one_hot():
   assert tok.tolist() == [2, 0]  # bonus argmax for row 0, correction for row 1
 
 
+def test_greedy_fast_path_equals_the_verifiers_at_temperature_0():
+  """Decoding at temperature 0 skips the V-wide distributions (``decode._greedy_verdict``):
+  its verdict (end, next token, overlap) equals the lossless verifier's and typical
+  acceptance's on one-hot distributions, for chains (one-hot and soft q) and trees. Drafts
+  hit the argmax often, so paths of every length occur."""
+  from specjax.decode import _greedy_verdict, _verdict
+  from specjax.drafters.base import Draft
+
+  sp = sampling.SamplingParams.create(0.0)
+  b, n, v = 64, 4, 6
+  k1, k2, k3, k4 = jax.random.split(jax.random.key(7), 4)
+  logits = jax.random.normal(k1, (b, n + 1, v))
+  parents = jnp.broadcast_to(jnp.asarray([0, 0, 1, 2]), (b, n))
+  for tree in (False, True):
+    # node i's token: its parent's argmax, or (a third of the time) another token
+    at = parents if tree else jnp.broadcast_to(jnp.arange(n), (b, n))
+    best = jnp.take_along_axis(jnp.argmax(logits, -1), at, axis=1)
+    other = jax.random.randint(k3, (b, n), 0, v)
+    tokens = jnp.where(jax.random.uniform(k2, (b, n)) < 0.67, best, other)
+    q = jax.nn.softmax(jax.random.normal(k4, (b, n, v)))
+    for probs in (None,) if tree else (None, q):
+      draft = Draft(tokens=tokens, probs=probs, parents=parents if tree else None)
+      fast = _greedy_verdict(n, None, draft, logits, sp)
+      for verifier in (verify.verify, verify.TypicalAcceptance()):
+        slow = _verdict(verifier, n, jax.random.key(0), draft, logits, sp)
+        for f, s in zip(fast, slow, strict=True):
+          np.testing.assert_allclose(f, s, atol=1e-6)
+      assert len(set(fast[0].tolist())) >= 3  # short and long paths both occur
+
+
 def test_residual_is_normalised_positive_part():
   p = jnp.array([0.5, 0.3, 0.2])
   q = jnp.array([0.2, 0.5, 0.3])

@@ -1,6 +1,6 @@
 """τ simulator and cost model on SmolLM2-135M-Instruct: predicted vs measured, per drafter.
 
-    python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~37 min
+    python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~55 min
     python -m specjax.run --config=experiments/cost_model/config.py:qwen   # Qwen pair, ~20 min
     python -m specjax.report experiments/cost_model                        # README
 
@@ -72,7 +72,7 @@ def get_config(arg: str = "smollm2"):
   c.output_dir = f"{HERE}/results/{arg}"
   c.max_new_tokens = 64
   c.max_len = 384
-  c.benchmark.repeats = 1
+  c.benchmark.repeats = 2  # timed passes per mode (the median): this machine is noisy
   c.sweep = config_dict.ConfigDict()
   c.sweep.batch_sizes = (1,)
   c.sweep.verify_sizes = ()
@@ -87,6 +87,7 @@ def get_config(arg: str = "smollm2"):
   c.cost_model.chips = CHIPS
   c.cost_model.context = 192  # cached tokens behind the timed forwards (prompt + half a reply)
   c.cost_model.max_k = 8  # chains: tau for K = 1..8 (what num_draft = "auto" chooses from)
+  c.cost_model.reuse_sweep = ""  # a sweep.json of this config: re-predict without re-measuring
   return c
 
 
@@ -177,6 +178,9 @@ def report(results_dir):
     within_tau = sum(abs(r["tau_error"]) <= 0.10 for r in rows)
     chips = tuple(f"{c}_speedup" for c in record["chips"])
     forwards = ", ".join(f"T={t}: {ms:.1f}" for t, ms in record["target_forward_ms"].items())
+    tree = record.get("target_tree_forward_ms")
+    if tree:
+      forwards += "; under a tree mask " + ", ".join(f"T={t}: {ms:.1f}" for t, ms in tree.items())
     drafts = "; ".join(
       f"{name}: "
       + ", ".join(f"{m} T={t}: {ms:.2f}" for m, v in models.items() for t, ms in v.items())

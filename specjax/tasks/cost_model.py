@@ -17,10 +17,16 @@
    ``num_draft = "auto"`` picks from.
 
 Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table.
+
+``cost_model.reuse_sweep`` (a ``sweep.json`` of an earlier run of the same config) skips step
+1: its measured decoding is read back, and only the AR texts are decoded again (untimed;
+greedy, so the same tokens, checked), so steps 2-6 can be redone in minutes.
 """
 
 import dataclasses
+import json
 import statistics
+from pathlib import Path
 
 import ml_collections
 import numpy as np
@@ -42,6 +48,31 @@ COLUMNS = (
 )
 
 
+# What a reused sweep.json must share with the config: everything that shapes its decoding.
+SAME_AS_SWEEP = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
+                 "chat", "stop_at_eos", "verifier", "benchmark")  # fmt: skip
+
+
+def _reused_sweep(config, path: str) -> dict | None:
+  """``cost_model.reuse_sweep``: the record of an earlier run's measured decoding (its
+  ``sweep.json``), so that the prediction can be redone (another profile, a fixed simulator)
+  without the 40 minutes of timed decoding; a clear error unless it decoded this config."""
+  if not path:
+    return None
+  field = "config.cost_model.reuse_sweep"
+  if not Path(path).is_file():
+    raise ValueError(f"{field}={path!r} is not a file: give a sweep.json of task=cost_model.")
+  record = json.loads(Path(path).read_text())
+  now = json.loads(json.dumps(config.to_dict(), default=str))
+  differ = [k for k in SAME_AS_SWEEP if record.get("config", {}).get(k) != now.get(k)]
+  if differ:
+    raise ValueError(
+      f"{field}={path!r} was measured with other config.{', config.'.join(differ)}: run "
+      "without reuse_sweep to measure this config."
+    )
+  return record
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   cm = config.cost_model
   variants = sweep.check(config)
@@ -50,11 +81,19 @@ def run(config: ml_collections.ConfigDict) -> dict:
     raise ValueError(f"config.cost_model.chips has {unknown}; known: {', '.join(costmodel.CHIPS)}.")
   if config.temperature != 0 or tuple(config.sweep.get("temperatures") or (0,)) != (0,):
     raise ValueError("task=cost_model simulates greedy decoding: set temperature = 0.")
+  reused = _reused_sweep(config, cm.get("reuse_sweep", ""))
   target = build.target(config)
   drafters = {name: build.drafter(c, target) for name, c in variants.items()}
   for d, _ in drafters.values():
     simulate.check_supported(d)
-  record, ar_rows = sweep.measure(config, target, drafters)
+  if reused:  # the decoding measured by an earlier run; the AR texts decoded again (greedy)
+    record, ar_rows = reused, sweep.ar_rows(config, target)
+    for (_, _, category), rows in ar_rows.items():
+      ar = next(r for r in record["runs"] if r["category"] == category and r["variant"] == "ar")
+      if sum(len(new) for _, new in rows) != ar["tokens"]:
+        raise RuntimeError(f"{cm.reuse_sweep}: AR decodes {category!r} differently now.")
+  else:
+    record, ar_rows = sweep.measure(config, target, drafters)
   runs = {(r["category"], r["variant"]): r for r in record["runs"]}
 
   predicted, by_k = {}, {}  # (category, variant) -> predicted tau; variant -> {K: tau}
@@ -71,12 +110,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
 
   sizes = {1} | {k + 1 for k in range(1, k_max + 1) if grid}
   sizes = sorted(sizes | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
-                          if f.model == "target"})  # fmt: skip
-  target_s = costmodel.llama_forward_seconds(target.params, target.cfg, sizes, cm.context, 15)
+                          if f.model.startswith("target")})  # fmt: skip
+  slots = config.max_len + max(sizes)  # the decode's cache: its attention window
+  target_s = costmodel.target_seconds(target, sizes, cm.context, slots, 15)
   ar_step = statistics.median(
     r["steady_s"] / r["target_calls"] for r in record["runs"] if r["variant"] == "ar"
   )
-  overhead = max(ar_step - target_s[1], 0.0)
+  overhead = max(ar_step - target_s["target"][1], 0.0)
   parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
   for name, (d, dp) in drafters.items():
     parts[name] = costmodel.drafter_seconds(d, dp, target.cfg, cm.context, 15)
@@ -137,9 +177,11 @@ def run(config: ml_collections.ConfigDict) -> dict:
     "config": config.to_dict(),
     "machine": machine(),
     "target": target.cfg.name,
+    "sweep_reused": cm.get("reuse_sweep", "") or None,
     "ar_step_ms": 1e3 * ar_step,
     "overhead_ms": 1e3 * overhead,
-    "target_forward_ms": {t: 1e3 * s for t, s in target_s.items()},
+    "target_forward_ms": {t: 1e3 * s for t, s in target_s["target"].items()},
+    "target_tree_forward_ms": {t: 1e3 * s for t, s in target_s["target_tree"].items()},
     "drafter_forward_ms": {
       name: {m: {t: 1e3 * s for t, s in v.items()} for m, v in models.items()}
       for name, models in parts.items()

@@ -88,7 +88,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   _, held_out = train._load_data(config, target)
   acc, positions = rank_accuracy(target, params, held_out, t.ranks)
   sizes = sorted({1} | {b + 1 for b in budgets})
-  timed = sweep.verify_cost(target, sizes, config.max_len, context=t.context)
+  timed = sweep.verify_cost(target, sizes, config.max_len, context=t.context, mask="tree")
   cost = {r["tokens"]: r["vs_1_token"] for r in timed}
   rows = []
   for b in budgets:

@@ -14,17 +14,13 @@ machine load during the run hits AR and the drafters alike.
 """
 
 import copy
-import statistics
-import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from tqdm import tqdm
 
-from specjax import build, metrics, results
+from specjax import build, costmodel, metrics, results
 from specjax.decode import generate
-from specjax.models import llama
 from specjax.tasks import timing
 from specjax.tasks.benchmark import machine
 
@@ -68,6 +64,40 @@ def run(config: ml_collections.ConfigDict) -> dict:
   return record
 
 
+def _jobs(config) -> list[tuple]:
+  """``(temperature, batch size, category)`` of every job, in the order they run."""
+  temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
+  return [
+    (temp, b, cat)
+    for temp in temperatures
+    for b in config.sweep.batch_sizes
+    for cat in config.sweep.categories
+  ]
+
+
+def _request(config, target, temperature, batch_size: int, category: str) -> build.Request:
+  c = copy.deepcopy(config)
+  with c.unlocked():
+    c.prompts = tuple(config.sweep.categories[category])
+    c.batch_size = batch_size
+    c.temperature = float(temperature)
+  return build.request(c, target)
+
+
+def ar_rows(config, target) -> dict:
+  """The AR rows ``measure`` returns, decoded again untimed (greedy jobs: the same tokens)."""
+  out = {}
+  for temperature, batch_size, category in _jobs(config):
+    req = _request(config, target, temperature, batch_size, category)
+    kw = req.generate_kwargs()
+    batches = req.batches()
+    outs = [generate(target.params, target.cfg, b, **kw) for b in batches]
+    prompts = [p for batch in batches for p in batch]
+    texts = [row for out in outs for row in out.tokens]
+    out[(temperature, batch_size, category)] = list(zip(prompts, texts, strict=True))
+  return out
+
+
 def measure(config, target, drafters: dict) -> tuple[dict, dict]:
   """Decodes and times every job; returns the record (also written as ``sweep.json``) and the
   AR rows per ``(temperature, batch, category)``: ``(prompt ids, new ids)`` for every row."""
@@ -79,19 +109,8 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
     record["verify_cost"] = verify_cost(target, config.sweep.verify_sizes, config.max_len)
     print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
   rows = []
-  jobs = [
-    (temp, b, cat)
-    for temp in temperatures
-    for b in config.sweep.batch_sizes
-    for cat in config.sweep.categories
-  ]
-  for temperature, batch_size, category in tqdm(jobs, desc="sweep", unit="category"):
-    c = copy.deepcopy(config)
-    with c.unlocked():
-      c.prompts = tuple(config.sweep.categories[category])
-      c.batch_size = batch_size
-      c.temperature = float(temperature)
-    req = build.request(c, target)
+  for temperature, batch_size, category in tqdm(_jobs(config), desc="sweep", unit="category"):
+    req = _request(config, target, temperature, batch_size, category)
     kw = req.generate_kwargs()
     modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
     for name, (d, dp) in drafters.items():
@@ -173,40 +192,19 @@ def _summary(runs: list[dict]) -> list[dict]:
   return out
 
 
-def verify_cost(target, sizes, max_len: int, context: int = 128, repeats: int = 9) -> list[dict]:
+def verify_cost(
+  target, sizes, max_len: int, context: int = 128, repeats: int = 9, mask: str = "causal"
+) -> list[dict]:
   """Milliseconds for one batch-1 target forward over T new tokens after ``context`` cached
-  ones, per T in ``sizes``: what a T-node tree costs to verify, relative to one token.
-
-  The cache is donated and carried from call to call, as in the decode loop (without donation
-  every call would also copy the whole cache); the T sizes are timed interleaved.
-  """
-
-  def forward(params, cache, tokens_1xT, positions_1xT):
-    t = tokens_1xT.shape[1]
-    logits, _, cache = llama.forward(
-      params, target.cfg, tokens_1xT, positions_1xT, cache, llama.causal_mask(t)
-    )
-    return logits, cache
-
-  fwd = jax.jit(forward, donate_argnums=1)
-  fns = {}
-  for t in sizes:
-    cache = llama.init_cache(
-      target.cfg, 1, max_len + max(sizes) + 1, llama.param_dtype(target.params)
-    )
-    cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
-    tokens, positions = jnp.ones((1, t), jnp.int32), context + jnp.arange(t)[None]
-    _, cache = fwd(target.params, cache, tokens, positions)
-    fns[t] = [cache, tokens, positions]
-  times = {t: [] for t in sizes}
-  for _ in range(repeats):
-    for t in sizes:
-      cache, tokens, positions = fns[t]
-      t0 = time.perf_counter()
-      logits, fns[t][0] = fwd(target.params, cache, tokens, positions)
-      logits.block_until_ready()
-      times[t].append(time.perf_counter() - t0)
-  out = [{"tokens": t, "ms": 1e3 * statistics.median(times[t])} for t in sizes]
+  ones, per T in ``sizes``: what a T-node chain (``mask="causal"``) or tree (``"tree"``) costs
+  to verify, relative to one token. Timed as the decode loop runs it
+  (``costmodel.llama_forward_seconds``: a read-only cache of the decode's slots, every T
+  interleaved in rounds)."""
+  slots = max_len + max(sizes) + 1
+  secs = costmodel.llama_forward_seconds(
+    target.params, target.cfg, sizes, context, repeats, slots, (mask,)
+  )[mask]
+  out = [{"tokens": t, "ms": 1e3 * secs[t]} for t in sizes]
   for row in out:
     row["vs_1_token"] = row["ms"] / out[0]["ms"]
   return out
