@@ -200,7 +200,7 @@ def verify_cost(
   to verify, relative to one token. Timed as the decode loop runs it
   (``costmodel.llama_forward_seconds``: a read-only cache of the decode's slots, every T
   interleaved in rounds)."""
-  slots = max_len + max(sizes) + 1
+  slots = max(max_len, context) + max(sizes) + 1
   secs = costmodel.llama_forward_seconds(
     target.params, target.cfg, sizes, context, repeats, slots, (mask,)
   )[mask]
