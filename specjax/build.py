@@ -202,6 +202,10 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
       d = costmodel.auto_chain_length(config, target, d, params)
     else:
       d = costmodel.auto_lookup(config, target, d)
+  elif name == "eagle" and config.drafter.eagle.total == "auto":
+    from specjax import costmodel
+
+    d = costmodel.auto_eagle(config, target, d, params)
   return d, params
 
 

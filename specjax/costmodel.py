@@ -212,12 +212,16 @@ def target_seconds(target, sizes, context: int, num_slots: int, repeats: int) ->
   return {"target": by_mask["causal"], "target_tree": by_mask["tree"]}
 
 
-def drafter_seconds(drafter, dparams, target_cfg: ModelConfig, context: int, repeats: int = 9):
-  """``{model: {T: seconds}}`` for the drafter's own forwards in ``step_work``."""
-  models = {f.model: set() for f in step_work(drafter) if f.model != "target"}
-  for f in step_work(drafter):
-    if f.model != "target":
-      models[f.model].add(f.tokens)
+def drafter_seconds(
+  drafter, dparams, target_cfg: ModelConfig, context: int, repeats: int = 9, also=()
+):
+  """``{model: {T: seconds}}`` for the drafter's own forwards in ``step_work``, and those of
+  the drafters ``also`` (the same weights in other shapes, e.g. EAGLE at other budgets with
+  the same ``top_k``)."""
+  models = {}
+  for f in (f for d in (drafter, *also) for f in step_work(d)):
+    if not f.model.startswith("target"):
+      models.setdefault(f.model, set()).add(f.tokens)
   out = {}
   for model, sizes in models.items():
     if model == "draft_model":
@@ -321,14 +325,30 @@ def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> P
   """This machine's profile for ``drafter``: the target's forwards over ``sizes`` tokens and
   the drafter's own, timed here, and the per-step overhead (a short AR decode minus one
   forward)."""
-  from specjax.decode import generate
+  target_s, overhead = _machine_target(config, target, sizes, repeats)
+  parts = drafter_seconds(drafter, dparams, target.cfg, _context(config), repeats)
+  return measured("this machine", target_s, parts, overhead)
 
-  context = min(128, config.max_len // 2)
+
+def _context(config) -> int:
+  return min(128, config.max_len // 2)
+
+
+def _machine_target(config, target, sizes, repeats: int) -> tuple[dict, float]:
+  """The target's forwards over ``sizes`` tokens timed here (``target_seconds``) and the
+  decode loop's per-step overhead beyond one forward."""
+  context = _context(config)
   slots = config.max_len + max(sizes)
   target_s = target_seconds(target, {1, *sizes}, context, slots, repeats)
-  parts = drafter_seconds(drafter, dparams, target.cfg, context, repeats)
-  # An AR step after as many cached tokens: decodes of s and 2s tokens, the difference over s
-  # (their prefills cancel).
+  step = ar_step_seconds(config, target, context)
+  return target_s, max(step - target_s["target"][1], 0.0)
+
+
+def ar_step_seconds(config, target, context: int) -> float:
+  """One AR step of the decode loop after ``context`` cached tokens: decodes of s and 2s
+  tokens, the difference over s (their prefills cancel)."""
+  from specjax.decode import generate
+
   prompt, s = [[1] * context], max(1, min(16, (config.max_len - context) // 2))
 
   def decode_seconds(n: int) -> float:
@@ -337,9 +357,7 @@ def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> P
     return time.perf_counter() - t0
 
   decode_seconds(s)  # compile (the budget is traced: one program for both)
-  step = (decode_seconds(2 * s) - decode_seconds(s)) / s
-  overhead = max(step - target_s["target"][1], 0.0)
-  return measured("this machine", target_s, parts, overhead)
+  return (decode_seconds(2 * s) - decode_seconds(s)) / s
 
 
 def _k_limit(config, most: int) -> int:
@@ -419,3 +437,70 @@ def auto_lookup(config, target, drafter, repeats: int = 5):
   if speedup(best) < 1:
     print("prompt_lookup num_draft=auto: every setting is predicted slower than AR here.")
   return dataclasses.replace(drafter, num_draft=best["num_draft"], min_ngram=best["min_ngram"])
+
+
+# --- EAGLE-2: the tree budget for the machine ---------------------------------------------------
+
+
+def eagle_grid(path, target_name: str, drafter_path: str) -> list[dict]:
+  """The ``eagle_grid`` rows of a ``cost_model.json`` for the drafter saved at
+  ``drafter_path``; a clear error if it has none for this target and drafter."""
+  field = "config.drafter.eagle.auto_from"
+  record = _record_for(path, field, target_name)
+  same = lambda p: Path(p).resolve() == Path(drafter_path).resolve()  # noqa: E731
+  grid = [g for g in record.get("eagle_grid") or [] if same(g["path"])]
+  if not grid:
+    raise ValueError(
+      f"{field}={path!r} has no eagle_grid for the drafter {str(drafter_path)!r}: run "
+      "task=cost_model with an eagle variant of this drafter."
+    )
+  return grid
+
+
+def eagle_profiles(target_s, overhead, drafter, dparams, target_cfg, budgets, context, repeats):
+  """``{top_k: Profile}`` pricing ``drafter`` at every ``(top_k, depth, total)`` in
+  ``budgets``: its forwards timed once per ``top_k`` (the head reads top_k rows per level)."""
+  out = {}
+  for k in sorted({b[0] for b in budgets}):
+    shapes = [dataclasses.replace(drafter, top_k=k, depth=d, total=n) for kk, d, n in budgets
+              if kk == k]  # fmt: skip
+    parts = drafter_seconds(shapes[0], dparams, target_cfg, context, repeats, also=shapes[1:])
+    out[k] = measured("this machine", target_s, parts, overhead)
+  return out
+
+
+def auto_eagle(config, target, drafter, dparams, repeats: int = 5):
+  """EAGLE-2 with the tree budget ``(top_k, depth, total)`` (within ``config.drafter``'s
+  ``max_depth`` and ``max_nodes``) whose predicted speedup is best on this machine: greedy τ
+  of every budget from the offline replay in the ``auto_from`` file, step costs timed here."""
+  c = config.drafter.eagle
+  grid = [
+    g
+    for g in eagle_grid(c.auto_from, target.cfg.name, c.path)
+    if g["depth"] <= config.drafter.max_depth and g["total"] <= config.drafter.max_nodes
+  ]
+  if not grid:
+    raise ValueError(
+      f"config.drafter.eagle.auto_from={c.auto_from!r}: no tree budget of its eagle_grid fits "
+      f"config.drafter.max_depth={config.drafter.max_depth} and max_nodes="
+      f"{config.drafter.max_nodes}; raise them."
+    )  # fmt: skip
+  budgets = [(g["top_k"], g["depth"], g["total"]) for g in grid]
+  sizes = sorted({n + 1 for _, _, n in budgets})
+  print(f"eagle total=auto: timing {len(budgets)} tree budgets' forwards here ...")
+  target_s, overhead = _machine_target(config, target, sizes, repeats)
+  profiles = eagle_profiles(target_s, overhead, drafter, dparams, target.cfg, budgets,
+                            _context(config), repeats)  # fmt: skip
+
+  def speedup(g):
+    d = dataclasses.replace(drafter, top_k=g["top_k"], depth=g["depth"], total=g["total"])
+    return profiles[g["top_k"]].speedup(d, g["tau"])
+
+  best = max(grid, key=lambda g: (speedup(g), -g["total"], -g["depth"]))
+  top = sorted(grid, key=speedup, reverse=True)[:3]
+  name = lambda g: f"{g['top_k']}x{g['depth']} with {g['total']} nodes"  # noqa: E731
+  table = ", ".join(f"{name(g)}: τ {g['tau']:.2f} → {speedup(g):.2f}x" for g in top)
+  print(f"eagle total=auto (best of {len(grid)}, greedy τ): {table}; chose {name(best)}")
+  if speedup(best) < 1:
+    print("eagle total=auto: every tree budget is predicted slower than AR here.")
+  return dataclasses.replace(drafter, top_k=best["top_k"], depth=best["depth"], total=best["total"])

@@ -22,8 +22,9 @@ every root of a static tree); ``hits`` compares them with the text; ``accepted_l
 the trees; ``walk`` replays decoding: after the prefill's token, each step moves past its
 accepted drafts and the target's token, so the number of target calls, and τ, are what batch-1
 greedy decoding of the same prompts does (up to ties in floating point; a root where the
-drafter abstains is a one-token step). ``replay`` does all of it for some rows and
-``tau_by_chain_length`` gives τ for every chain length at once.
+drafter abstains is a one-token step). ``replay`` does all of it for some rows,
+``tau_by_chain_length`` gives τ for every chain length at once and ``tau_by_budget`` for
+EAGLE-2 at every tree budget.
 """
 
 import dataclasses
@@ -287,3 +288,14 @@ def tau_by_chain_length(target, drafter, dparams, rows, k_max: int) -> dict[int,
     for k in range(1, k_max + 1):
       calls[k] += walk(np.minimum(acc, k), len(new))[0]
   return {k: tokens / calls[k] for k in range(1, k_max + 1)}
+
+
+def tau_by_budget(target, drafter, dparams, rows, budgets) -> list[dict]:
+  """``[{top_k, depth, total, tau}]``: EAGLE-2 with the same weights at every tree budget
+  ``(top_k, depth, total)`` in ``budgets``, each replayed over ``rows``."""
+  out = []
+  for top_k, depth, total in budgets:
+    d = dataclasses.replace(drafter, top_k=top_k, depth=depth, total=total)
+    tau = replay(target, d, dparams, rows).tau
+    out.append({"top_k": top_k, "depth": depth, "total": total, "tau": tau})
+  return out

@@ -273,7 +273,7 @@ EXPERIMENT_VARIANTS = {
   "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", "sweep_b1", "sweep_b4"],
   "medusa_qwen_coder": [None],
   "eagle_smollm2": [None, "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4", "sweep_t1"],
-  "cost_model": [None, "qwen"],
+  "cost_model": [None, "qwen", "smollm2_eagle"],
   "temperature_sweep": [None],
   "summary": ["smollm2", "qwen"],
 }

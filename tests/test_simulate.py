@@ -206,11 +206,22 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
       assert g["tau"] == pytest.approx(lookup_row["tau_by_k"][str(g["num_draft"])])
   assert len({g["tau"] for g in grid}) > 3  # the settings differ: the check is not empty
 
-  # The prediction redone over the same measured decoding (no timed decoding): same rows.
-  c.cost_model.reuse_sweep = str(tmp_path / "sweep.json")
+  # The prediction redone over the same measured decoding (no timed decoding): same rows; a
+  # sweep.json written before a drafter option existed decoded as its default does.
+  sweep_json = tmp_path / "sweep.json"
+  older = json.loads(sweep_json.read_text())
+  del older["config"]["drafter"]["eagle"]["auto_from"]
+  sweep_json.write_text(json.dumps(older))
+  c.cost_model.reuse_sweep = str(sweep_json)
+  then = cost_model._ar_step(older)  # (a tiny model's AR step is mostly noise: fixed here)
+  monkeypatch.setattr(costmodel, "ar_step_seconds", lambda *a: then * 1.1)
   again = cost_model.run(c)
   for a, b in zip(out["rows"], again["rows"], strict=True):
     assert (a["speedup"], a["predicted_tau"]) == (b["speedup"], b["predicted_tau"])
+  monkeypatch.setattr(costmodel, "ar_step_seconds", lambda *a: then * 1.9)  # another machine
+  with pytest.raises(RuntimeError, match="would mix two machines"):
+    cost_model.run(c)
+  monkeypatch.undo()
   c.max_new_tokens = 12
   with pytest.raises(ValueError, match="measured with other config.max_new_tokens"):
     cost_model.run(c)
@@ -289,3 +300,82 @@ def test_tau_by_chain_length_matches_each_chain_simulated_alone(model):
     alone = simulate.replay(model, simulate.with_chain_length(d, k), dp, rows).tau
     assert curve[k] == pytest.approx(alone)
   assert curve[4] > curve[1] > 1
+
+
+def test_eagle_budget_grid_is_replayed_priced_and_feeds_total_auto(tmp_path, capsys, monkeypatch):
+  from specjax.drafters import eagle
+  from specjax.tasks import cost_model
+
+  c = tiny_config.get_config()
+  c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  c.update(max_new_tokens=16, max_len=48, batch_size=1, output_dir=str(tmp_path))
+  c.benchmark.repeats = 1
+  target = build.target(c)
+  d, dp = testing.eagle_drafter((target.cfg, target.params), 2, 3, 5, sampled=False)
+  path = str(tmp_path / "eagle")
+  eagle.save(path, d.cfg, dp, target)
+  e = lambda k, depth, n: {"name": "eagle", "eagle": {"path": path, "top_k": k, "depth": depth,  # noqa: E731
+                                                      "total": n}}  # fmt: skip
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes = (1,)
+  c.sweep.verify_sizes = ()
+  c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),), "random": ((5, 9, 11),)}
+  c.sweep.variants = {"chain": e(1, 3, 3), "tree": e(2, 3, 5)}
+  budgets = ((1, 2, 2), (1, 3, 3), (2, 3, 5), (2, 2, 4))
+  c.cost_model = config_dict.ConfigDict({"chips": ("H200",), "context": 16,
+                                         "eagle_budgets": budgets})  # fmt: skip
+  out = cost_model.run(c)
+  grid = json.loads((tmp_path / "cost_model.json").read_text())["eagle_grid"]
+  assert [(g["top_k"], g["depth"], g["total"]) for g in grid] == list(budgets)
+  assert all(g["path"] == path and g["predicted_speedup"] > 0 and g["H200_speedup"] > 0
+             for g in grid)  # fmt: skip
+  # The chain budgets are the chain variant's tau_by_k (one pass of the longest chain), and
+  # the (2, 3, 5) budget is the tree variant replayed over every prompt.
+  rows = {r["variant"]: r for r in out["rows"]}
+  assert grid[0]["tau"] == pytest.approx(rows["chain"]["tau_by_k"][2])
+  assert grid[1]["tau"] == pytest.approx(rows["chain"]["tau_by_k"][3])
+  ar = generate(target.params, target.cfg, [[1, 2, 3, 1, 2, 3], [5, 9, 11]], max_new_tokens=16,
+                max_len=48)  # fmt: skip
+  every = list(zip([[1, 2, 3, 1, 2, 3], [5, 9, 11]], ar.tokens, strict=True))
+  assert grid[2]["tau"] == pytest.approx(simulate.replay(target, d, dp, every).tau)
+  assert len({g["tau"] for g in grid}) > 1
+
+  # total = "auto": the budget predicted fastest here, from that grid.
+  a = tiny_config.get_config()
+  a.target.update(c.target.to_dict())
+  a.drafter.name = "eagle"
+  a.drafter.eagle.update(path=path, total="auto")
+  with pytest.raises(ValueError, match="eagle.total='auto' needs config.drafter.eagle.auto_from"):
+    build.check(a)
+  a.drafter.eagle.auto_from = str(tmp_path / "cost_model.json")
+  build.check(a)
+  chosen, _ = build.drafter(a, target)
+  assert (chosen.top_k, chosen.depth, chosen.total) in set(budgets)
+  assert "chose" in capsys.readouterr().out
+  # Where every step costs one AR step, the pick is the budget with the highest τ.
+  zero = {"eagle": {1: 0.0}, "eagle_level": {1: 0.0}}
+  free = costmodel.measured("free", {"target": {1: 1.0}, "target_tree": {1: 1.0}}, zero, 0.0)
+  monkeypatch.setattr(costmodel, "_machine_target", lambda *a, **k: (None, 0.0))
+  monkeypatch.setattr(costmodel, "eagle_profiles", lambda *a, **k: {1: free, 2: free})
+  chosen, _ = build.drafter(a, target)
+  top = max(grid, key=lambda g: (g["tau"], -g["total"], -g["depth"]))
+  assert (chosen.top_k, chosen.depth, chosen.total) == (top["top_k"], top["depth"], top["total"])
+  a.drafter.max_nodes = 1
+  with pytest.raises(ValueError, match="no tree budget of its eagle_grid fits"):
+    build.drafter(a, target)
+  monkeypatch.undo()
+  a.drafter.max_nodes = 64
+
+  other = tmp_path / "other"
+  eagle.save(other, d.cfg, dp, target)
+  a.drafter.eagle.path = str(other)
+  with pytest.raises(ValueError, match="has no eagle_grid for the drafter"):
+    build.check(a)
+  a.drafter.eagle.path = path
+  a.drafter.eagle.total = "big"
+  with pytest.raises(ValueError, match="an integer number of nodes, or 'auto'"):
+    build.check(a)
+  a.drafter.eagle.total = "auto"
+  a.target.name = "other"
+  with pytest.raises(ValueError, match="was measured for target"):
+    build.check(a)

@@ -2,6 +2,7 @@
 
     python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~55 min
     python -m specjax.run --config=experiments/cost_model/config.py:qwen   # Qwen pair, ~20 min
+    python -m specjax.run --config=experiments/cost_model/config.py:smollm2_eagle   # ~45 min
     python -m specjax.report experiments/cost_model                        # README
 
 task=cost_model: AR and every drafter below decode the four prompt categories of
@@ -14,8 +15,10 @@ and chains that abstain unless 2 or 3 tokens match: K = 4 and 8),
 the target's first 8 layers as a draft model (K = 1, 2), Medusa's trained heads with their
 saved tree, the trained EAGLE drafter as 4- and 6-token chains and as EAGLE-2 dynamic trees
 (2 x 5 with 8 nodes, 4 x 6 with 16). ``qwen``: Qwen2.5-Coder-1.5B with the 0.5B as a draft
-(K = 2, 4, 6) and prompt lookup on the pair config's four code prompts. Writes
-``results/{smollm2,qwen}/cost_model.json`` and ``sweep.json``.
+(K = 2, 4, 6) and prompt lookup on the pair config's four code prompts. ``smollm2_eagle``:
+the EAGLE drafter replayed at the tree budgets of ``EAGLE_BUDGETS`` (the grid that
+``drafter.eagle.total = "auto"`` reads), three of them also decoded. Writes
+``results/{smollm2,qwen,smollm2_eagle}/cost_model.json`` and ``sweep.json``.
 """
 
 from ml_collections import config_dict
@@ -23,6 +26,7 @@ from ml_collections import config_dict
 from configs import demo, qwen_coder_pair
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from experiments.training_free import config as training_free
+from specjax.tasks import cost_model
 
 HERE = "experiments/cost_model"
 CHIPS = ("H100-SXM", "H200", "TPU-v5e", "TPU-v5p")
@@ -64,10 +68,25 @@ def qwen_variants() -> dict:
   }
 
 
+# smollm2_eagle: EAGLE-2 budgets replayed, and three of them decoded to check the grid.
+EAGLE_BUDGETS = ((1, 2, 2), (1, 4, 4), (2, 3, 4), (2, 5, 8), (3, 4, 8), (4, 4, 12), (4, 6, 16))
+
+
+def eagle_variants() -> dict:
+  """Three budgets of the EAGLE grid, decoded: the 2-chain, a 2 x 3 tree of 4 nodes, and
+  the 4 x 6 tree of 16."""
+  return {k: v for k, v in variants().items() if k == "eagle_tree_4x6_16"} | {
+    "eagle_chain_2": {"name": "eagle", "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": 1,
+                                                 "depth": 2, "total": 2}},
+    "eagle_tree_2x3_4": {"name": "eagle", "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": 2,
+                                                    "depth": 3, "total": 4}},
+  }  # fmt: skip
+
+
 def get_config(arg: str = "smollm2"):
-  if arg not in ("smollm2", "qwen"):
-    raise ValueError(f"config argument {arg!r} is unknown; use smollm2 or qwen.")
-  c = demo.base() if arg == "smollm2" else qwen_coder_pair.get_config()
+  if arg not in ("smollm2", "qwen", "smollm2_eagle"):
+    raise ValueError(f"config argument {arg!r} is unknown; use smollm2, qwen or smollm2_eagle.")
+  c = qwen_coder_pair.get_config() if arg == "qwen" else demo.base()
   c.task = "cost_model"
   c.output_dir = f"{HERE}/results/{arg}"
   c.max_new_tokens = 64
@@ -80,6 +99,9 @@ def get_config(arg: str = "smollm2"):
     c.drafter.draft_model.num_layers = 8
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.variants = variants()
+  elif arg == "smollm2_eagle":
+    c.sweep.categories = training_free.CATEGORIES
+    c.sweep.variants = eagle_variants()
   else:
     c.sweep.categories = {"code": tuple(c.prompts)}
     c.sweep.variants = qwen_variants()
@@ -88,6 +110,8 @@ def get_config(arg: str = "smollm2"):
   c.cost_model.context = 192  # cached tokens behind the timed forwards (prompt + half a reply)
   c.cost_model.max_k = 8  # chains: tau for K = 1..8 (what num_draft = "auto" chooses from)
   c.cost_model.reuse_sweep = ""  # a sweep.json of this config: re-predict without re-measuring
+  # EAGLE-2 budgets (top_k, depth, total) replayed: what drafter.eagle.total = "auto" reads.
+  c.cost_model.eagle_budgets = EAGLE_BUDGETS if arg == "smollm2_eagle" else cost_model.EAGLE_BUDGETS
   return c
 
 
@@ -158,13 +182,34 @@ def _grid_lines(record: dict) -> list[str]:
   ]
 
 
+def _eagle_lines(record: dict) -> list[str]:
+  """EAGLE-2 at every tree budget: τ and the speedup predicted here and on the chips."""
+  grid = record.get("eagle_grid") or []
+  if not grid:
+    return []
+  from specjax import results
+
+  chips = tuple(f"{c}_speedup" for c in record["chips"])
+  rows = [{"budget": f"{g['top_k']} x {g['depth']}, {g['total']} nodes"} | g for g in grid]
+  best = max(grid, key=lambda g: g["predicted_speedup"])
+  return [
+    "EAGLE-2 replayed at every tree budget (top_k x depth, total nodes; all prompts pooled): "
+    f"greedy τ and the speedup predicted here; best here: {best['top_k']} x {best['depth']} "
+    f"with {best['total']} nodes ({best['predicted_speedup']:.2f}x). EAGLE's total = auto "
+    "reads this grid and prices it with forwards it times where it runs:",
+    "",
+    results.markdown_table(rows, ("budget", "tau", "predicted_speedup") + chips),
+    "",
+  ]
+
+
 def report(results_dir):
   import json
 
   from specjax import results
 
   records = {}
-  for name in ("smollm2", "qwen"):
+  for name in ("smollm2", "qwen", "smollm2_eagle"):
     path = results_dir / name / "cost_model.json"
     if path.exists():
       records[name] = json.loads(path.read_text())
@@ -211,6 +256,7 @@ def report(results_dir):
       ),  # fmt: skip
       "",
       *_grid_lines(record),
+      *_eagle_lines(record),
       "The same predicted τ priced on named chips (roofline):",
       "",
       results.markdown_table(rows, ("variant", "predicted_tau") + chips),

@@ -218,14 +218,14 @@ def sampled_candidates(c: ml_collections.ConfigDict, config: ml_collections.Conf
   return c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
 
 
-def check_auto_from(c, field: str, holds: str, config) -> str:
-  """``num_draft = "auto"``: ``c.auto_from`` names an existing ``cost_model.json``; returns the
+def check_auto_from(c, field: str, holds: str, config, knob: str = "num_draft") -> str:
+  """``knob = "auto"``: ``c.auto_from`` names an existing ``cost_model.json``; returns the
   target's name (from its file's header, before any weights load) to match it against."""
   from specjax.models import source
 
   if not c.get("auto_from"):
     raise ValueError(
-      f"{field}.num_draft='auto' needs {field}.auto_from: the cost_model.json of a "
+      f"{field}.{knob}='auto' needs {field}.auto_from: the cost_model.json of a "
       f"task=cost_model run {holds}."
     )
   if not Path(c.auto_from).is_file():

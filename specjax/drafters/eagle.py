@@ -46,10 +46,19 @@ import ml_collections
 import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec as P
+from ml_collections import config_dict
 
 from specjax import sampling
 from specjax.drafters import artifact
-from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict, sampled_candidates
+from specjax.drafters.base import (
+  Chain,
+  Draft,
+  DraftContext,
+  Prefill,
+  Verdict,
+  check_auto_from,
+  sampled_candidates,
+)
 from specjax.models import llama, schema, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
@@ -278,7 +287,10 @@ class Eagle(Chain):
     c.path = ""  # a drafter saved by task=train with objective.name=eagle (its draft_final)
     c.top_k = 4  # nodes expanded per level, and children offered by each
     c.depth = 4  # levels drafted (draft forwards per step)
-    c.total = 12  # nodes kept for verification (the tree's size)
+    # Nodes kept for verification (the tree's size), or "auto": the budget (top_k, depth,
+    # total) predicted fastest where it runs, from auto_from's greedy τ of every budget.
+    c.total = config_dict.FieldReference(12, field_type=object)
+    c.auto_from = ""  # total = "auto": a cost_model.json with this drafter's eagle_grid
     c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
     return c
 
@@ -288,11 +300,25 @@ class Eagle(Chain):
       raise ValueError(
         f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
       )
-    check_shape(c.top_k, c.depth, c.total)
+    if c.total == "auto":
+      holds = "with an eagle variant of this drafter (it holds τ for every tree budget)"
+      name = check_auto_from(c, FIELD, holds, config, knob="total")
+      if not c.path:
+        raise ValueError(f"{FIELD}.total='auto' picks a budget for a trained drafter: set path.")
+      from specjax import costmodel  # (it prices every drafter: imported here, not at the top)
+
+      costmodel.eagle_grid(c.auto_from, name, c.path)
+    elif isinstance(c.total, str):
+      raise ValueError(
+        f"{FIELD}.total={c.total!r}: an integer number of nodes, or 'auto' (with auto_from) to "
+        "pick the tree budget for this machine."
+      )
+    else:
+      check_shape(c.top_k, c.depth, c.total)
     if not c.path:  # task=train decodes with the drafter it trains
       return None
     cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
-    d = cls(cfg, c.top_k, c.depth, c.total)
+    d = cls(cfg, *_budget(c))
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
     if target is not None:
       d.check_target(target.cfg)
@@ -307,7 +333,7 @@ class Eagle(Chain):
       )
     cfg, params, _ = load(c.path, target)
     sampled = sampled_candidates(c, config)
-    d = cls(cfg, c.top_k, c.depth, c.total, sampled)
+    d = cls(cfg, *_budget(c), sampled)  # total = "auto": set by build.drafter
     d.check_target(target.cfg)
     return d, params
 
@@ -424,6 +450,12 @@ class Eagle(Chain):
       q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.cfg.target.vocab_size,), q_BxNxW.dtype)
       q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
     return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents_BxN)
+
+
+def _budget(c) -> tuple[int, int, int]:
+  """``(top_k, depth, total)`` of ``config.drafter.eagle``; a one-node placeholder for
+  ``total = "auto"``, which ``build.drafter`` replaces with the budget it picks."""
+  return (1, 1, 1) if c.total == "auto" else (c.top_k, c.depth, c.total)
 
 
 @struct.dataclass

@@ -15,6 +15,9 @@
 6. With any prompt-lookup variant: every (K, min_ngram) replayed (``lookup_grid``: τ, the share
    of one-token steps, the speedup predicted here and on the chips): what prompt lookup's
    ``num_draft = "auto"`` picks from.
+7. With any EAGLE variant: its drafter replayed at every tree budget (top_k, depth, total) of
+   ``cost_model.eagle_budgets`` (``eagle_grid``: τ and the speedup predicted here and on the
+   chips): what EAGLE's ``total = "auto"`` picks from.
 
 Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table.
 
@@ -33,6 +36,8 @@ import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, results, simulate
+from specjax.drafters import default_config as drafter_defaults
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.tasks import sweep
 from specjax.tasks.benchmark import machine
@@ -52,6 +57,22 @@ COLUMNS = (
 SAME_AS_SWEEP = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
                  "chat", "stop_at_eos", "verifier", "benchmark")  # fmt: skip
 
+# EAGLE-2 tree budgets (top_k, depth, total) replayed by default: chains, then trees.
+EAGLE_BUDGETS = ((1, 2, 2), (1, 3, 3), (1, 4, 4), (1, 6, 6), (2, 3, 4), (2, 3, 6), (2, 4, 6),
+                 (2, 5, 8), (3, 4, 8), (3, 5, 12), (4, 4, 12), (4, 6, 16), (4, 6, 24))  # fmt: skip
+
+
+def _with_defaults(saved: dict, defaults: dict, now: dict) -> dict:
+  """``saved`` with the keys it lacks, of those ``now`` has, taken from ``defaults`` (nested):
+  a record written before a drafter option existed decoded as that option's default does."""
+  out = dict(saved)
+  for k, v in now.items():
+    if k not in out and k in defaults:
+      out[k] = defaults[k]
+    elif all(isinstance(x.get(k), dict) for x in (out, defaults)) and isinstance(v, dict):
+      out[k] = _with_defaults(out[k], defaults[k], v)
+  return out
+
 
 def _reused_sweep(config, path: str) -> dict | None:
   """``cost_model.reuse_sweep``: the record of an earlier run's measured decoding (its
@@ -63,14 +84,40 @@ def _reused_sweep(config, path: str) -> dict | None:
   if not Path(path).is_file():
     raise ValueError(f"{field}={path!r} is not a file: give a sweep.json of task=cost_model.")
   record = json.loads(Path(path).read_text())
-  now = json.loads(json.dumps(config.to_dict(), default=str))
-  differ = [k for k in SAME_AS_SWEEP if record.get("config", {}).get(k) != now.get(k)]
+  as_json = lambda c: json.loads(json.dumps(c.to_dict(), default=str))  # noqa: E731
+  now = as_json(config)
+  then = dict(record.get("config", {}))
+  then["drafter"] = _with_defaults(
+    then.get("drafter", {}), as_json(drafter_defaults()), now.get("drafter", {})
+  )
+  differ = [k for k in SAME_AS_SWEEP if then.get(k) != now.get(k)]
   if differ:
     raise ValueError(
       f"{field}={path!r} was measured with other config.{', config.'.join(differ)}: run "
       "without reuse_sweep to measure this config."
     )
   return record
+
+
+def _ar_step(record: dict) -> float:
+  """The median AR step of a sweep record (seconds)."""
+  return statistics.median(
+    r["steady_s"] / r["target_calls"] for r in record["runs"] if r["variant"] == "ar"
+  )
+
+
+def _check_same_speed(config, target, record: dict, tolerance: float = 0.2) -> None:
+  """A reused sweep's speedups are priced with forwards timed now: the machine must run an AR
+  step as fast as when the sweep was measured (within ``tolerance``), or the prediction mixes
+  two machines (another host, or a busy one)."""
+  then = _ar_step(record)
+  now = costmodel.ar_step_seconds(config, target, config.cost_model.context)
+  if not 1 - tolerance <= now / then <= 1 + tolerance:
+    raise RuntimeError(
+      f"config.cost_model.reuse_sweep: an AR step takes {1e3 * now:.1f} ms here now and took "
+      f"{1e3 * then:.1f} ms when that sweep was measured; the prediction would mix two "
+      "machines: run without reuse_sweep (or on an idle machine)."
+    )
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
@@ -92,6 +139,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       ar = next(r for r in record["runs"] if r["category"] == category and r["variant"] == "ar")
       if sum(len(new) for _, new in rows) != ar["tokens"]:
         raise RuntimeError(f"{cm.reuse_sweep}: AR decodes {category!r} differently now.")
+    _check_same_speed(config, target, record)
   else:
     record, ar_rows = sweep.measure(config, target, drafters)
   runs = {(r["category"], r["variant"]): r for r in record["runs"]}
@@ -107,15 +155,22 @@ def run(config: ml_collections.ConfigDict) -> dict:
       by_k[name] = simulate.tau_by_chain_length(target, d, dp, every_row, k_max)
   lookups = any(isinstance(d, PromptLookup) for d, _ in drafters.values())
   grid = costmodel.lookup_grid(target, every_row, k_max) if lookups else []
+  budgets = [tuple(b) for b in cm.get("eagle_budgets", EAGLE_BUDGETS)]
+  eagles = {variants[name].drafter.eagle.path: (d, dp)
+            for name, (d, dp) in drafters.items() if isinstance(d, Eagle)}  # fmt: skip
+  eagle_grid = [
+    {"path": path} | g
+    for path, (d, dp) in tqdm(eagles.items(), desc="EAGLE budgets", unit="drafter")
+    for g in simulate.tau_by_budget(target, d, dp, every_row, budgets)
+  ]  # fmt: skip
 
   sizes = {1} | {k + 1 for k in range(1, k_max + 1) if grid}
+  sizes |= {total + 1 for _, _, total in budgets} if eagles else set()
   sizes = sorted(sizes | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
                           if f.model.startswith("target")})  # fmt: skip
   slots = config.max_len + max(sizes)  # the decode's cache: its attention window
   target_s = costmodel.target_seconds(target, sizes, cm.context, slots, 15)
-  ar_step = statistics.median(
-    r["steady_s"] / r["target_calls"] for r in record["runs"] if r["variant"] == "ar"
-  )
+  ar_step = _ar_step(record)
   overhead = max(ar_step - target_s["target"][1], 0.0)
   parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
   for name, (d, dp) in drafters.items():
@@ -136,6 +191,15 @@ def run(config: ml_collections.ConfigDict) -> dict:
       g["predicted_speedup"] = lookup_here.speedup(d, g["tau"], g["abstained"])
       for chip, prof in chips.items():
         g[f"{chip}_speedup"] = prof.speedup(d, g["tau"], g["abstained"])
+
+  for path, (d, dp) in eagles.items():  # every tree budget priced here and on the chips
+    profiles = costmodel.eagle_profiles(target_s, overhead, d, dp, target.cfg, budgets,
+                                        cm.context, 15)  # fmt: skip
+    for g in (g for g in eagle_grid if g["path"] == path):
+      shaped = dataclasses.replace(d, top_k=g["top_k"], depth=g["depth"], total=g["total"])
+      g["predicted_speedup"] = profiles[g["top_k"]].speedup(shaped, g["tau"])
+      for chip, prof in chips.items():
+        g[f"{chip}_speedup"] = prof.speedup(shaped, g["tau"])
 
   table = []
   cats = list(config.sweep.categories)
@@ -189,6 +253,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     "chips": {c: costmodel.CHIPS[c][2] for c in cm.chips},
     "rows": table,
     "lookup_grid": grid,
+    "eagle_grid": eagle_grid,
   }
   cols = COLUMNS + tuple(f"{c}_speedup" for c in cm.chips)
   print(results.table(table, cols))

@@ -84,17 +84,20 @@ def _request(config, target, temperature, batch_size: int, category: str) -> bui
   return build.request(c, target)
 
 
+def _rows(batches, outs) -> list[tuple]:
+  """``(prompt ids, new ids)`` of every row of ``batches``, decoded as ``outs``."""
+  prompts = [p for batch in batches for p in batch]
+  return list(zip(prompts, [row for out in outs for row in out.tokens], strict=True))
+
+
 def ar_rows(config, target) -> dict:
   """The AR rows ``measure`` returns, decoded again untimed (greedy jobs: the same tokens)."""
   out = {}
   for temperature, batch_size, category in _jobs(config):
     req = _request(config, target, temperature, batch_size, category)
     kw = req.generate_kwargs()
-    batches = req.batches()
-    outs = [generate(target.params, target.cfg, b, **kw) for b in batches]
-    prompts = [p for batch in batches for p in batch]
-    texts = [row for out in outs for row in out.tokens]
-    out[(temperature, batch_size, category)] = list(zip(prompts, texts, strict=True))
+    outs = [generate(target.params, target.cfg, b, **kw) for b in req.batches()]
+    out[(temperature, batch_size, category)] = _rows(req.batches(), outs)
   return out
 
 
@@ -127,8 +130,7 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
       outs = t.pop("outs")
       texts[mode] = [row for out in outs for row in out.tokens]
       if mode == "ar":
-        prompts = [p for batch in req.batches() for p in batch]
-        ar_rows[(temperature, batch_size, category)] = list(zip(prompts, texts[mode], strict=True))
+        ar_rows[(temperature, batch_size, category)] = _rows(req.batches(), outs)
       m = metrics.summarize(metrics.merge([out.counts for out in outs]))
       run_ = {"temperature": temperature, "batch": batch_size, "category": category}
       run_ |= {"variant": mode} | m | t
