@@ -86,6 +86,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     results.check_writable(config[out], f"config.{out}")
 
 
+OWN_PROMPTS = ("self_distill",)  # tasks that cut their prompts from corpora, not config.prompts
+
+
 def check_request(config: ml_collections.ConfigDict) -> None:
   """The prompts against ``max_len`` and the vocabulary, the mesh against the model's sizes,
   and the weights and KV cache against a device's memory, from the target's header and
@@ -100,7 +103,7 @@ def check_request(config: ml_collections.ConfigDict) -> None:
   shape = {"data": 1, "fsdp": 1, "tensor": 1} if m is None else dict(m.shape)
   placement.check_batch(shape, config.batch_size)
   placement.check_model(shape, cfg)
-  if model is not None:
+  if model is not None and config.get("task") not in OWN_PROMPTS:
     req = request(config, model)
     budgets = [req.max_new_tokens] * len(req.prompts)
     try:

@@ -113,13 +113,13 @@ def _eagle_chain(target, drafter, p, x_1xS, roots) -> np.ndarray:
   t = s - 1
   positions = jnp.arange(t)[None]
   shift = lambda a, j: jnp.pad(a[:, j : j + t], [(0, 0), (0, t - a[:, j : j + t].shape[1])])  # noqa: E731
-  x = eagle.inputs(p, x_1xS[:, 1:], eagle.fuse(p, f_in))
+  x = eagle.inputs(p, drafter.cfg, x_1xS[:, 1:], eagle.fuse(p, f_in))
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
   out, k1, v1 = eagle.layer(p, drafter.cfg, x, positions, None, None, attn)
   picks, rolled = [], []
   for j in range(1, drafter.depth + 1):
     if j > 1:
-      x = eagle.inputs(p, shift(x_1xS, j), out)
+      x = eagle.inputs(p, drafter.cfg, shift(x_1xS, j), out)
       out, k, v = eagle.rollout_layer(p, drafter.cfg, x, positions + j - 1, (k1, v1), rolled)
       rolled.append((k, v))
     picks.append(p["vocab_ids"][jnp.argmax(eagle.logits(p, out)[0], -1)])

@@ -182,6 +182,18 @@ def test_task_writes_a_readable_directory(tmp_path, capsys):
   assert "wrote 10 examples" in capsys.readouterr().out
 
 
+def test_task_runs_on_the_real_model_with_corpus_prompts(tmp_path, capsys):
+  """SmolLM2 with its tokenizer: the prompts come from the corpora, not ``config.prompts``."""
+  config = self_distill_smollm2.get_config("greedy")
+  config.output_dir = str(tmp_path / "out")
+  config.distill.update(num_prompts=4, shard_size=4)
+  config.update(batch_size=4, max_new_tokens=3)
+  assert not config.prompts
+  manifest = task.run(config)
+  assert manifest["num_examples"] == 4
+  assert "wrote 4 examples" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
   "change, message",
   [

@@ -4,6 +4,7 @@ Exact-distribution tests (multi-step, ragged, stop ids; top-k, top-p, reduced vo
 their broken variants are in test_lossless.py with every other drafter's.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -38,7 +39,7 @@ def _reference_children(drafter, params, target, tokens, s_seq=None):
     nxt = jnp.concatenate([nxt, jnp.asarray([[x]])], axis=1)
   t = s.shape[1]
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
-  x = eagle.inputs(params, nxt, s)
+  x = eagle.inputs(params, drafter.cfg, nxt, s)
   out, _, _ = eagle.layer(params, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
   return jax.nn.log_softmax(eagle.logits(params, out[0, -1])), out[0, -1]
 
@@ -120,6 +121,28 @@ def test_commit_then_propose_equals_a_fresh_start(small_target):
   np.testing.assert_array_equal(got.parents, want.parents)
 
 
+@pytest.mark.parametrize("inputs", eagle.INPUTS)
+def test_input_ablation_drops_one_half_of_the_pair(small_target, inputs):
+  """``inputs="feature"`` drafts the same tree whatever the newest token is, ``"token"`` the
+  same tree whatever the target's features are; with both, each changes the tree."""
+  drafter, params = testing.eagle_drafter(small_target, 2, 3, 6, sampled=False)
+  drafter = dataclasses.replace(drafter, cfg=dataclasses.replace(drafter.cfg, inputs=inputs))
+  assert eagle.EagleConfig.fromdict(drafter.cfg.asdict()) == drafter.cfg  # eagle.json keeps it
+  prompt, newest = [3, 9, 4, 17, 5, 8, 30, 2], 22
+
+  def tree(newest, scale=1.0):
+    state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
+    state = state.replace(pending_BxD1xF=state.pending_BxD1xF * scale)
+    draft, _ = drafter.propose(params, state, ctx)
+    return np.asarray(draft.tokens)
+
+  base = tree(newest)
+  same_without_token = np.array_equal(base, tree(newest + 1))
+  same_without_feature = np.array_equal(base, tree(newest, scale=-3.0))
+  assert same_without_token == (inputs == "feature")
+  assert same_without_feature == (inputs == "token")
+
+
 def test_training_rollout_sees_what_decoding_sees(small_target):
   """Training-time test: rollout steps 2 and 3 from every start t at once give the outputs a
   cache-free forward of pairs 0..t followed by the drafter's own outputs gives, as at decode."""
@@ -130,16 +153,15 @@ def test_training_rollout_sees_what_decoding_sees(small_target):
   t = tokens.shape[1] - 1
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
   pos = jnp.arange(t)[None]
-  out1, k1, v1 = eagle.layer(params, drafter.cfg, eagle.inputs(params, tokens[:, 1:], f[:, :-1]),
-                             pos, None, None, attn)  # fmt: skip
+  x1 = eagle.inputs(params, drafter.cfg, tokens[:, 1:], f[:, :-1])
+  out1, k1, v1 = eagle.layer(params, drafter.cfg, x1, pos, None, None, attn)
   nxt2 = jnp.pad(tokens[:, 2:], ((0, 0), (0, 1)))
   out2, k2, v2 = eagle.rollout_layer(
-    params, drafter.cfg, eagle.inputs(params, nxt2, out1), pos + 1, (k1, v1), []
+    params, drafter.cfg, eagle.inputs(params, drafter.cfg, nxt2, out1), pos + 1, (k1, v1), []
   )
   nxt3 = jnp.pad(tokens[:, 3:], ((0, 0), (0, 2)))
-  out3, _, _ = eagle.rollout_layer(
-    params, drafter.cfg, eagle.inputs(params, nxt3, out2), pos + 2, (k1, v1), [(k2, v2)]
-  )
+  x3 = eagle.inputs(params, drafter.cfg, nxt3, out2)
+  out3, _, _ = eagle.rollout_layer(params, drafter.cfg, x3, pos + 2, (k1, v1), [(k2, v2)])
   seq = [int(x) for x in tokens[0]]
   for start in range(t - 2):
     _, want2 = _reference_children(
@@ -225,6 +247,14 @@ def _bad_inputs(tmp_path):
       "drafter.eagle.path is empty",
       lambda: eagle.Eagle.build(c.drafter.eagle, c, target),
     ),
+    "unknown input ablation": (
+      "objective.eagle.inputs='embedding' is unknown",
+      lambda: objectives.check(_with(c, inputs="embedding")),
+    ),
+    "continuing a drafter of other inputs": (
+      "trained with inputs='feature\\+token', not 'token'",
+      lambda: objectives.build(_with(c, inputs="token", init_from=str(tmp_path / "d")), target.cfg),
+    ),
   }
 
 
@@ -238,6 +268,7 @@ BAD = [
   "node budget smaller than the depth", "more nodes than offered", "unknown candidates",
   "no drafter there", "drafter of another hidden size", "drafter of another target",
   "feature layer out of range", "features the model cannot supply", "decoding with no drafter path",
+  "unknown input ablation", "continuing a drafter of other inputs",
 ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import pytest
 from ml_collections import config_dict
 
 from configs import tiny
+from experiments.eagle_smollm2 import config as eagle_smollm2
 from specjax import build, report
 from specjax.tasks import benchmark, feature_cost, max_len, sweep
 
@@ -272,7 +273,11 @@ EXPERIMENT_VARIANTS = {
   "training_free": ["b1", "b4"],
   "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", "sweep_b1", "sweep_b4"],
   "medusa_qwen_coder": [None],
-  "eagle_smollm2": [None, "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4", "sweep_t1"],
+  "eagle_qwen_coder": [None, "eagle3"],
+  "eagle_smollm2": [
+    *(None, "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4", "sweep_t1"),
+    *eagle_smollm2.ABLATIONS,
+  ],
   "cost_model": [None, "qwen", "smollm2_eagle"],
   "temperature_sweep": [None],
   "summary": ["smollm2", "qwen"],

@@ -20,6 +20,9 @@
 2. ``task=sweep``: the prompt categories of ``experiments/training_free`` (none in the training
    text), AR vs EAGLE-2 dynamic trees, an EAGLE chain, Medusa's best tree and prompt lookup,
    greedy, one process: tau, target calls per token, speedup; texts checked equal to AR's.
+3. Ablations at equal budget (``ABLATIONS``: 300 steps each on 768 rows, then
+   ``:sweep_ablation`` decodes the five as 6-token chains): the input ablation (token only,
+   feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1.
 """
 
 from ml_collections import config_dict
@@ -41,6 +44,25 @@ DRAFTER_3 = f"{HERE}/drafter3"
 # The equal-budget pair, decoded from their workdirs (17 MB each, not kept in git).
 BUDGET_300 = {n: f"{WORKDIR}_{n}/draft_final" for n in ("eagle1_300", "ttt_300")}
 EAGLE3_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers
+# The papers' ablations at equal budget (300 steps, the same schedule, 768 training rows each),
+# all against regen_300 (EAGLE-1 on the regenerated data: the target's greedy replies to
+# chitchat and Python prompts): what a pair feeds the layer; the fixed data those prompts were
+# cut from (the corpus rows); EAGLE-3 (three layers fused, training-time test over 3 steps,
+# token loss only). name: objective.eagle overrides, and the data sources.
+_REGEN = (GREEDY_DATA,)
+ABLATIONS = {
+  "regen_300": {"sources": _REGEN},
+  "feature_only_300": {"sources": _REGEN, "inputs": "feature"},
+  "token_only_300": {"sources": _REGEN, "inputs": "token"},
+  "fixed_300": {"sources": ("chitchat", "python")},
+  "eagle3_300": {"sources": _REGEN, "feature_layers": EAGLE3_LAYERS, "rollout": 3},
+}
+# Each comparison decodes its drafters (and regen_300, the common baseline) in one process.
+ABLATION_SWEEPS = {
+  "sweep_inputs": ("regen_300", "token_only_300", "feature_only_300"),
+  "sweep_data": ("regen_300", "fixed_300"),
+  "sweep_eagle3": ("regen_300", "eagle3_300"),
+}
 
 
 def variants() -> dict:
@@ -83,6 +105,17 @@ def nalpha_variants() -> dict:
     }
     for name, path in BUDGET_300.items()
   }  # fmt: skip
+
+
+def ablation_variants(sweep: str) -> dict:
+  """The sweep's drafters as 6-token chains (tau and acceptance by draft position)."""
+  return {
+    f"{name}_chain_6": {
+      "name": "eagle",
+      "eagle": {"path": f"{WORKDIR}_{name}/draft_final", "top_k": 1, "depth": 6, "total": 6},
+    }
+    for name in ABLATION_SWEEPS[sweep]
+  }
 
 
 def get_config(arg: str | None = None):
@@ -130,12 +163,23 @@ def get_config(arg: str | None = None):
     c.workdir = f"{WORKDIR}_{arg}"
     if arg == "ttt_300":  # EAGLE-3's training-time test on EAGLE-1's features
       o.rollout = 3
+  elif arg in ABLATIONS:  # a complete 300-step run (its own cosine decay)
+    a = dict(ABLATIONS[arg])
+    c.data.sources = a.pop("sources")
+    o.update(a)
+    c.workdir = f"{WORKDIR}_{arg}"
+    c.data.max_examples = 768  # all of the regenerated rows; as many corpus rows
+    rows = "regen" if c.data.sources == _REGEN else "fixed"
+    layers = "" if o.feature_layers == ("final",) else "_eagle3"
+    c.data.feature_cache = f"{FEATURES}_{rows}{layers}"  # the input ablations share one
+    c.train.steps = 300
+    c.optim.decay_steps = 280
   elif arg == "eagle3":  # EAGLE-3: three layers fused, training-time test, token loss only
     c.workdir = WORKDIR_3
     c.data.feature_cache = FEATURES_3
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
-  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha"):
+  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", *ABLATION_SWEEPS):
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -148,12 +192,16 @@ def get_config(arg: str | None = None):
       c.temperature = 1.0
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
-    pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants}
-    c.sweep.variants = pick.get(arg, variants)()
+    if arg in ABLATION_SWEEPS:
+      c.sweep.variants = ablation_variants(arg)
+    else:
+      pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants}
+      c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose eagle1_300, ttt_300, "
-      "eagle3, sweep_b1, sweep_b4, sweep_t1 or sweep_nalpha."
+      f"eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, "
+      f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -201,7 +249,7 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-  return "\n".join(out + _sweeps(results_dir))
+  return "\n".join(out + _sweeps(results_dir) + _ablation(results_dir))
 
 
 def _sweeps(results_dir) -> list[str]:
@@ -222,22 +270,115 @@ def _sweeps(results_dir) -> list[str]:
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
       if arg == "sweep_nalpha":
-        out += _nalpha_table(record)
+        out += _nalpha_table(record["runs"])
   return out
 
 
-def _nalpha_table(record: dict) -> list[str]:
+def _ablation(results_dir) -> list[str]:
+  """The ablations: each run's data, inputs, CPU time and held-out teacher-forced acceptance
+  (its train.json), then greedy decoding as 6-token chains (``:sweep_ablation``)."""
+  import json
+
+  from specjax import results
+  from specjax.tasks import sweep
+
+  rows = []
+  for name in ABLATIONS:
+    path = results_dir / name / "train.json"
+    if path.exists():
+      record = json.loads(path.read_text())
+      ev = record["eval"][-1] if record["eval"] else {}
+      rows.append({
+        "run": name,
+        "data": "+".join(s.rsplit("/", 1)[-1] for s in record["config"]["data"]["sources"]),
+        "inputs": record["config"]["objective"]["eagle"]["inputs"],
+        "features": ",".join(map(str, record["config"]["objective"]["eagle"]["feature_layers"])),
+        "rollout": record["config"]["objective"]["eagle"]["rollout"],
+        "train_min": record["train_s"] / 60,
+        "held_out_top1": ev.get("eval/top1"),
+        "held_out_token_xent": ev.get("eval/token"),
+      })  # fmt: skip
+  sweeps = {s: results_dir / s / "sweep.json" for s in ABLATION_SWEEPS}
+  sweeps = {s: json.loads(p.read_text()) for s, p in sweeps.items() if p.exists()}
+  if not rows and not sweeps:
+    return []
+  out = ["## Ablations at equal budget (300 steps): inputs, data, EAGLE-3", ""]
+  if rows:
+    out += [results.markdown_table(rows, tuple(rows[0])), ""]
+  if sweeps and ablation_figure(results_dir, sweeps):
+    out += ["![ablations: tau per category and n-alpha](results/ablation.png)", ""]
+  titles = {
+    "sweep_inputs": "Inputs: feature + shifted token vs token only vs feature only",
+    "sweep_data": "Regenerated vs fixed data",
+    "sweep_eagle3": "EAGLE-3 vs EAGLE-1",
+  }
+  for s, record in sweeps.items():
+    out += [f"### {titles[s]}", "", sweep.markdown(record)] + _nalpha_table(record["runs"])
+  return out
+
+
+def _chains(runs: list[dict]) -> list[str]:
+  return [v for v in dict.fromkeys(r["variant"] for r in runs) if v != "ar"]
+
+
+def _nalpha(runs: list[dict], variant: str) -> list:
+  """Acceptance at each draft position pooled over the prompt categories (None where no step
+  reached that position)."""
+  sel = [r for r in runs if r["variant"] == variant]
+  n = len(sel[0]["alpha"])
+  tries = [sum(r["position_attempts"][i] for r in sel) for i in range(n)]
+  kept = [sum(r["alpha"][i] * r["position_attempts"][i] for r in sel) for i in range(n)]
+  return [k / t if t else None for k, t in zip(kept, tries, strict=True)]
+
+
+def _nalpha_table(runs: list[dict]) -> list[str]:
   """Acceptance at each draft position, pooled over the prompt categories."""
   from specjax import results
 
   rows = []
-  for v in dict.fromkeys(r["variant"] for r in record["runs"] if r["variant"] != "ar"):
-    runs = [r for r in record["runs"] if r["variant"] == v]
-    tries = [sum(r["position_attempts"][i] for r in runs) for i in range(6)]
-    kept = [sum(r["alpha"][i] * r["position_attempts"][i] for r in runs) for i in range(6)]
-    rows.append({"variant": v} | {f"{i + 1}-alpha": kept[i] / max(tries[i], 1) for i in range(6)})
-  return ["Acceptance by draft position (n-alpha), all categories:", "",
-          results.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
+  for v in _chains(runs):
+    alphas = ["—" if a is None else a for a in _nalpha(runs, v)]
+    rows.append({"variant": v} | {f"{i + 1}-alpha": a for i, a in enumerate(alphas)})
+  return ["Acceptance by draft position (n-alpha), all categories (—: no step reached it):",
+          "", results.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
+
+
+def _tau_bars(ax, runs: list[dict], title: str) -> None:
+  import numpy as np
+
+  categories = sorted({r["category"] for r in runs})
+  variants = _chains(runs)
+  width = 0.8 / len(variants)
+  for j, v in enumerate(variants):
+    tau = [next(r["tau"] for r in runs if r["category"] == c and r["variant"] == v)
+           for c in categories]  # fmt: skip
+    ax.bar(np.arange(len(categories)) + j * width, tau, width, label=v)
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ticks = np.arange(len(categories)) + 0.4 - width / 2
+  ax.set(ylabel="tau (tokens per target call)", xticks=ticks)
+  ax.set_xticklabels(categories)
+  ax.set_title(title)
+  ax.legend(fontsize=7)
+
+
+def _nalpha_lines(ax, chains: list[tuple[list, str]]) -> None:
+  for runs, v in chains:
+    a = _nalpha(runs, v)
+    seen = [i for i, x in enumerate(a) if x is not None]
+    ax.plot([i + 1 for i in seen], [a[i] for i in seen], "-o", label=f"{v} (all categories)")
+  ax.set(xlabel="draft position n", ylabel="acceptance n-alpha", ylim=(0, 1), xticks=range(1, 7))
+  ax.set_title("EAGLE chain: acceptance by draft position")
+  ax.legend(fontsize=7)
+
+
+def _save(fig, path) -> None:
+  import matplotlib.pyplot as plt
+
+  fig.tight_layout()
+  tmp = path.with_name(f".{path.stem}.tmp.png")
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  tmp.replace(path)
 
 
 def figure(results_dir) -> bool:
@@ -249,45 +390,37 @@ def figure(results_dir) -> bool:
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
 
   sweep_json = results_dir / "sweep_b1" / "sweep.json"
   if not sweep_json.exists():
     return False
   runs = json.loads(sweep_json.read_text())["runs"]
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-  categories = sorted({r["category"] for r in runs})
-  variants = [v for v in dict.fromkeys(r["variant"] for r in runs) if v != "ar"]
-  width = 0.8 / len(variants)
-  for j, v in enumerate(variants):
-    tau = [next(r["tau"] for r in runs if r["category"] == c and r["variant"] == v)
-           for c in categories]  # fmt: skip
-    left.bar(np.arange(len(categories)) + j * width, tau, width, label=v)
-  left.axhline(1.0, color="gray", lw=0.8)
-  ticks = np.arange(len(categories)) + 0.4 - width / 2
-  left.set(ylabel="tau (tokens per target call)", xticks=ticks)
-  left.set_xticklabels(categories)
-  left.set_title("Greedy tau per prompt category, batch 1")
-  left.legend(fontsize=7)
-  chains = [(runs, v) for v in variants if v.startswith("eagle_chain")]
+  _tau_bars(left, runs, "Greedy tau per prompt category, batch 1")
+  chains = [(runs, v) for v in _chains(runs) if v.startswith("eagle_chain")]
   nalpha_json = results_dir / "sweep_nalpha" / "sweep.json"
   if nalpha_json.exists():  # the equal-budget pair: EAGLE-1 vs the training-time test
     other = json.loads(nalpha_json.read_text())["runs"]
-    chains += [(other, v) for v in dict.fromkeys(r["variant"] for r in other) if v != "ar"]
-  for rs, v in chains:
-    sel = [r for r in rs if r["variant"] == v]
-    tries = np.sum([r["position_attempts"] for r in sel], axis=0)
-    kept = np.sum([np.multiply(r["alpha"], r["position_attempts"]) for r in sel], axis=0)
-    seen = tries > 0  # positions some step reached
-    right.plot(np.arange(1, len(tries) + 1)[seen], (kept / np.maximum(tries, 1))[seen], "-o",
-               label=f"{v} (all categories)")  # fmt: skip
-  right.set(xlabel="draft position n", ylabel="acceptance n-alpha", ylim=(0, 1), xticks=range(1, 7))
-  right.set_title("EAGLE chain: acceptance by draft position")
-  right.legend(fontsize=7)
-  fig.tight_layout()
-  path = results_dir / "figure.png"
-  tmp = path.with_name(".figure.tmp.png")
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  tmp.replace(path)
+    chains += [(other, v) for v in _chains(other)]
+  _nalpha_lines(right, chains)
+  _save(fig, results_dir / "figure.png")
+  return True
+
+
+def ablation_figure(results_dir, sweeps: dict) -> bool:
+  """results/ablation.png: the ablations' tau per category and n-alpha (each drafter once)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  runs, seen = [], set()
+  for record in sweeps.values():  # regen_300 is in every sweep: keep its first
+    new = [r for r in record["runs"] if r["variant"] != "ar" and r["variant"] not in seen]
+    seen |= {r["variant"] for r in new}
+    runs += new
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  _tau_bars(left, runs, "Ablations (300 steps): greedy tau per category, 6-token chains")
+  _nalpha_lines(right, [(runs, v) for v in _chains(runs)])
+  _save(fig, results_dir / "ablation.png")
   return True

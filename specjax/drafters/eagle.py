@@ -68,6 +68,10 @@ CANDIDATES = ("auto", "top_k", "sampled")
 WEIGHTS_FILE, META_FILE = "eagle.safetensors", "eagle.json"
 FORMAT = 1
 TRAINED = ("fuse", "fc", "fc_b", "layer", "norm")  # what training changes (fuse: EAGLE-3 only)
+# What a pair feeds the layer (the paper's input ablation): both halves of fc's input, or one
+# with the other zeroed ("feature": the draft cannot see which token was chosen; "token": a
+# one-layer model over the text's embeddings that never reads the target's state).
+INPUTS = ("feature+token", "feature", "token")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +81,11 @@ class EagleConfig:
   target: ModelConfig  # the target's config (the drafter's layer has its shapes)
   feature_layers: tuple = ("final",)  # EAGLE-1: ("final",); EAGLE-3: three layer indices
   vocab_size: int = 0  # V' (0 = the target's)
+  inputs: str = "feature+token"  # one of INPUTS
 
   def __post_init__(self):
+    if self.inputs not in INPUTS:
+      raise ValueError(f"EAGLE inputs={self.inputs!r} is unknown; choose one of {INPUTS}.")
     llama.check_features(self.target, self.feature_layers)
     if not self.feature_layers:
       raise ValueError(f"{FIELD}: an EAGLE drafter reads at least one target feature.")
@@ -105,12 +112,14 @@ class EagleConfig:
       "target": dataclasses.asdict(self.target),
       "feature_layers": list(self.feature_layers),
       "vocab_size": self.vocab_size,
+      "inputs": self.inputs,
     }
 
   @classmethod
   def fromdict(cls, d: dict) -> "EagleConfig":
     layers = tuple(f if f == llama.FINAL else int(f) for f in d["feature_layers"])
-    return cls(ModelConfig(**d["target"]), layers, d["vocab_size"])
+    inputs = d.get("inputs", INPUTS[0])  # drafters saved before the ablation read both
+    return cls(ModelConfig(**d["target"]), layers, d["vocab_size"], inputs)
 
 
 # --- the drafter's computation, shared by decoding and training --------------------------------
@@ -144,9 +153,14 @@ def fuse(params, f_xFin: jax.Array) -> jax.Array:
   return llama.linear(f_xFin, params["fuse"]) if "fuse" in params else f_xFin
 
 
-def inputs(params, tokens_BxT: jax.Array, s_BxTxF: jax.Array) -> jax.Array:
-  """``fc([embed(t_{i+1}); s_i]) + b`` for every pair."""
+def inputs(params, cfg: EagleConfig, tokens_BxT: jax.Array, s_BxTxF: jax.Array) -> jax.Array:
+  """``fc([embed(t_{i+1}); s_i]) + b`` for every pair (one half zeroed if ``cfg.inputs``
+  names only the other)."""
   e_BxTxF = params["embed"][tokens_BxT]
+  if cfg.inputs == "feature":
+    e_BxTxF = jnp.zeros_like(e_BxTxF)
+  elif cfg.inputs == "token":
+    s_BxTxF = jnp.zeros_like(s_BxTxF)
   return llama.linear(jnp.concatenate([e_BxTxF, s_BxTxF], axis=-1), params["fc"]) + params["fc_b"]
 
 
@@ -357,7 +371,7 @@ class Eagle(Chain):
     cache = llama.init_cache(self.cfg.layer, b, prefill.num_slots, llama.param_dtype(params))
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
     attn = llama.attention_inputs(cache.lengths, llama.causal_mask(p), cache.num_slots, window=p)
-    _, k, v = layer(params, self.cfg, inputs(params, next_BxP, s_BxPxF), positions,
+    _, k, v = layer(params, self.cfg, inputs(params, self.cfg, next_BxP, s_BxPxF), positions,
                     cache.k[0], cache.v[0], attn)  # fmt: skip
     last = (prefill.lengths - 1)[:, None, None]
     last_BxF = jnp.take_along_axis(prefill.features, last, axis=1)[:, 0]
@@ -381,7 +395,7 @@ class Eagle(Chain):
     tokens_BxT = gather_rows(ctx.tokens, positions_BxT + 1)
     cache = state.cache.replace(lengths=start_B)
     attn = llama.attention_inputs(start_B, llama.causal_mask(t), cache.num_slots)
-    x = inputs(params, tokens_BxT, fuse(params, state.pending_BxD1xF))
+    x = inputs(params, self.cfg, tokens_BxT, fuse(params, state.pending_BxD1xF))
     out_BxTxF, k, v = layer(params, self.cfg, x, positions_BxT, cache.k[0], cache.v[0], attn)
     last = (state.count_B - 1)[:, None, None]
     cache = KVCache((k,), (v,), ctx.lengths)  # pairs up to the newest token's predecessor
@@ -426,8 +440,8 @@ class Eagle(Chain):
     positions = ctx.lengths[:, None] + jnp.asarray(np.asarray(expanded.depths) - 1)
     attn = llama.attention_inputs(ctx.lengths, expanded.ancestors_BxMxM, cache.num_slots,
                                   write=False)  # fmt: skip
-    out, _, _ = layer(params, self.cfg, inputs(params, tokens, s_in), positions, cache.k[0],
-                      cache.v[0], attn)  # fmt: skip
+    x = inputs(params, self.cfg, tokens, s_in)
+    out, _, _ = layer(params, self.cfg, x, positions, cache.k[0], cache.v[0], attn)
     return out[:, -self.top_k :]
 
   def _rerank(self, params, pool: "Pool") -> Draft:

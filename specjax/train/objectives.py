@@ -377,6 +377,7 @@ class EagleFeatures:
     """``config.objective.eagle``: what the drafter reads and how it is trained."""
     c = ml_collections.ConfigDict()
     c.feature_layers = ("final",)  # target features read ("final" = EAGLE-1)
+    c.inputs = "feature+token"  # what each pair feeds the layer: feature+token | feature | token
     c.vocab_size = 0  # draft vocabulary V' (0 = the target's): the most frequent training tokens
     c.copy_layer = -1  # start the drafter's layer from this target layer; -1 = random
     c.noise = 0.2  # width of the uniform noise added to input features
@@ -401,6 +402,11 @@ class EagleFeatures:
       raise ValueError(f"{f}.rollout_decay must be in (0, 1], got {c.rollout_decay}.")
     if not c.feature_weight + c.token_weight > 0:
       raise ValueError(f"{f}: feature_weight and token_weight cannot both be 0.")
+    if c.inputs not in eagle.INPUTS:
+      raise ValueError(
+        f"{f}.inputs={c.inputs!r} is unknown; choose one of {', '.join(eagle.INPUTS)} (the "
+        "input ablation: both halves of the pair, the feature alone, the token alone)."
+      )
     if c.init_from:
       eagle.read_meta(c.init_from, f"{f}.init_from")
 
@@ -409,7 +415,7 @@ class EagleFeatures:
     f = "config.objective.eagle"
     layers = tuple(c.feature_layers)
     try:
-      cfg = eagle.EagleConfig(target, layers, c.vocab_size)
+      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs)
     except ValueError as e:
       raise ValueError(f"{f}: {e}") from None
     if not -1 <= c.copy_layer < target.num_layers:
@@ -420,6 +426,11 @@ class EagleFeatures:
         raise ValueError(
           f"{f}.init_from={c.init_from!r} reads features {saved.feature_layers} of a "
           f"{saved.target.dim}-wide target, not {cfg.feature_layers} of {target.dim}."
+        )
+      if saved.inputs != cfg.inputs:
+        raise ValueError(
+          f"{f}.init_from={c.init_from!r} was trained with inputs={saved.inputs!r}, not "
+          f"{cfg.inputs!r}: set {f}.inputs={saved.inputs!r} or start from scratch."
         )
       cfg = dataclasses.replace(cfg, vocab_size=saved.vocab_size)  # its vocabulary is kept
     return cls(
@@ -495,7 +506,7 @@ class EagleFeatures:
     argmax_BxT = jnp.argmax(target_logits_BxTxV, axis=-1)
     noise = self.noise * (jax.random.uniform(key, f_in_BxTxG.shape) - 0.5)
     s_BxTxF = eagle.fuse(p, f_in_BxTxG[:, :-1] + noise[:, :-1])
-    x = eagle.inputs(p, tokens_BxT[:, 1:], s_BxTxF)  # pair t: (s_t, token t + 1)
+    x = eagle.inputs(p, self.eagle, tokens_BxT[:, 1:], s_BxTxF)  # pair t: (s_t, token t + 1)
     positions = jnp.broadcast_to(jnp.arange(t - 1), (b, t - 1))
     attn = llama.attention_inputs(jnp.zeros((b,), jnp.int32), llama.causal_mask(t - 1), 0, 0, False)
     out_BxTxF, k1, v1 = eagle.layer(p, self.eagle, x, positions, None, None, attn)
@@ -504,7 +515,7 @@ class EagleFeatures:
     total, metrics, rolled = 0.0, {}, []
     for j in range(1, self.rollout + 1):
       if j > 1:  # training-time test: the drafter's own output is the next step's feature
-        x = eagle.inputs(p, later(tokens_BxT, j), out_BxTxF)
+        x = eagle.inputs(p, self.eagle, later(tokens_BxT, j), out_BxTxF)
         out_BxTxF, k, v = eagle.rollout_layer(p, self.eagle, x, positions + j - 1, (k1, v1), rolled)
         rolled.append((k, v))
       terms = losses.eagle_losses(
