@@ -10,7 +10,7 @@ from ml_collections import config_dict
 from configs import tiny
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from specjax import build, report
-from specjax.tasks import benchmark, feature_cost, max_len, sweep
+from specjax.tasks import benchmark, feature_cost, max_len, sweep, timing
 
 
 def _run(*overrides, cwd):
@@ -77,6 +77,32 @@ def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
       assert key in m, (mode, key)
   assert record["modes"]["ar"]["tau"] == 1.0
   assert "speculative" in capsys.readouterr().out
+
+
+def test_timed_passes_interleave_the_modes_batch_by_batch(monkeypatch):
+  """Modes take turns per batch (order rotated), so a ratio of two modes' times is taken over
+  the same stretch of a drifting machine; each mode's time sums its own batches only."""
+  calls, clock = [], [0.0]
+  cost = {"a": 1.0, "b": 10.0, "c": 100.0}
+
+  def mode(name):
+    def fn(batch):
+      calls.append((name, batch))
+      clock[0] += cost[name] * (1 + batch)
+      return (name, batch)
+
+    return fn
+
+  monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+  timed = timing.run_modes({m: mode(m) for m in cost}, [0, 1, 2, 3], repeats=2)
+  first, passes = calls[:12], calls[12:]
+  assert first == [(m, b) for m in cost for b in range(4)]  # compile + warm-up, mode by mode
+  rotated = ["abc", "bca", "cab", "abc"]  # batch i starts at mode i mod 3
+  assert passes == 2 * [(m, b) for b, order in enumerate(rotated) for m in order]
+  for m, c in cost.items():
+    assert timed[m]["steady_all_s"] == [c * 10, c * 10]  # 1 + 2 + 3 + 4 batch units
+    assert timed[m]["steady_s"] == c * 10 and timed[m]["first_pass_s"] == c * 10
+    assert timed[m]["outs"] == [(m, b) for b in range(4)]
 
 
 @pytest.mark.multiprocess

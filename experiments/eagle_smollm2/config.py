@@ -276,7 +276,7 @@ def _sweeps(results_dir) -> list[str]:
 
 def _ablation(results_dir) -> list[str]:
   """The ablations: each run's data, inputs, CPU time and held-out teacher-forced acceptance
-  (its train.json), then greedy decoding as 6-token chains (``:sweep_ablation``)."""
+  (its train.json), then greedy decoding as 6-token chains (the ``ABLATION_SWEEPS``)."""
   import json
 
   from specjax import results
@@ -321,25 +321,32 @@ def _chains(runs: list[dict]) -> list[str]:
   return [v for v in dict.fromkeys(r["variant"] for r in runs) if v != "ar"]
 
 
-def _nalpha(runs: list[dict], variant: str) -> list:
+# n-alpha at a position fewer steps reached than this is not plotted (a ratio of few tries).
+MIN_TRIES = 20
+
+
+def _nalpha(runs: list[dict], variant: str) -> tuple[list, list[int]]:
   """Acceptance at each draft position pooled over the prompt categories (None where no step
-  reached that position)."""
+  reached that position), and how many steps reached each position."""
   sel = [r for r in runs if r["variant"] == variant]
   n = len(sel[0]["alpha"])
   tries = [sum(r["position_attempts"][i] for r in sel) for i in range(n)]
   kept = [sum(r["alpha"][i] * r["position_attempts"][i] for r in sel) for i in range(n)]
-  return [k / t if t else None for k, t in zip(kept, tries, strict=True)]
+  return [k / t if t else None for k, t in zip(kept, tries, strict=True)], tries
 
 
 def _nalpha_table(runs: list[dict]) -> list[str]:
-  """Acceptance at each draft position, pooled over the prompt categories."""
+  """Acceptance at each draft position, pooled over the prompt categories, with the number of
+  steps that reached it."""
   from specjax import results
 
   rows = []
   for v in _chains(runs):
-    alphas = ["—" if a is None else a for a in _nalpha(runs, v)]
-    rows.append({"variant": v} | {f"{i + 1}-alpha": a for i, a in enumerate(alphas)})
-  return ["Acceptance by draft position (n-alpha), all categories (—: no step reached it):",
+    alphas, tries = _nalpha(runs, v)
+    cells = ["—" if a is None else f"{a:.3g} ({t})" for a, t in zip(alphas, tries, strict=True)]
+    rows.append({"variant": v} | {f"{i + 1}-alpha": c for i, c in enumerate(cells)})
+  return ["Acceptance by draft position (n-alpha), all categories, with the number of steps that "
+          "reached the position in brackets (—: none did):",
           "", results.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
 
@@ -363,11 +370,11 @@ def _tau_bars(ax, runs: list[dict], title: str) -> None:
 
 def _nalpha_lines(ax, chains: list[tuple[list, str]]) -> None:
   for runs, v in chains:
-    a = _nalpha(runs, v)
-    seen = [i for i, x in enumerate(a) if x is not None]
+    a, tries = _nalpha(runs, v)
+    seen = [i for i, t in enumerate(tries) if t >= MIN_TRIES]
     ax.plot([i + 1 for i in seen], [a[i] for i in seen], "-o", label=f"{v} (all categories)")
   ax.set(xlabel="draft position n", ylabel="acceptance n-alpha", ylim=(0, 1), xticks=range(1, 7))
-  ax.set_title("EAGLE chain: acceptance by draft position")
+  ax.set_title(f"EAGLE chain: acceptance by draft position (reached >= {MIN_TRIES} times)")
   ax.legend(fontsize=7)
 
 
