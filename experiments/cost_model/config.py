@@ -21,6 +21,8 @@ the EAGLE drafter replayed at the tree budgets of ``EAGLE_BUDGETS`` (the grid th
 ``results/{smollm2,qwen,smollm2_eagle}/cost_model.json`` and ``sweep.json``.
 """
 
+import functools
+
 from ml_collections import config_dict
 
 from configs import demo, qwen_coder_pair
@@ -33,10 +35,7 @@ CHIPS = ("H100-SXM", "H200", "TPU-v5e", "TPU-v5p")
 
 
 def variants() -> dict:
-  eagle = lambda top_k, depth, total: {  # noqa: E731
-    "name": "eagle",
-    "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": top_k, "depth": depth, "total": total},
-  }  # fmt: skip
+  eagle = functools.partial(eagle_smollm2.eagle_variant, eagle_smollm2.DRAFTER)
   lookup = lambda k, g=1, n=1: {  # noqa: E731
     "name": "prompt_lookup",
     "prompt_lookup": {"num_draft": k, "num_branches": g, "min_ngram": n},
@@ -76,11 +75,9 @@ def eagle_variants() -> dict:
   """Three budgets of the EAGLE grid, decoded: the 2-chain, a 2 x 3 tree of 4 nodes, and
   the 4 x 6 tree of 16."""
   return {k: v for k, v in variants().items() if k == "eagle_tree_4x6_16"} | {
-    "eagle_chain_2": {"name": "eagle", "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": 1,
-                                                 "depth": 2, "total": 2}},
-    "eagle_tree_2x3_4": {"name": "eagle", "eagle": {"path": eagle_smollm2.DRAFTER, "top_k": 2,
-                                                    "depth": 3, "total": 4}},
-  }  # fmt: skip
+    "eagle_chain_2": eagle_smollm2.eagle_variant(eagle_smollm2.DRAFTER, 1, 2, 2),
+    "eagle_tree_2x3_4": eagle_smollm2.eagle_variant(eagle_smollm2.DRAFTER, 2, 3, 4),
+  }
 
 
 def get_config(arg: str = "smollm2"):

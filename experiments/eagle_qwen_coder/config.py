@@ -17,6 +17,8 @@ the training-time test over 3 steps. Not run yet: a Qwen target's forward is ~4x
 the feature cache alone would take over an hour here.
 """
 
+import functools
+
 from experiments.eagle_smollm2 import config as smollm2
 from experiments.training_free import config as training_free
 from specjax.models import source
@@ -47,9 +49,7 @@ def get_config(arg: str | None = None):
     c.output_dir = f"{HERE}/results/sweep_b1"
     c.drafter.eagle.path = DRAFTER
     c.sweep.categories = {"code": training_free.CATEGORIES["code"]}
-    e = lambda top_k, depth, total: {  # noqa: E731
-      "name": "eagle", "eagle": {"path": DRAFTER, "top_k": top_k, "depth": depth, "total": total}
-    }  # fmt: skip
+    e = functools.partial(smollm2.eagle_variant, DRAFTER)
     c.sweep.variants = {
       "eagle_chain_4": e(1, 4, 4),
       "eagle_tree_2x5_8": e(2, 5, 8),

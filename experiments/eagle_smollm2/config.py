@@ -25,6 +25,8 @@
    feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1.
 """
 
+import functools
+
 from ml_collections import config_dict
 
 from configs import demo, train_tiny
@@ -65,12 +67,17 @@ ABLATION_SWEEPS = {
 }
 
 
+def eagle_variant(path: str, top_k: int, depth: int, total: int, **extra) -> dict:
+  """A sweep variant (config.drafter overrides) decoding the drafter at ``path`` with the
+  EAGLE-2 budget (top_k, depth, total); top_k = 1 and total = depth is a chain."""
+  budget = {"top_k": top_k, "depth": depth, "total": total}
+  return {"name": "eagle", "eagle": {"path": path} | budget | extra}
+
+
 def variants() -> dict:
   """Sweep variants (config.drafter overrides): EAGLE-2 trees of several budgets, an EAGLE
   chain, Medusa's saved tree and prompt lookup."""
-  e = lambda top_k, depth, total: {  # noqa: E731
-    "name": "eagle", "eagle": {"path": DRAFTER, "top_k": top_k, "depth": depth, "total": total}
-  }  # fmt: skip
+  e = functools.partial(eagle_variant, DRAFTER)
   return {
     "eagle_chain_4": e(1, 4, 4),
     "eagle_chain_6": e(1, 6, 6),
@@ -84,36 +91,24 @@ def variants() -> dict:
 def t1_variants() -> dict:
   """Temperature 1: EAGLE with sampled children (verified with their q) as a chain and an
   8-node tree, and the tree with top-k children (verified as one-hot proposals)."""
-  e = lambda top_k, depth, total, candidates: {  # noqa: E731
-    "name": "eagle",
-    "eagle": {"path": DRAFTER, "top_k": top_k, "depth": depth, "total": total,
-              "candidates": candidates},
-  }  # fmt: skip
+  e = functools.partial(eagle_variant, DRAFTER)
   return {
-    "eagle_chain_4": e(1, 4, 4, "sampled"),
-    "eagle_tree_2x5_8": e(2, 5, 8, "sampled"),
-    "eagle_tree_2x5_8_top_k": e(2, 5, 8, "top_k"),
+    "eagle_chain_4": e(1, 4, 4, candidates="sampled"),
+    "eagle_tree_2x5_8": e(2, 5, 8, candidates="sampled"),
+    "eagle_tree_2x5_8_top_k": e(2, 5, 8, candidates="top_k"),
   }
 
 
 def nalpha_variants() -> dict:
   """EAGLE-1 and EAGLE-1 + training-time test after the same 300 steps, as 6-token chains
   (acceptance at each draft position: n-alpha)."""
-  return {
-    f"{name}_chain_6": {
-      "name": "eagle", "eagle": {"path": path, "top_k": 1, "depth": 6, "total": 6}
-    }
-    for name, path in BUDGET_300.items()
-  }  # fmt: skip
+  return {f"{name}_chain_6": eagle_variant(path, 1, 6, 6) for name, path in BUDGET_300.items()}
 
 
 def ablation_variants(sweep: str) -> dict:
   """The sweep's drafters as 6-token chains (tau and acceptance by draft position)."""
   return {
-    f"{name}_chain_6": {
-      "name": "eagle",
-      "eagle": {"path": f"{WORKDIR}_{name}/draft_final", "top_k": 1, "depth": 6, "total": 6},
-    }
+    f"{name}_chain_6": eagle_variant(f"{WORKDIR}_{name}/draft_final", 1, 6, 6)
     for name in ABLATION_SWEEPS[sweep]
   }
 
