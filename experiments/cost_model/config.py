@@ -1,7 +1,7 @@
 """τ simulator and cost model on SmolLM2-135M-Instruct: predicted vs measured, per drafter.
 
     python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~55 min
-    python -m specjax.run --config=experiments/cost_model/config.py:qwen   # Qwen pair, ~14 min quiet
+    python -m specjax.run --config=experiments/cost_model/config.py:qwen   # Qwen pair, 14 min quiet
     python -m specjax.run --config=experiments/cost_model/config.py:smollm2_eagle   # ~45 min
     python -m specjax.report experiments/cost_model                        # README
 
