@@ -19,6 +19,14 @@ is a seconds-long smoke run on a random tiny target (random token prompts, no co
 writes the target's *greedy* replies to 768 chat and Python prompts to
 data/self_distill/smollm2_greedy/: the text a greedy decode produces, which is what drafters
 for temperature 0 (Medusa heads) must predict.
+
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:tasks
+
+writes its greedy replies to 1024 task prompts to data/self_distill/smollm2_tasks/ (up to
+128 new tokens each): chitchat users' questions asked on their own, and windows of the plays,
+the KJV and Python source wrapped in a task (summarise, rewrite, answer a question about it,
+explain or finish the code; ``specjax.train.distill.TASKS``), i.e. replies of the kind an
+assistant gives rather than continuations of the corpus.
 """
 
 from ml_collections import config_dict
@@ -51,6 +59,7 @@ def get_config(arg: str | None = None):
   c.distill.shard_size = 256  # examples per shard file; a multiple of batch_size
   c.distill.capture_layers = ()  # cache the residual stream after these layers (float16)
   c.distill.capture_final = False  # cache the final-norm hidden state the LM head reads
+  c.distill.tasks = False  # True: task prompts (distill.TASKS, chitchat questions)
 
   if arg == "tiny":
     t = tiny.get_config()
@@ -69,6 +78,15 @@ def get_config(arg: str | None = None):
     c.output_dir = "data/self_distill/smollm2_greedy"
     c.temperature = 0.0
     c.distill.sources = ("chitchat", "python")
+  elif arg == "tasks":
+    c.output_dir = "data/self_distill/smollm2_tasks"
+    c.temperature = 0.0
+    c.distill.tasks = True
+    c.distill.num_prompts = 1024
+    c.distill.prompt_max_tokens = 48  # the template, system prompt and task around it: <= 128
+    c.max_new_tokens = 128
   elif arg:
-    raise ValueError(f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny or greedy.")
+    raise ValueError(
+      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny, greedy or tasks."
+    )
   return c

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from configs import self_distill_smollm2
+from experiments.training_free import config as training_free
 from specjax.decode import generate
 from specjax.models import llama, registry, tiny
 from specjax.models.tokenizer import Tokenizer
@@ -166,6 +167,33 @@ def test_corpus_prompts_are_deterministic_and_mixed():
       assert 16 <= len(tok.encode(body)) <= 24 + 1  # +1: decode/encode may split a token.
   raw = distill.corpus_prompts(["kjv"], tok, num_prompts=3, min_tokens=8, max_tokens=8, chat=False)
   assert all(len(ids) == 8 for ids in raw.ids) and "<|im_start|>" not in "".join(raw.texts)
+
+
+def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
+  tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
+  make = lambda seed: distill.corpus_prompts(
+    data.CORPORA, tok, num_prompts=48, min_tokens=16, max_tokens=24, seed=seed, tasks=True
+  )
+  a, b = make(0), make(0)
+  assert a == b and a.sources == list(data.CORPORA) * 12
+  used = set()
+  for text, source in zip(a.texts, a.sources, strict=True):
+    user = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+    if source == "chitchat":  # one whole question, not a conversation
+      assert text.count("<|im_start|>user") == 1 and text.endswith("<|im_start|>assistant\n")
+      assert user.endswith("?") and len(user.split()) >= 4
+      continue
+    wrappers = [w for w in distill.TASKS[source] if user.startswith(w.split("{")[0])]
+    wrappers = [w for w in wrappers if user.endswith(w.split("}")[-1])]
+    assert wrappers, user
+    used.add(wrappers[0])
+  assert len(used) >= 8  # several tasks per corpus, not one wrapper
+  # The prompts that measure the drafters (experiments/training_free) stay out of training.
+  held_out = [p for ps in training_free.CATEGORIES.values() for p in ps]
+  assert not any(h[:40] in t for h in held_out for t in a.texts)
+  with pytest.raises(ValueError, match="tasks=True .* chat=True"):
+    distill.corpus_prompts(["kjv"], tok, num_prompts=1, min_tokens=8, max_tokens=8, chat=False,
+                           tasks=True)  # fmt: skip
 
 
 def test_task_writes_a_readable_directory(tmp_path, capsys):

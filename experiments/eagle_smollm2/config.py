@@ -37,6 +37,7 @@ WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
 HERE = "experiments/eagle_smollm2"
 DRAFTER = f"{HERE}/drafter"  # committed copy of WORKDIR/draft_final
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
+TASKS_DATA = "data/self_distill/smollm2_tasks"  # configs/self_distill_smollm2.py:tasks
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 RESULTS = f"{HERE}/results"
 FEATURES = "data/features/eagle_smollm2"  # float16 final features of the training rows
@@ -105,6 +106,16 @@ def nalpha_variants() -> dict:
   return {f"{name}_chain_6": eagle_variant(path, 1, 6, 6) for name, path in BUDGET_300.items()}
 
 
+def tasks_variants() -> dict:
+  """``DRAFTER`` continued on task replies (``:tasks``) next to ``DRAFTER``, each as a
+  4-chain and as an 8-node EAGLE-2 tree."""
+  out = {}
+  for name, path in (("eagle1", DRAFTER), ("tasks", f"{WORKDIR}_tasks/draft_final")):
+    e = functools.partial(eagle_variant, path)
+    out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8)}
+  return out
+
+
 def ablation_variants(sweep: str) -> dict:
   """The sweep's drafters as 6-token chains (tau and acceptance by draft position)."""
   return {
@@ -153,7 +164,16 @@ def get_config(arg: str | None = None):
   c.optim.decay_steps = 980
   c.optim.weight_decay = 0.0
 
-  if arg in ("ttt_300", "eagle1_300"):  # equal budget: 300 steps of the same schedule
+  if arg == "tasks":  # continue DRAFTER on the target's replies to task prompts (and 1.'s)
+    c.workdir = f"{WORKDIR}_tasks"
+    o.init_from = DRAFTER
+    c.data.sources = (TASKS_DATA, GREEDY_DATA)
+    c.data.max_examples = 2000  # 1000 task replies, the 768 greedy replies
+    c.data.feature_cache = f"{FEATURES}_tasks"
+    c.train.steps = 300
+    c.optim.learning_rate = 1e-3
+    c.optim.decay_steps = 280
+  elif arg in ("ttt_300", "eagle1_300"):  # equal budget: 300 steps of the same schedule
     c.train.steps = 300
     c.workdir = f"{WORKDIR}_{arg}"
     if arg == "ttt_300":  # EAGLE-3's training-time test on EAGLE-1's features
@@ -174,7 +194,8 @@ def get_config(arg: str | None = None):
     c.data.feature_cache = FEATURES_3
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
-  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", *ABLATION_SWEEPS):
+  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
+               *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -190,12 +211,13 @@ def get_config(arg: str | None = None):
     if arg in ABLATION_SWEEPS:
       c.sweep.variants = ablation_variants(arg)
     else:
-      pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants}
+      pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants,
+              "sweep_tasks": tasks_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose eagle1_300, ttt_300, "
-      f"eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, "
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, eagle1_300, ttt_300, "
+      f"eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, sweep_tasks, "
       f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
@@ -228,7 +250,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "ttt_300"):
+  for run in ("eagle1", "tasks", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -244,7 +266,28 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-  return "\n".join(out + _sweeps(results_dir) + _ablation(results_dir))
+  return "\n".join(out + _sweeps(results_dir) + _hit_rates(results_dir) + _ablation(results_dir))
+
+
+def _hit_rates(results_dir) -> list[str]:
+  """``hit_rates.py``'s table: the first draft token's teacher-forced hit rate by text."""
+  import json
+
+  from specjax import results
+
+  path = results_dir / "hit_rates.json"
+  if not path.exists():
+    return []
+  rows = json.loads(path.read_text())["rows"]
+  return [
+    "## First-token hit rate by text (teacher-forced, `hit_rates.py`)",
+    "",
+    "Share of positions where the first draft token is the target's greedy token: at every "
+    "position (`all`) and at a 4-chain's step starts (`step_starts`, its 1-alpha).",
+    "",
+    results.markdown_table(rows, ("drafter", "text", "rows", "all", "step_starts")),
+    "",
+  ]
 
 
 def _sweeps(results_dir) -> list[str]:
@@ -258,13 +301,14 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_b4": "Greedy, batch 4",
     "sweep_t1": "Temperature 1, batch 1 (sampled children, verified with their q)",
     "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
+    "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
   }
   for arg, title in titles.items():
     path = results_dir / arg / "sweep.json"
     if path.exists():
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
-      if arg == "sweep_nalpha":
+      if arg in ("sweep_nalpha", "sweep_tasks"):
         out += _nalpha_table(record["runs"])
   return out
 

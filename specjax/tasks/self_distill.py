@@ -29,6 +29,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     )
   for name in d.sources:
     data.corpus_path(name)
+  if d.tasks and not config.chat:
+    raise ValueError("config.distill.tasks=True writes user messages: set config.chat=True.")
   if d.num_prompts < 1:
     raise ValueError(f"config.distill.num_prompts must be >= 1, got {d.num_prompts}.")
   if not 1 <= d.prompt_min_tokens <= d.prompt_max_tokens:
@@ -63,6 +65,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       max_tokens=d.prompt_max_tokens,
       seed=config.seed,
       chat=config.chat,
+      tasks=d.tasks,
     )
     prompt_ids, sources, texts = prompts.ids, prompts.sources, prompts.texts
   manifest = distill.self_distill(

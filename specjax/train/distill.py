@@ -59,6 +59,36 @@ INSTRUCTIONS = {
   "kjv": "Continue this passage from the King James Bible:\n\n{text}",
   "python": "Continue this Python code:\n\n{text}",
 }
+# Task prompts (``tasks=True``): what an assistant is asked to do with a corpus window, so the
+# replies are answers, summaries, rewrites and code rather than continuations. Chitchat gives
+# a user's question, asked on its own.
+TASKS = {
+  "shakespeare": (
+    "Summarize this passage in two sentences:\n\n{text}",
+    "Rewrite this passage in plain modern English:\n\n{text}",
+    "Put this passage into the present tense:\n\n{text}",
+    "{text}\n\nQuestion: Who is speaking here, and what do they want?",
+    "{text}\n\nQuestion: What is this passage about?",
+    "List the people and places named in this passage:\n\n{text}",
+    "Explain the meaning of this passage to a student:\n\n{text}",
+  ),
+  "kjv": (
+    "Summarize this passage in two sentences:\n\n{text}",
+    "Rewrite this passage in plain modern English:\n\n{text}",
+    "{text}\n\nQuestion: What happens in this passage?",
+    "{text}\n\nQuestion: Which words here would a modern reader not know? Explain them.",
+    "List the people and places named in this passage:\n\n{text}",
+    "Explain the meaning of this passage to a student:\n\n{text}",
+  ),
+  "python": (
+    "Finish this Python code:\n```python\n{text}",
+    "Explain what this Python code does:\n```python\n{text}\n```",
+    "Write a docstring for this Python code:\n```python\n{text}\n```",
+    "Is there a bug in this Python code? Explain.\n```python\n{text}\n```",
+    "Write unit tests for this Python code:\n```python\n{text}\n```",
+  ),
+}
+_MIN_QUESTION_WORDS = 4  # a chitchat question shorter than this is a greeting, not a task
 _TURN_MARKUP_TOKENS = 5  # ChatML's "<|im_start|>role\n ... <|im_end|>\n" around each turn.
 _WINDOW_CHARS_PER_TOKEN = 8  # Characters read per wanted token: enough for any corpus here.
 
@@ -79,10 +109,14 @@ def corpus_prompts(
   max_tokens: int,
   seed: int = 0,
   chat: bool = True,
+  tasks: bool = False,
 ) -> Prompts:
   """``num_prompts`` prompts, round-robin over the corpora ``sources``; deterministic in seed.
 
   Lengths count the corpus text (chat mode adds the template and the instruction around it).
+  ``tasks``: each window is wrapped in one of its corpus's ``TASKS`` (drawn per prompt), and
+  chitchat gives one user question (at least ``_MIN_QUESTION_WORDS`` words, at most
+  ``max_tokens`` tokens), whole, instead of a conversation.
   """
   if not sources:
     raise ValueError(
@@ -98,7 +132,10 @@ def corpus_prompts(
     )
   if chat and getattr(tokenizer, "apply_chat_template", None) is None:
     raise ValueError("chat=True needs a tokenizer with a chat template; set chat=False.")
-  makers = {s: _PromptMaker(s, tokenizer, seed, min_tokens, max_tokens, chat) for s in sources}
+  if tasks and not chat:
+    raise ValueError("tasks=True writes user messages: it needs chat=True.")
+  makers = {s: _PromptMaker(s, tokenizer, seed, min_tokens, max_tokens, chat, tasks)
+            for s in sources}  # fmt: skip
   out = Prompts([], [], [])
   for i in range(num_prompts):
     source = sources[i % len(sources)]
@@ -112,10 +149,13 @@ def corpus_prompts(
 class _PromptMaker:
   """Cuts prompts from one corpus: documents in a seeded order, cycled."""
 
-  def __init__(self, name, tokenizer, seed, lo, hi, chat):
+  def __init__(self, name, tokenizer, seed, lo, hi, chat, tasks=False):
     self.name, self.tok, self.lo, self.hi, self.chat = name, tokenizer, lo, hi, chat
+    self.tasks = tasks
     self.rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    if name == "chitchat" and chat:
+    if name == "chitchat" and tasks:
+      self.docs = _questions(data.chat_conversations())
+    elif name == "chitchat" and chat:
       self.docs = list(data.chat_conversations())
     else:
       template = getattr(tokenizer, "apply_chat_template", None)
@@ -128,6 +168,10 @@ class _PromptMaker:
     for _ in range(len(self.docs)):
       doc = self.docs[self.order[self.i % len(self.docs)]]
       self.i += 1
+      if self.name == "chitchat" and self.tasks:  # a question of at most hi tokens, whole
+        if len(data.encode_batch(self.tok, [doc])[0]) <= self.hi:
+          return self.tok.apply_chat_template([{"role": "user", "content": doc}])
+        continue
       n = int(self.rng.integers(self.lo, self.hi + 1))
       text = self._conversation(doc, n) if isinstance(doc, list) else self._window(doc, n)
       if text is not None:
@@ -148,7 +192,8 @@ class _PromptMaker:
     text = self.tok.decode(ids[:n])
     if not self.chat:
       return text
-    user = INSTRUCTIONS[self.name].format(text=text)
+    wrappers = TASKS[self.name] if self.tasks else (INSTRUCTIONS[self.name],)
+    user = wrappers[int(self.rng.integers(len(wrappers)))].format(text=text)
     return self.tok.apply_chat_template([{"role": "user", "content": user}])
 
   def _conversation(self, turns: list[dict], n: int) -> str:
@@ -167,6 +212,18 @@ class _PromptMaker:
     if messages[-1]["role"] == "assistant":
       messages.pop()  # The target answers a user turn.
     return self.tok.apply_chat_template(messages)
+
+
+def _questions(conversations) -> list[str]:
+  """Every distinct turn of the conversations that ends in a question mark and has at least
+  ``_MIN_QUESTION_WORDS`` words, in first-seen order."""
+  seen = {}
+  for turns in conversations:
+    for turn in turns:
+      text = turn["content"].strip()
+      if text.endswith("?") and len(text.split()) >= _MIN_QUESTION_WORDS:
+        seen.setdefault(text, None)
+  return list(seen)
 
 
 # -- generation -----------------------------------------------------------------------------------
