@@ -192,8 +192,11 @@ class _PromptMaker:
     text = self.tok.decode(ids[:n])
     if not self.chat:
       return text
-    wrappers = TASKS[self.name] if self.tasks else (INSTRUCTIONS[self.name],)
-    user = wrappers[int(self.rng.integers(len(wrappers)))].format(text=text)
+    if self.tasks:  # drawn only here, so plain prompts keep their seeded stream
+      wrapper = TASKS[self.name][int(self.rng.integers(len(TASKS[self.name])))]
+    else:
+      wrapper = INSTRUCTIONS[self.name]
+    user = wrapper.format(text=text)
     return self.tok.apply_chat_template([{"role": "user", "content": user}])
 
   def _conversation(self, turns: list[dict], n: int) -> str:
