@@ -1,9 +1,10 @@
 """Shared fixtures (tiny random models, compiled once per session) and the test environment.
 
-Tests see one CPU device unless a test asks for more in a subprocess. Compiled programs go to a
-persistent XLA cache under ``.pytest_cache/xla`` (override with JAX_COMPILATION_CACHE_DIR): the
-subprocesses a test starts (CLI runs, multi-process workers) reuse what another process already
-compiled, and a second run of the suite skips most compiles.
+Tests see one CPU device unless a test asks for more in a subprocess, and torch (the HF oracle)
+runs one thread per worker. Compiled programs go to a persistent XLA cache under
+``.pytest_cache/xla`` (override with JAX_COMPILATION_CACHE_DIR): the subprocesses a test starts
+(CLI runs, multi-process workers) reuse what another process already compiled, and a second run
+of the suite skips most compiles.
 """
 
 import os
@@ -14,6 +15,9 @@ os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "xla")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# One intra-op thread for torch (the HF oracle): the xdist workers already fill the cores, and
+# torch's threads spinning on a busy core made HF generate ~4x slower here (measured).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
