@@ -301,7 +301,8 @@ EXPERIMENT_VARIANTS = {
   "medusa_qwen_coder": [None],
   "eagle_qwen_coder": [None, "eagle3"],
   "eagle_smollm2": [
-    *(None, "tasks", "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4", "sweep_t1"),
+    *(None, "tasks", "volume", "eagle1_300", "ttt_300", "eagle3", "sweep_b1", "sweep_b4"),
+    "sweep_t1",
     *eagle_smollm2.ABLATIONS,
   ],
   "cost_model": [None, "qwen", "smollm2_eagle"],

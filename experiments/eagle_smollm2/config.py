@@ -23,6 +23,9 @@
 3. Ablations at equal budget (``ABLATIONS``: 300 steps each on 768 rows, then
    ``:sweep_ablation`` decodes the five as 6-token chains): the input ablation (token only,
    feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1.
+4. Continuations of 1.'s drafter (``init_from``): ``:tasks`` on the target's replies to task
+   prompts, ``:volume`` on 1,600 chitchat rows of another document order (mostly unseen: more
+   text); ``:sweep_tasks`` / ``:sweep_volume`` decode each next to 1.'s.
 """
 
 import functools
@@ -106,11 +109,11 @@ def nalpha_variants() -> dict:
   return {f"{name}_chain_6": eagle_variant(path, 1, 6, 6) for name, path in BUDGET_300.items()}
 
 
-def tasks_variants() -> dict:
-  """``DRAFTER`` continued on task replies (``:tasks``) next to ``DRAFTER``, each as a
-  4-chain and as an 8-node EAGLE-2 tree."""
+def continued_variants(run: str) -> dict:
+  """``DRAFTER`` continued by ``:run`` (``tasks``: on task replies; ``volume``: on corpus rows it
+  has not seen) next to ``DRAFTER``, each as a 4-chain and as an 8-node EAGLE-2 tree."""
   out = {}
-  for name, path in (("eagle1", DRAFTER), ("tasks", f"{WORKDIR}_tasks/draft_final")):
+  for name, path in (("eagle1", DRAFTER), (run, f"{WORKDIR}_{run}/draft_final")):
     e = functools.partial(eagle_variant, path)
     out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8)}
   return out
@@ -173,6 +176,16 @@ def get_config(arg: str | None = None):
     c.train.steps = 300
     c.optim.learning_rate = 1e-3
     c.optim.decay_steps = 280
+  elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
+    c.workdir = f"{WORKDIR}_volume"
+    o.init_from = DRAFTER
+    c.data.sources = ("chitchat",)
+    c.data.seed = 1  # another document order: mostly conversations DRAFTER has not seen
+    c.data.max_examples = 1600
+    c.data.feature_cache = f"{FEATURES}_volume"
+    c.train.steps = 400
+    c.optim.learning_rate = 1e-3
+    c.optim.decay_steps = 380
   elif arg in ("ttt_300", "eagle1_300"):  # equal budget: 300 steps of the same schedule
     c.train.steps = 300
     c.workdir = f"{WORKDIR}_{arg}"
@@ -195,7 +208,7 @@ def get_config(arg: str | None = None):
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
-               *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_volume", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -212,13 +225,14 @@ def get_config(arg: str | None = None):
       c.sweep.variants = ablation_variants(arg)
     else:
       pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants,
-              "sweep_tasks": tasks_variants}  # fmt: skip
+              "sweep_tasks": functools.partial(continued_variants, "tasks"),
+              "sweep_volume": functools.partial(continued_variants, "volume")}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, eagle1_300, ttt_300, "
-      f"eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, sweep_tasks, "
-      f"{', '.join(ABLATION_SWEEPS)}."
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, eagle1_300, "
+      f"ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, "
+      f"sweep_tasks, sweep_volume, {', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -250,7 +264,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "tasks", "ttt_300"):
+  for run in ("eagle1", "tasks", "volume", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -302,13 +316,14 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_t1": "Temperature 1, batch 1 (sampled children, verified with their q)",
     "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
     "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
+    "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
   }
   for arg, title in titles.items():
     path = results_dir / arg / "sweep.json"
     if path.exists():
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
-      if arg in ("sweep_nalpha", "sweep_tasks"):
+      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume"):
         out += _nalpha_table(record["runs"])
   return out
 
