@@ -28,6 +28,8 @@ EAGLE-2 at every tree budget.
 """
 
 import dataclasses
+import functools
+import types
 from collections.abc import Sequence
 
 import jax
@@ -70,42 +72,71 @@ def check_supported(drafter) -> None:
 ABSTAINED = -1  # the token of every node at a root where the drafter abstained
 
 
+def _bucket(n: int, least: int = 16) -> int:
+  """The power of two >= ``n`` (and >= ``least``) a row or a set of roots is padded to."""
+  return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
 def offline_drafts(
   target, drafter, dparams, row: Sequence[int], first_root: int
 ) -> tuple[np.ndarray, np.ndarray]:
   """``([R, N] tokens, [R, N] parents)``: the tree ``drafter`` proposes at each root
   ``first_root .. len(row) - 2`` given the text ``row`` (greedy candidates: each node's
-  top-ranked choice; ``ABSTAINED`` at every node where the drafter abstains)."""
+  top-ranked choice; ``ABSTAINED`` at every node where the drafter abstains).
+
+  The text is padded to a power-of-two length and the roots to a power-of-two count, so one
+  compiled program serves every row of a bucket: the models are causal and every drafter reads
+  the text only up to its root, so the padding changes no proposal."""
   check_supported(drafter)
-  x = jnp.asarray(row, jnp.int32)[None]
   roots = np.arange(first_root, len(row) - 1)
   tree = node_tree(drafter)
+  if not len(roots):  # a text with at most one new token: no step to replay
+    n = drafter.total if tree is None else tree.num_nodes
+    return np.zeros((0, n), np.int32), np.zeros((0, n), np.int32)
+  x = np.zeros((1, _bucket(len(row))), np.int32)
+  x[0, : len(row)] = row
+  padded = np.full(_bucket(len(roots), 1), roots[-1])
+  padded[: len(roots)] = roots
+  tokens, parents, abstain = _drafts(
+    target.params, dparams, jnp.asarray(x), jnp.asarray(padded, jnp.int32),
+    jnp.asarray(len(row), jnp.int32), cfg=target.cfg, drafter=drafter,
+  )  # fmt: skip
+  tokens, abstain = np.asarray(tokens)[: len(roots)], np.asarray(abstain)[: len(roots)]
+  tokens = np.where(abstain[:, None], ABSTAINED, tokens)
   if tree is None:  # EAGLE-2: a tree of its own at every root
-    return _eagle_tree(target, drafter, dparams, x, roots)
-  parents = np.broadcast_to(np.asarray(tree.parents), (len(roots), tree.num_nodes))
-  return _static_drafts(target, drafter, dparams, x, roots, tree), parents
+    return tokens, np.asarray(parents)[: len(roots)]
+  return tokens, np.broadcast_to(np.asarray(tree.parents), tokens.shape)
 
 
-def _static_drafts(target, drafter, dparams, x, roots, tree: Tree) -> np.ndarray:
-  row_len = x.shape[1]
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter"))
+def _drafts(tparams, dparams, x_1xS, roots_R, row_len, *, cfg, drafter):
+  """``(tokens [R, N], parents [R, N] or None, abstain [R])`` at every root, in one program."""
+  target = types.SimpleNamespace(cfg=cfg, params=tparams)
+  no_abstain = jnp.zeros(roots_R.shape, bool)
+  tree = node_tree(drafter)
+  if tree is None:
+    return (*_eagle_tree(target, drafter, dparams, x_1xS, roots_R), no_abstain)
   depth_N = np.asarray(tree.depth[1:])
   if isinstance(drafter, draft_model.DraftModel):
-    logits, _ = llama.logits_of(dparams, drafter.cfg, x)
-    argmax_S = np.asarray(jnp.argmax(logits[0], -1))
-    idx = np.minimum(roots[:, None] + depth_N[None] - 1, row_len - 1)
-    return argmax_S[idx]
+    logits, _ = llama.logits_of(dparams, drafter.cfg, x_1xS)
+    argmax_S = jnp.argmax(logits[0], -1)
+    return (
+      argmax_S[jnp.minimum(roots_R[:, None] + depth_N[None] - 1, row_len - 1)],
+      None,
+      no_abstain,
+    )
   if isinstance(drafter, medusa.Medusa):
-    _, (f,) = llama.logits_of(target.params, target.cfg, x, (llama.FINAL,))
+    _, (f,) = llama.logits_of(tparams, cfg, x_1xS, (llama.FINAL,))
     rank_N = np.asarray(medusa._ranks(tree))
-    logits_SxHxW = medusa.head_logits(dparams, f[0][roots - 1])
-    _, top = jax.lax.top_k(logits_SxHxW, int(rank_N.max()) + 1)
-    return np.asarray(dparams["vocab_ids"][top[:, depth_N - 1, rank_N]])
+    logits_RxHxW = medusa.head_logits(dparams, f[0][roots_R - 1])
+    _, top = jax.lax.top_k(logits_RxHxW, int(rank_N.max()) + 1)
+    return dparams["vocab_ids"][top[:, depth_N - 1, rank_N]], None, no_abstain
   if isinstance(drafter, eagle.Eagle):
-    return _eagle_chain(target, drafter, dparams, x, roots)
-  return _stateless(drafter, dparams, x, roots, target.cfg.vocab_size)
+    return _eagle_chain(target, drafter, dparams, x_1xS, roots_R), None, no_abstain
+  return (*_stateless(drafter, dparams, x_1xS, roots_R, cfg.vocab_size),)
 
 
-def _eagle_chain(target, drafter, p, x_1xS, roots) -> np.ndarray:
+def _eagle_chain(target, drafter, p, x_1xS, roots_R) -> jax.Array:
   """Depth j of the chain rooted at r: rollout step j from pair r - 1 (see the objective)."""
   s = x_1xS.shape[1]
   _, feats = llama.logits_of(target.params, target.cfg, x_1xS, drafter.feature_layers)
@@ -123,59 +154,53 @@ def _eagle_chain(target, drafter, p, x_1xS, roots) -> np.ndarray:
       out, k, v = eagle.rollout_layer(p, drafter.cfg, x, positions + j - 1, (k1, v1), rolled)
       rolled.append((k, v))
     picks.append(p["vocab_ids"][jnp.argmax(eagle.logits(p, out)[0], -1)])
-  return np.asarray(jnp.stack(picks, -1))[roots - 1]
+  return jnp.stack(picks, -1)[roots_R - 1]
 
 
-def _eagle_tree(target, drafter, p, x_1xS, roots) -> tuple[np.ndarray, np.ndarray]:
+def _eagle_tree(target, drafter, p, x_1xS, roots_R) -> tuple[jax.Array, jax.Array]:
   """``propose`` at every root at once: the draft cache holds the text's pairs (written by
   ``init`` from the teacher-forced features), each row cut at its root, whose own pair
   (features of ``r - 1``) is pending. Decoding has the n + 1 pairs of its last step pending
   instead, but a pair's keys and values depend only on the pair and its position, so the
   last one's output, which drafts depth 1, sees the same cache either way."""
-  if not len(roots):  # a text with at most one new token: no step to replay
-    empty = np.zeros((0, drafter.total), np.int32)
-    return empty, empty
   s = x_1xS.shape[1]
   _, feats = llama.logits_of(target.params, target.cfg, x_1xS, drafter.feature_layers)
   f_1xSxF = jnp.concatenate(feats, axis=-1)
   slots = s + drafter.depth + 1  # the catch-up writes depth + 1 slots from the root's pair
   whole = drafter.init(p, Prefill(x_1xS, jnp.asarray([s], jnp.int32), f_1xSxF, slots))
-  r = len(roots)
+  r = roots_R.shape[0]
   tile = lambda a: jnp.repeat(a, r, axis=0)  # noqa: E731
   pending = jnp.zeros((r, drafter.depth + 1, f_1xSxF.shape[-1]), f_1xSxF.dtype)
-  cache = KVCache(tuple(map(tile, whole.cache.k)), tuple(map(tile, whole.cache.v)),
-                  jnp.asarray(roots - 1, jnp.int32))  # fmt: skip
+  cache = KVCache(tuple(map(tile, whole.cache.k)), tuple(map(tile, whole.cache.v)), roots_R - 1)
   state = eagle.EagleState(
     cache=cache,
-    pending_BxD1xF=pending.at[:, 0].set(f_1xSxF[0, roots - 1]),
+    pending_BxD1xF=pending.at[:, 0].set(f_1xSxF[0, roots_R - 1]),
     count_B=jnp.ones((r,), jnp.int32),
   )
   ctx = DraftContext(
     tokens=tile(jnp.pad(x_1xS, ((0, 0), (0, slots - s)))),
-    lengths=jnp.asarray(roots, jnp.int32),
+    lengths=roots_R,
     key=jax.random.key(0),
     sampling=sampling.SamplingParams.create(temperature=0.0),
     vocab_size=target.cfg.vocab_size,
   )
   draft, _ = drafter.propose(p, state, ctx)
-  return np.asarray(draft.tokens), np.asarray(draft.parents)
+  return draft.tokens, draft.parents
 
 
-def _stateless(drafter, dparams, x_1xS, roots, vocab_size: int) -> np.ndarray:
+def _stateless(drafter, dparams, x_1xS, roots_R, vocab_size: int):
   """``propose`` at every root at once: the text repeated, one row per root."""
-  r = len(roots)
+  r = roots_R.shape[0]
   ctx = DraftContext(
     tokens=jnp.tile(x_1xS, (r, 1)),
-    lengths=jnp.asarray(roots, jnp.int32),
+    lengths=roots_R,
     key=jax.random.key(0),
     sampling=sampling.SamplingParams.create(temperature=0.0),
     vocab_size=vocab_size,
   )
   draft, _ = drafter.propose(dparams, None, ctx)
-  tokens = np.asarray(draft.tokens)
-  if draft.abstain is not None:  # an abstaining row verifies nothing: a one-token forward
-    tokens = np.where(np.asarray(draft.abstain)[:, None], ABSTAINED, tokens)
-  return tokens
+  abstain = jnp.zeros((r,), bool) if draft.abstain is None else draft.abstain
+  return draft.tokens, None, abstain
 
 
 def node_depths(parents_RxN: np.ndarray) -> np.ndarray:
