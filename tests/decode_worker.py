@@ -34,6 +34,9 @@ LAYOUTS = {
   "tensor": {"data": 1, "tensor": 8},
   "mixed": {"data": 2, "tensor": 4},
 }
+# The drafters decoded in each layout: every one where rows and heads are both split; the draft
+# model and EAGLE (the drafters with a KV cache of their own) in every layout.
+LAYOUT_DRAFTERS = {"data": ("draft_model", "eagle_tree"), "tensor": ("draft_model", "eagle_tree")}
 # The exact-distribution case in its multi-step form: vocab 6 (the tensor axis splits kv heads,
 # vocab and MLP by 2), five tokens per sample over several speculative steps, three ragged
 # prompts in every batch, a stop id.
@@ -75,6 +78,8 @@ def main(args: dict) -> dict:
     placed = placement.place(TARGET[1], llama.RULES, mesh)
     out["shards"][name] = list(placed["layers"][0]["wq"].addressable_shards[0].data.shape)
     for drafter_name, (drafter, dparams) in cases().items():
+      if drafter_name not in LAYOUT_DRAFTERS.get(name, (drafter_name,)):
+        continue
       got = run(drafter, dparams, mesh)
       out["tokens"][f"{drafter_name}/{name}"] = got.tokens
       out["tokens"][f"{drafter_name}/{name}/tau"] = got.metrics["tau"]
