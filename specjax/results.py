@@ -1,4 +1,4 @@
-"""Writing results: JSON records (atomically) and plain-text tables."""
+"""Writing results: JSON records and figures (atomically) and plain-text tables."""
 
 import json
 import os
@@ -26,6 +26,20 @@ def write_text(path: str | Path, text: str) -> Path:
   except BaseException:
     os.unlink(tmp)
     raise
+  return path
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+  """Saves a matplotlib figure (laid out tight) via a temp file and rename, then closes it."""
+  import matplotlib.pyplot as plt
+
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.tight_layout()
+  tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+  fig.savefig(tmp, dpi=dpi)
+  plt.close(fig)
+  os.replace(tmp, path)
   return path
 
 

@@ -28,6 +28,7 @@ from ml_collections import config_dict
 from configs import demo, qwen_coder_pair
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from experiments.training_free import config as training_free
+from specjax import results
 from specjax.tasks import cost_model
 
 HERE = "experiments/cost_model"
@@ -147,8 +148,7 @@ def figure(records: dict, path) -> None:
   axes[2].axhline(1, color="grey", lw=0.5)
   axes[2].set(ylabel="speedup vs AR", title="the same predicted τ on other devices")
   axes[2].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  results.save_figure(fig, path, dpi=120)
 
 
 def _grid_lines(record: dict) -> list[str]:
@@ -165,7 +165,6 @@ def _grid_lines(record: dict) -> list[str]:
       | {f"K={k}": f"{cells[k]['tau']:.2f} / {cells[k]['predicted_speedup']:.2f}x" for k in ks}
     )
   best = max(grid, key=lambda g: g["predicted_speedup"])
-  from specjax import results
 
   return [
     "Prompt lookup replayed at every K and min_ngram (all prompts pooled): τ / speedup "
@@ -184,7 +183,6 @@ def _eagle_lines(record: dict) -> list[str]:
   grid = record.get("eagle_grid") or []
   if not grid:
     return []
-  from specjax import results
 
   chips = tuple(f"{c}_speedup" for c in record["chips"])
   rows = [{"budget": f"{g['top_k']} x {g['depth']}, {g['total']} nodes"} | g for g in grid]
@@ -202,8 +200,6 @@ def _eagle_lines(record: dict) -> list[str]:
 
 def report(results_dir):
   import json
-
-  from specjax import results
 
   records = {}
   for name in ("smollm2", "qwen", "smollm2_eagle"):

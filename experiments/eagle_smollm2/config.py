@@ -34,6 +34,7 @@ from ml_collections import config_dict
 
 from configs import demo, train_tiny
 from experiments.training_free import config as training_free
+from specjax import results
 from specjax.train import objectives
 
 WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
@@ -259,8 +260,6 @@ def report(results_dir):
   """The README's results block: training, teacher-forced acceptance, the sweeps."""
   import json
 
-  from specjax import results
-
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
@@ -286,8 +285,6 @@ def report(results_dir):
 def _hit_rates(results_dir) -> list[str]:
   """``hit_rates.py``'s table: the first draft token's teacher-forced hit rate by text."""
   import json
-
-  from specjax import results
 
   path = results_dir / "hit_rates.json"
   if not path.exists():
@@ -333,7 +330,6 @@ def _ablation(results_dir) -> list[str]:
   (its train.json), then greedy decoding as 6-token chains (the ``ABLATION_SWEEPS``)."""
   import json
 
-  from specjax import results
   from specjax.tasks import sweep
 
   rows = []
@@ -392,7 +388,6 @@ def _nalpha(runs: list[dict], variant: str) -> tuple[list, list[int]]:
 def _nalpha_table(runs: list[dict]) -> list[str]:
   """Acceptance at each draft position, pooled over the prompt categories, with the number of
   steps that reached it."""
-  from specjax import results
 
   rows = []
   for v in _chains(runs):
@@ -432,16 +427,6 @@ def _nalpha_lines(ax, chains: list[tuple[list, str]]) -> None:
   ax.legend(fontsize=7)
 
 
-def _save(fig, path) -> None:
-  import matplotlib.pyplot as plt
-
-  fig.tight_layout()
-  tmp = path.with_name(f".{path.stem}.tmp.png")
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  tmp.replace(path)
-
-
 def figure(results_dir) -> bool:
   """results/figure.png: tau per prompt category per variant (batch-1 greedy sweep), and the
   chain's acceptance at each draft position (n-alpha). False when the sweep is not there."""
@@ -464,7 +449,7 @@ def figure(results_dir) -> bool:
     other = json.loads(nalpha_json.read_text())["runs"]
     chains += [(other, v) for v in _chains(other)]
   _nalpha_lines(right, chains)
-  _save(fig, results_dir / "figure.png")
+  results.save_figure(fig, results_dir / "figure.png")
   return True
 
 
@@ -483,5 +468,5 @@ def ablation_figure(results_dir, sweeps: dict) -> bool:
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
   _tau_bars(left, runs, "Ablations (300 steps): greedy tau per category, 6-token chains")
   _nalpha_lines(right, [(runs, v) for v in _chains(runs)])
-  _save(fig, results_dir / "ablation.png")
+  results.save_figure(fig, results_dir / "ablation.png")
   return True

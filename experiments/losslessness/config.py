@@ -13,6 +13,7 @@ results/losslessness.json (task=losslessness).
 from ml_collections import config_dict
 
 from configs import demo
+from specjax import results
 
 
 def get_config():
@@ -64,14 +65,11 @@ def figure(record: dict, path) -> None:
     ax.set_xticks(x, ["".join(map(str, s["seq"])) for s in seqs], rotation=90, fontsize=7)
     ax.set(title=f"{name}: χ² p = {j['pvalue']:.2f}", ylabel="probability")
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  results.save_figure(fig, path, dpi=120)
 
 
 def report(results_dir):
   import json
-
-  from specjax import results
 
   record = json.loads((results_dir / "losslessness.json").read_text())
   pairs = record["random_pairs"]

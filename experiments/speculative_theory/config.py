@@ -17,7 +17,7 @@ with the measured verify cost, and places them beside the measurements (table an
 from ml_collections import config_dict
 
 from configs import demo, qwen_coder_pair
-from specjax import theory
+from specjax import results, theory
 
 KS = tuple(range(1, 9))
 
@@ -134,15 +134,12 @@ def figure(analyses: dict, grid: dict, path) -> None:
   axes[2].set_yticks(range(len(grid["alphas"])), grid["alphas"])
   axes[2].set(xlabel="c", ylabel="α", title="speedup lost by K = round(√(α/c))")
   fig.colorbar(im, ax=axes[2])
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  results.save_figure(fig, path, dpi=120)
 
 
 def report(results_dir):
   """The README's results block (and figure.png) from results/*/sweep.json."""
   import json
-
-  from specjax import results
 
   out = ["Formulas (no measurement): E[tokens per step] and the best K at c = 0.05.", ""]
   cols = ("alpha", "E[K=1]", "E[K=2]", "E[K=4]", "E[K=8]", "best K (c=0.05)", "speedup")

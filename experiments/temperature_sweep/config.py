@@ -19,6 +19,7 @@ from ml_collections import config_dict
 from configs import demo
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from experiments.training_free import config as training_free
+from specjax import results
 
 HERE = "experiments/temperature_sweep"
 TEMPERATURES = (0.0, 0.5, 1.0, 1.5)
@@ -103,14 +104,11 @@ def figure(table: list[dict], path) -> None:
     ax.set(xlabel="temperature", ylabel=label)
   axes[2].axhline(1, color="grey", lw=0.5)
   axes[0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  results.save_figure(fig, path, dpi=120)
 
 
 def report(results_dir):
   import json
-
-  from specjax import results
 
   record = json.loads((results_dir / "sweep.json").read_text())
   table = rows(record)
