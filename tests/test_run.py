@@ -3,13 +3,18 @@
 import json
 import subprocess
 import sys
+import types
 
+import jax
+import numpy as np
 import pytest
 from ml_collections import config_dict
 
 from configs import tiny
 from experiments.eagle_smollm2 import config as eagle_smollm2
+from experiments.medusa_smollm2 import config as medusa_smollm2
 from specjax import build, report
+from specjax.models import llama
 from specjax.tasks import benchmark, feature_cost, max_len, sweep, timing
 
 
@@ -54,6 +59,41 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
   c.sweep.temperatures = (0.0, -1.0)
   with pytest.raises(ValueError, match="sweep.temperatures"):
     sweep.run(c)
+
+
+def test_sweep_variant_sets_its_own_verifier_and_log_likelihood_is_recorded(small_config, tmp_path):
+  """A variant's ``verifier``/``typical`` keys reach its decode only: typical acceptance with a
+  bar near 0 keeps every draft token, the lossless variant of the same drafter does not;
+  ``sweep.log_likelihood`` records the target's mean log-probability per token."""
+  c = small_config
+  c.update(output_dir=str(tmp_path), temperature=1.0)
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes = (2,)
+  c.sweep.verify_sizes = ()
+  c.sweep.categories = {"random": ((5, 9, 11), (3, 1))}
+  draft = {"name": "draft_model"}
+  c.sweep.variants = {
+    "lossless": draft,
+    "typical": draft | {"verifier": "typical", "typical": {"epsilon": 1e-9, "delta": 1e-9}},
+  }
+  c.sweep.log_likelihood = True
+  runs = {r["variant"]: r for r in sweep.run(c)["runs"]}
+  assert runs["typical"]["alpha"] == [1.0, 1.0]
+  assert runs["lossless"]["alpha"] != [1.0, 1.0]  # the same drafter, verified losslessly
+  assert all(-np.log(64) * 3 < r["log_likelihood"] < 0 for r in runs.values())
+
+
+def test_log_likelihood_is_the_unpadded_teacher_forced_sum(small_target):
+  cfg, params = small_target
+  target = types.SimpleNamespace(cfg=cfg, params=params)
+  rows = [([1, 2, 3], [4, 5]), ([7], [8, 9, 10, 11])]
+  want = []
+  for prompt, new in rows:
+    text = np.asarray([prompt + new])
+    logp = jax.nn.log_softmax(llama.logits_of(params, cfg, text)[0][0])
+    want += [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(new)]
+  got = sweep.log_likelihood(target, rows, length=16)
+  assert got == pytest.approx(np.mean(want), rel=1e-5)
 
 
 def test_benchmark_writes_json_record(small_config, tmp_path, capsys):
@@ -190,12 +230,13 @@ def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
   import time
 
   cmd = [sys.executable, "-m", "specjax.run", "--config=configs/demo.py",
-         f"--config.output_dir={tmp_path}"]  # fmt: skip
+         f"--config.output_dir={tmp_path}",
+         "--config.drafter.prompt_lookup.num_draft=4"]  # fmt: skip  # no step timing first
   proc = subprocess.Popen(
     cmd, cwd=request.config.rootpath, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
   )
   out = ""
-  deadline = time.monotonic() + 240  # loading, timing forwards for num_draft=auto
+  deadline = time.monotonic() + 240  # loading the model
   while "compiling" not in out and time.monotonic() < deadline:  # the demo says what compiles
     line = proc.stdout.readline()
     assert line, f"the demo ended before compiling: {out[-500:]}"
@@ -297,7 +338,7 @@ EXPERIMENT_VARIANTS = {
   "attention_window": [None],
   "feature_cost": [None],
   "training_free": ["b1", "b4"],
-  "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", "sweep_b1", "sweep_b4"],
+  "medusa_smollm2": [None, "self_distilled", "tree", "benchmark", *medusa_smollm2.SWEEPS],
   "medusa_qwen_coder": [None],
   "eagle_qwen_coder": [None, "eagle3"],
   "eagle_smollm2": [

@@ -9,6 +9,8 @@
     cp -r results/medusa_smollm2_sd/draft_final experiments/medusa_smollm2/heads
     python -m specjax.run --config=$C:tree                          # 3. grow the tree, save it
     python -m specjax.run --config=$C:sweep_b1                      # 4. decode vs AR
+    python -m specjax.run --config=$C:sweep_b4                      #    batch 4
+    python -m specjax.run --config=$C:typical                       # 5. typical vs lossless
     python -m specjax.report experiments/medusa_smollm2
 
 1. Medusa-1 (target frozen): four heads, one residual layer each, on the target's shared
@@ -24,7 +26,10 @@
    heads' medusa.json (results/medusa_tree.json).
 4. ``task=sweep``: the prompt categories of ``experiments/training_free`` (none in the training
    text), AR vs Medusa as a chain, a dense tree and the data-built tree, greedy, one process;
-   tau, target calls per token, speedup, texts checked equal to AR's (results/sweep_b1/).
+   tau, target calls per token, speedup, texts checked equal to AR's (results/sweep_b1/);
+   ``:sweep_b4`` at batch 4.
+5. ``:typical``: Medusa's typical acceptance for several epsilon against lossless sampling at
+   temperature 0.7: tau, speedup and the target's log-likelihood of each output.
 """
 
 import json
@@ -34,6 +39,7 @@ from ml_collections import config_dict
 
 from configs import demo, train_tiny
 from experiments.training_free import config as training_free
+from specjax import results
 from specjax.train import objectives
 from specjax.trees import Tree
 
@@ -45,6 +51,7 @@ HEADS = f"{HERE}/heads"  # committed copy of WORKDIR_SD/draft_final: the heads d
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 RESULTS = f"{HERE}/results"
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+SWEEPS = ("sweep_b1", "sweep_b4", "typical")  # task=sweep variants of get_config
 
 
 def variants() -> dict:
@@ -64,6 +71,27 @@ def variants() -> dict:
     paths = tuple(tuple(p) for p in Tree(tuple(parents)).choices())
     out["medusa_sparse_16"] = {"name": "medusa", "medusa": fixed | {"tree_paths": paths}}
   return out | {"lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}}}
+
+
+TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.3)  # Medusa's default is 0.09 (with delta 0.3)
+
+
+def typical_variants() -> dict:
+  """``:typical``'s variants on the data-built 16-node tree: lossless with children sampled from
+  the heads (verified with their q) and with the heads' top-k candidates, and Medusa's typical
+  acceptance (lossy; top-k candidates as in Medusa, delta = sqrt(epsilon): Medusa's 0.09/0.3
+  pairing) for each epsilon."""
+  tree = variants()["medusa_sparse_16"]["medusa"]
+  out = {
+    "lossless_sampled": {"name": "medusa", "medusa": tree | {"candidates": "sampled"}},
+    "lossless_top_k": {"name": "medusa", "medusa": tree | {"candidates": "top_k"}},
+  }
+  for eps in TYPICAL_EPSILONS:
+    out[f"typical_{eps:g}".replace(".", "_")] = out["lossless_top_k"] | {
+      "verifier": "typical",
+      "typical": {"epsilon": eps, "delta": round(eps**0.5, 4)},
+    }
+  return out
 
 
 def get_config(arg: str | None = None):
@@ -128,21 +156,25 @@ def get_config(arg: str | None = None):
     c.task = "benchmark"
     c.output_dir = f"{RESULTS}/benchmark"
     c.drafter.medusa.path = HEADS
-  elif arg in ("sweep_b1", "sweep_b4"):
+  elif arg in SWEEPS:
     c.task = "sweep"
     c.output_dir = f"{RESULTS}/{arg}"
     c.prompts = training_free.CATEGORIES["chat"]
     c.max_new_tokens = 64
     c.max_len = 384
     c.sweep = config_dict.ConfigDict()
-    c.sweep.batch_sizes = (1,) if arg == "sweep_b1" else (4,)
+    c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
     c.sweep.variants = variants()
+    if arg == "typical":  # Medusa's lossy rule against lossless sampling, at T = 0.7
+      c.temperature = 0.7
+      c.sweep.variants = typical_variants()
+      c.sweep.log_likelihood = True
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, tree, "
-      "benchmark, sweep_b1 or sweep_b4."
+      f"benchmark or one of {', '.join(SWEEPS)}."
     )
   return c
 
@@ -151,7 +183,6 @@ def report(results_dir):
   """The README's results block: training, per-head accuracy, tree budgets, sweeps."""
   import json
 
-  from specjax import results
   from specjax.tasks import sweep
 
   out = []
@@ -193,14 +224,22 @@ def report(results_dir):
     cols = ("nodes", "depth", "expected_tau", "verify_cost", "predicted_speedup")
     out += [results.markdown_table(record["budgets"], cols), ""]
     out += [f"Chosen: {record['chosen']} nodes.", ""]
-  for arg in ("sweep_b1", "sweep_b4"):
+  for arg, title in SWEEP_TITLES.items():
     path = results_dir / arg / "sweep.json"
     if not path.exists():
       continue
+    out += [f"## {title}", ""]
+    if arg == "typical" and typical_figure(results_dir):
+      out += ["![tau against the target's log-likelihood](results/typical.png)", ""]
     out += [sweep.markdown(json.loads(path.read_text()))]
   return "\n".join(out)
 
 
+SWEEP_TITLES = {
+  "sweep_b1": "Greedy, batch 1",
+  "sweep_b4": "Greedy, batch 4",
+  "typical": "Typical acceptance (lossy) vs lossless sampling at temperature 0.7",
+}
 PAPER_TOP1_TOP5 = ((0.56, 0.78), (0.32, 0.56), (0.20, 0.42), (0.15, 0.34))  # Vicuna-7B, heads 1-4
 
 
@@ -243,10 +282,32 @@ def figure(results_dir) -> bool:
   right.set_xticklabels(categories)
   right.set_title("Greedy tau per prompt category, batch 1")
   right.legend(fontsize=7)
-  fig.tight_layout()
-  path = results_dir / "figure.png"
-  tmp = path.with_name(".figure.tmp.png")
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  tmp.replace(path)
+  results.save_figure(fig, results_dir / "figure.png")
+  return True
+
+
+def typical_figure(results_dir) -> bool:
+  """results/typical.png: mean tau against the mean log-likelihood per token of each
+  ``:typical`` variant's outputs (and AR's). False when the JSON is not there yet."""
+  import json
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  path = results_dir / "typical" / "sweep.json"
+  if not path.exists():
+    return False
+  summary = json.loads(path.read_text())["summary"]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for row in summary:
+    v = row["variant"]
+    marker = "s" if v.startswith("typical") else "o"
+    ax.plot(row["mean_log_likelihood"], row["mean_tau"], marker, label=v)
+    ax.annotate(v, (row["mean_log_likelihood"], row["mean_tau"]), fontsize=7,
+                xytext=(4, 2), textcoords="offset points")  # fmt: skip
+  ax.set(xlabel="target log-likelihood per token (nats)", ylabel="tau (tokens per target call)")
+  ax.set_title("Temperature 0.7: typical acceptance (lossy) vs lossless", fontsize=10)
+  results.save_figure(fig, results_dir / "typical.png")
   return True

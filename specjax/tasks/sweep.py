@@ -10,17 +10,23 @@ done once to compile and ``benchmark.repeats`` more times; the median is the ste
 Speedups are ratios of times measured in this process. Greedy runs also check that every
 variant's text equals AR's. Writes ``sweep.json`` (every measurement) and prints one table.
 All modes of a category are compiled first and their timed passes interleaved, so a change of
-machine load during the run hits AR and the drafters alike.
+machine load during the run hits AR and the drafters alike. A variant may set its own verifier
+(``{"verifier": "typical", "typical": {"epsilon": ...}, ...}``: Medusa's lossy rule beside the
+lossless one); ``sweep.log_likelihood`` adds each run's mean log-probability per new token under
+the target (temperature 1, teacher-forced, untimed): the quality side of a lossy verifier.
 """
 
 import copy
+import functools
 
 import jax
 import ml_collections
+import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, metrics, results
 from specjax.decode import generate
+from specjax.models import llama
 from specjax.tasks import timing
 from specjax.tasks.benchmark import machine
 
@@ -36,10 +42,19 @@ COLUMNS = (
 )
 
 
+# Variant keys that set the verifier (top-level config) rather than the drafter.
+VERIFIER_KEYS = ("verifier", "typical")
+
+
 def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
+  """``config`` with a variant's overrides: ``verifier``/``typical`` at the top level (e.g.
+  Medusa's typical acceptance for one variant), every other key under ``config.drafter``."""
   c = copy.deepcopy(config)
+  overrides = dict(overrides)
+  top = {k: overrides.pop(k) for k in VERIFIER_KEYS if k in overrides}
   with c.unlocked():
     c.drafter.update(overrides)
+    c.update(top)
   return c
 
 
@@ -62,6 +77,30 @@ def run(config: ml_collections.ConfigDict) -> dict:
   drafters = {name: build.drafter(c, target) for name, c in variants.items()}
   record, _ = measure(config, target, drafters)
   return record
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _log_probs(params, tokens_BxT, *, cfg):
+  return jax.nn.log_softmax(llama.logits_of(params, cfg, tokens_BxT)[0])
+
+
+def log_likelihood(target, rows, length: int) -> float:
+  """Mean log-probability per new token that the target gives ``rows`` (``(prompt ids, new
+  ids)``) at temperature 1, teacher-forced: one forward per row, each padded to ``length`` so
+  that one program serves every row (causal: the padding after a row changes nothing)."""
+  total, count = 0.0, 0
+  for prompt, new in rows:
+    if not new:
+      continue
+    text = list(prompt) + list(new)
+    if len(text) > length:
+      raise ValueError(f"a row of {len(text)} tokens does not fit length={length}.")
+    x = np.asarray([text + [0] * (length - len(text))], np.int32)
+    logp_TxV = _log_probs(target.params, x, cfg=target.cfg)[0]
+    at = np.arange(len(prompt) - 1, len(text) - 1)
+    total += float(np.asarray(logp_TxV)[at, new].sum())
+    count += len(new)
+  return total / max(count, 1)
 
 
 def _jobs(config) -> list[tuple]:
@@ -105,7 +144,10 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
   """Decodes and times every job; returns the record (also written as ``sweep.json``) and the
   AR rows per ``(temperature, batch, category)``: ``(prompt ids, new ids)`` for every row."""
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
-  verifier = build.verifier(config)
+  verifiers = {
+    name: build.verifier(_variant_config(config, dict(config.sweep.variants.get(name, {}))))
+    for name in drafters
+  }
   ar_rows = {}
   record = {"config": config.to_dict(), "machine": machine(), "runs": []}
   if config.sweep.verify_sizes:
@@ -117,8 +159,8 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
     kw = req.generate_kwargs()
     modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
     for name, (d, dp) in drafters.items():
-      modes[name] = lambda b, d=d, dp=dp, kw=kw: generate(
-        target.params, target.cfg, b, drafter=d, drafter_params=dp, verifier=verifier, **kw
+      modes[name] = lambda b, d=d, dp=dp, v=verifiers[name], kw=kw: generate(
+        target.params, target.cfg, b, drafter=d, drafter_params=dp, verifier=v, **kw
       )
     if config.sweep.get("draft_ar"):  # the draft model alone, as AR: its cost ratio c
       d, dp = drafters[config.sweep.draft_ar]
@@ -135,6 +177,8 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
       run_ = {"temperature": temperature, "batch": batch_size, "category": category}
       run_ |= {"variant": mode} | m | t
       run_["tokens_per_s"] = m["tokens"] / t["steady_s"]
+      if config.sweep.get("log_likelihood"):
+        run_["log_likelihood"] = log_likelihood(target, _rows(req.batches(), outs), req.max_len)
       record["runs"].append(run_)
       tqdm.write(
         f"  T={temperature:g} B={batch_size} {category} {mode}: tau {m['tau']:.2f}, "
@@ -153,6 +197,7 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
     jax.clear_caches()
   print(results.table(rows, COLUMNS))
   cols = ("batch", "variant", "mean_speedup", "mean_tau")
+  cols += ("mean_log_likelihood",) if config.sweep.get("log_likelihood") else ()
   print(
     results.table(record["summary"], (("temperature",) if len(temperatures) > 1 else ()) + cols)
   )
@@ -162,13 +207,24 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
 
 
 def markdown(record: dict) -> str:
-  """A sweep record as Markdown: the per-variant means, then every run, then the verify cost
-  if it was timed (what experiment READMEs show)."""
-  out = [f"### Batch {record['runs'][0]['batch']}", ""]
-  out += [results.markdown_table(record["summary"], ("variant", "mean_tau", "mean_speedup")), ""]
-  rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]
-  cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup", "identical")
-  out += [results.markdown_table(rows, cols), ""]
+  """A sweep record as Markdown, per batch size (and temperature, when it ran several): the
+  per-variant means, then every run; then the verify cost if it was timed (what experiment
+  READMEs show)."""
+  runs, out = record["runs"], []
+  key = lambda r: (r.get("temperature", 0.0), r["batch"])  # noqa: E731
+  keys = sorted({key(r) for r in runs})
+  several_temperatures = len({t for t, _ in keys}) > 1
+  loglik = ("log_likelihood",) if "log_likelihood" in runs[0] else ()
+  for temp, b in keys:
+    out += [f"### Batch {b}" + (f", temperature {temp:g}" if several_temperatures else ""), ""]
+    summary = [s for s in record["summary"] if key(s) == (temp, b)]
+    cols = ("variant", "mean_tau", "mean_speedup") + tuple(f"mean_{c}" for c in loglik)
+    out += [results.markdown_table(summary, cols), ""]
+    rows = [
+      r | {"calls_per_token": r["target_calls_per_token"]} for r in runs if key(r) == (temp, b)
+    ]
+    cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup")
+    out += [results.markdown_table(rows, cols + loglik + ("identical",)), ""]
   if record.get("verify_cost"):
     out += ["Verify cost (one target forward over T tokens, batch 1):", ""]
     out += [results.markdown_table(record["verify_cost"], ("tokens", "ms", "vs_1_token")), ""]
@@ -176,21 +232,19 @@ def markdown(record: dict) -> str:
 
 
 def _summary(runs: list[dict]) -> list[dict]:
-  """Per temperature, batch size and variant: the mean over categories of speedup and tau."""
+  """Per temperature, batch size and variant: the mean over categories of speedup and tau (and
+  of the log-likelihood, when it was measured)."""
   out = []
   key = lambda r: (r.get("temperature", 0.0), r["batch"], r["variant"])  # noqa: E731
-  keys = sorted({key(r) for r in runs}, key=lambda k: (k[0], k[1], k[2] != "ar"))
+  # AR first, then the variants in the order they ran (a set's order would vary by process).
+  keys = sorted(dict.fromkeys(map(key, runs)), key=lambda k: (k[0], k[1], k[2] != "ar"))
   for temp, b, v in keys:
     sel = [r for r in runs if key(r) == (temp, b, v)]
-    out.append(
-      {
-        "temperature": temp,
-        "batch": b,
-        "variant": v,
-        "mean_speedup": sum(r["speedup"] for r in sel) / len(sel),
-        "mean_tau": sum(r["tau"] for r in sel) / len(sel),
-      }
-    )
+    row = {"temperature": temp, "batch": b, "variant": v}
+    for name in ("speedup", "tau", "log_likelihood"):
+      if name in sel[0]:
+        row[f"mean_{name}"] = sum(r[name] for r in sel) / len(sel)
+    out.append(row)
   return out
 
 
