@@ -421,9 +421,15 @@ class Generation:
   local_rows: list[int] | None = None  # on a multi-process mesh: the rows this process holds
 
 
+def bucket(n: int, least: int = 16) -> int:
+  """The power of two >= ``n`` (and >= ``least``): a padded size many inputs share, so that
+  they share one compiled program."""
+  return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
 def prompt_width(longest: int, max_len: int) -> int:
   """Prompts are padded to a power-of-two bucket (>= 16) so most batches share one compile."""
-  return min(max_len, max(16, 1 << (max(longest, 1) - 1).bit_length()))
+  return min(max_len, bucket(longest))
 
 
 def generate(

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, trees
+from specjax import decode, sampling, trees
 from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
 from specjax.drafters.base import DraftContext, Prefill
 from specjax.models import llama
@@ -72,11 +72,6 @@ def check_supported(drafter) -> None:
 ABSTAINED = -1  # the token of every node at a root where the drafter abstained
 
 
-def _bucket(n: int, least: int = 16) -> int:
-  """The power of two >= ``n`` (and >= ``least``) a row or a set of roots is padded to."""
-  return max(least, 1 << (max(n, 1) - 1).bit_length())
-
-
 def offline_drafts(
   target, drafter, dparams, row: Sequence[int], first_root: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -93,9 +88,9 @@ def offline_drafts(
   if not len(roots):  # a text with at most one new token: no step to replay
     n = drafter.total if tree is None else tree.num_nodes
     return np.zeros((0, n), np.int32), np.zeros((0, n), np.int32)
-  x = np.zeros((1, _bucket(len(row))), np.int32)
+  x = np.zeros((1, decode.bucket(len(row))), np.int32)
   x[0, : len(row)] = row
-  padded = np.full(_bucket(len(roots), 1), roots[-1])
+  padded = np.full(decode.bucket(len(roots), 1), roots[-1])
   padded[: len(roots)] = roots
   tokens, parents, abstain = _drafts(
     target.params, dparams, jnp.asarray(x), jnp.asarray(padded, jnp.int32),
@@ -133,7 +128,7 @@ def _drafts(tparams, dparams, x_1xS, roots_R, row_len, *, cfg, drafter):
     return dparams["vocab_ids"][top[:, depth_N - 1, rank_N]], None, no_abstain
   if isinstance(drafter, eagle.Eagle):
     return _eagle_chain(target, drafter, dparams, x_1xS, roots_R), None, no_abstain
-  return (*_stateless(drafter, dparams, x_1xS, roots_R, cfg.vocab_size),)
+  return _stateless(drafter, dparams, x_1xS, roots_R, cfg.vocab_size)
 
 
 def _eagle_chain(target, drafter, p, x_1xS, roots_R) -> jax.Array:
