@@ -11,6 +11,7 @@
     python -m specjax.run --config=$C:sweep_b1                      # 4. decode vs AR
     python -m specjax.run --config=$C:sweep_b4                      #    batch 4
     python -m specjax.run --config=$C:typical                       # 5. typical vs lossless
+    python -m specjax.run --config=$C:sweep_t1                      # 6. temperature 1, batch 1, 4
     python -m specjax.report experiments/medusa_smollm2
 
 1. Medusa-1 (target frozen): four heads, one residual layer each, on the target's shared
@@ -30,6 +31,8 @@
    ``:sweep_b4`` at batch 4.
 5. ``:typical``: Medusa's typical acceptance for several epsilon against lossless sampling at
    temperature 0.7: tau, speedup and the target's log-likelihood of each output.
+6. ``:sweep_t1``: step 4 at temperature 1, batch 1 and 4 (children sampled from the heads and
+   verified with their q; prompt lookup's guesses verified as one-hot proposals).
 """
 
 import json
@@ -51,7 +54,7 @@ HEADS = f"{HERE}/heads"  # committed copy of WORKDIR_SD/draft_final: the heads d
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 RESULTS = f"{HERE}/results"
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
-SWEEPS = ("sweep_b1", "sweep_b4", "typical")  # task=sweep variants of get_config
+SWEEPS = ("sweep_b1", "sweep_b4", "typical", "sweep_t1")  # task=sweep variants of get_config
 
 
 def variants() -> dict:
@@ -163,10 +166,13 @@ def get_config(arg: str | None = None):
     c.max_new_tokens = 64
     c.max_len = 384
     c.sweep = config_dict.ConfigDict()
-    c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
+    c.sweep.batch_sizes = {"sweep_b4": (4,), "sweep_t1": (1, 4)}.get(arg, (1,))
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
     c.sweep.variants = variants()
+    if arg == "sweep_t1":  # lossless; the dense tree (slowest greedy) is left out
+      c.temperature = 1.0
+      c.sweep.variants = {k: v for k, v in variants().items() if k != "medusa_dense_16"}
     if arg == "typical":  # Medusa's lossy rule against lossless sampling, at T = 0.7
       c.temperature = 0.7
       c.sweep.variants = typical_variants()
@@ -239,6 +245,7 @@ SWEEP_TITLES = {
   "sweep_b1": "Greedy, batch 1",
   "sweep_b4": "Greedy, batch 4",
   "typical": "Typical acceptance (lossy) vs lossless sampling at temperature 0.7",
+  "sweep_t1": "Temperature 1, batch 1 and 4 (lossless: sampled children verified with their q)",
 }
 PAPER_TOP1_TOP5 = ((0.56, 0.78), (0.32, 0.56), (0.20, 0.42), (0.15, 0.34))  # Vicuna-7B, heads 1-4
 
