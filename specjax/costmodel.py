@@ -83,9 +83,10 @@ def step_work(drafter) -> tuple[Forward, ...]:
   if isinstance(drafter, medusa.Medusa):
     return (Forward("medusa", 1), verify)
   if isinstance(drafter, eagle.Eagle):  # the catch-up (its head on the last pair), then level
-    # d's forward over the d x top_k nodes expanded so far (its head on the newest top_k)
+    # d's forward over the d x top_k nodes expanded so far (its head on the newest top_k); a
+    # lookup branch adds its nodes to the verify (its n-gram search, ~0.1 ms, is not priced)
     levels = tuple(Forward("eagle_level", d * drafter.top_k) for d in range(1, drafter.depth))
-    return (Forward("eagle", drafter.depth + 1),) + levels + (verify,)
+    return (Forward("eagle", drafter.num_draft + 1),) + levels + (verify,)
   raise ValueError(f"drafter {drafter.name!r} has no step cost model (known: prompt_lookup, "
                    "draft_model, medusa, eagle).")  # fmt: skip
 
@@ -205,11 +206,19 @@ def llama_forward_seconds(
   return {m: {t: statistics.median(times[m, t]) for t in sizes} for m in masks}
 
 
-def target_seconds(target, sizes, context: int, num_slots: int, repeats: int) -> dict:
-  """``{"target": {T: s}, "target_tree": {T: s}}``: the target's verify forwards, timed."""
+TARGET_PARTS = {"causal": "target", "tree": "target_tree"}  # mask -> step_work's model name
+
+
+def target_seconds(
+  target, sizes, context: int, num_slots: int, repeats: int, masks=("causal", "tree")
+) -> dict:
+  """``{"target": {T: s}, "target_tree": {T: s}}``: the target's verify forwards, timed under
+  each of ``masks``. ``"target"`` always holds T = 1 (an AR step: one token, no tree)."""
   by_mask = llama_forward_seconds(target.params, target.cfg, sorted(sizes), context, repeats,
-                                  num_slots, ("causal", "tree"))  # fmt: skip
-  return {"target": by_mask["causal"], "target_tree": by_mask["tree"]}
+                                  num_slots, tuple(masks))  # fmt: skip
+  out = {TARGET_PARTS[m]: by_mask[m] for m in masks}
+  out.setdefault("target", {1: by_mask[masks[0]][1]})
+  return out
 
 
 def drafter_seconds(
@@ -325,7 +334,7 @@ def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> P
   """This machine's profile for ``drafter``: the target's forwards over ``sizes`` tokens and
   the drafter's own, timed here, and the per-step overhead (a short AR decode minus one
   forward)."""
-  target_s, overhead = _machine_target(config, target, sizes, repeats)
+  target_s, overhead = _machine_target(config, target, sizes, repeats, drafter)
   parts = drafter_seconds(drafter, dparams, target.cfg, _context(config), repeats)
   return measured("this machine", target_s, parts, overhead)
 
@@ -334,12 +343,14 @@ def _context(config) -> int:
   return min(128, config.max_len // 2)
 
 
-def _machine_target(config, target, sizes, repeats: int) -> tuple[dict, float]:
-  """The target's forwards over ``sizes`` tokens timed here (``target_seconds``) and the
-  decode loop's per-step overhead beyond one forward."""
+def _machine_target(config, target, sizes, repeats: int, drafter) -> tuple[dict, float]:
+  """The target's forwards over ``sizes`` tokens timed here (``target_seconds``), under the
+  one mask ``drafter`` verifies with, and the decode loop's per-step overhead beyond one
+  forward."""
   context = _context(config)
   slots = config.max_len + max(sizes)
-  target_s = target_seconds(target, {1, *sizes}, context, slots, repeats)
+  masks = ("tree",) if verifies_tree(drafter) else ("causal",)
+  target_s = target_seconds(target, {1, *sizes}, context, slots, repeats, masks)
   step = ar_step_seconds(config, target, context)
   return target_s, max(step - target_s["target"][1], 0.0)
 
@@ -488,7 +499,7 @@ def auto_eagle(config, target, drafter, dparams, repeats: int = 5):
   budgets = [(g["top_k"], g["depth"], g["total"]) for g in grid]
   sizes = sorted({n + 1 for _, _, n in budgets})
   print(f"eagle total=auto: timing {len(budgets)} tree budgets' forwards here ...")
-  target_s, overhead = _machine_target(config, target, sizes, repeats)
+  target_s, overhead = _machine_target(config, target, sizes, repeats, drafter)
   profiles = eagle_profiles(target_s, overhead, drafter, dparams, target.cfg, budgets,
                             _context(config), repeats)  # fmt: skip
 

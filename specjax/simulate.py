@@ -13,8 +13,9 @@ the context the drafter sees *is* the text:
   time test's forward, whose step j is exactly what decoding computes for depth j);
 - EAGLE-2 dynamic trees: the drafter's own ``propose``, one row per root, over a draft cache
   of the text's pairs (the teacher-forced features) cut at the root: what decoding's cache holds
-  there. The tree's shape depends on draft scores off the accepted path, but only the
-  drafter's, never the target's, so it too is a function of the text;
+  there, with its lookup branch if it has one (lookup reads the text up to the root). The
+  tree's shape depends on draft scores off the accepted path, but only the drafter's, never
+  the target's, so it too is a function of the text;
 - stateless drafters (prompt lookup): ``propose`` itself, once per root.
 
 ``offline_drafts`` returns those proposals with each root's tree (``parents``: the same for
@@ -45,7 +46,7 @@ from specjax.trees import Tree
 
 
 def _eagle_is_chain(drafter) -> bool:
-  return drafter.top_k == 1 and drafter.total == drafter.depth
+  return drafter.top_k == 1 and drafter.total == drafter.depth and drafter.lookup is None
 
 
 def node_tree(drafter) -> Tree | None:
@@ -86,7 +87,7 @@ def offline_drafts(
   roots = np.arange(first_root, len(row) - 1)
   tree = node_tree(drafter)
   if not len(roots):  # a text with at most one new token: no step to replay
-    n = drafter.total if tree is None else tree.num_nodes
+    n = drafter.num_nodes if tree is None else tree.num_nodes
     return np.zeros((0, n), np.int32), np.zeros((0, n), np.int32)
   x = np.zeros((1, decode.bucket(len(row))), np.int32)
   x[0, : len(row)] = row
@@ -161,11 +162,11 @@ def _eagle_tree(target, drafter, p, x_1xS, roots_R) -> tuple[jax.Array, jax.Arra
   s = x_1xS.shape[1]
   _, feats = llama.logits_of(target.params, target.cfg, x_1xS, drafter.feature_layers)
   f_1xSxF = jnp.concatenate(feats, axis=-1)
-  slots = s + drafter.depth + 1  # the catch-up writes depth + 1 slots from the root's pair
+  slots = s + drafter.num_draft + 1  # the catch-up writes D + 1 slots from the root's pair
   whole = drafter.init(p, Prefill(x_1xS, jnp.asarray([s], jnp.int32), f_1xSxF, slots))
   r = roots_R.shape[0]
   tile = lambda a: jnp.repeat(a, r, axis=0)  # noqa: E731
-  pending = jnp.zeros((r, drafter.depth + 1, f_1xSxF.shape[-1]), f_1xSxF.dtype)
+  pending = jnp.zeros((r, drafter.num_draft + 1, f_1xSxF.shape[-1]), f_1xSxF.dtype)
   cache = KVCache(tuple(map(tile, whole.cache.k)), tuple(map(tile, whole.cache.v)), roots_R - 1)
   state = eagle.EagleState(
     cache=cache,

@@ -16,6 +16,7 @@ import numpy as np
 from specjax import sampling, trees, verify
 from specjax.decode import generate
 from specjax.drafters.base import Draft, Drafter, Prefill, Stateless, Verdict, WithFeatures
+from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.exact import chi2_pvalue, sequence_distribution
 
 # --- The exact-distribution check -------------------------------------------------------------
@@ -241,16 +242,19 @@ def medusa_drafter(
 
 def eagle_drafter(
   target, top_k=2, depth=2, total=3, vocab_ids=None, sampled=True, seed=0, features=("final",),
+  lookup=0,
 ):  # fmt: skip
   """An EAGLE drafter with a random layer over the ``target`` (cfg, params) pair and its params
-  (``vocab_ids``: a reduced draft vocabulary)."""
+  (``vocab_ids``: a reduced draft vocabulary; ``lookup``: a lookup branch of that many tokens,
+  from 1-gram matches)."""
   from specjax.drafters import eagle
 
   tcfg, tparams = target
   ids = np.arange(tcfg.vocab_size) if vocab_ids is None else np.asarray(vocab_ids)
   cfg = eagle.EagleConfig(tcfg, tuple(features), 0 if vocab_ids is None else len(ids))
   params = eagle.init_params(cfg, jax.random.key(seed), tparams, ids)
-  return eagle.Eagle(cfg, top_k, depth, total, sampled), params
+  branch = PromptLookup(lookup, abstain=False) if lookup else None
+  return eagle.Eagle(cfg, top_k, depth, total, sampled, branch), params
 
 
 def rerank_by_own_q(drafter, params):
@@ -267,4 +271,28 @@ def rerank_by_own_q(drafter, params):
       return tok, jnp.where(sp.temperature <= 0, score, own), q
 
   d = drafter
-  return OwnScore(d.cfg, d.top_k, d.depth, d.total, d.sampled), params
+  return OwnScore(d.cfg, d.top_k, d.depth, d.total, d.sampled, d.lookup), params
+
+
+def lookup_first(drafter, params):
+  """Wrong: EAGLE's sampled tree with its lookup branch moved in front of the sampled
+  children. The verifier removes a rejected child's token from the next siblings' q, which is
+  right for children drawn without replacement from that q, but the lookup guess was not drawn
+  from it: after a rejected guess the children are verified against a q they were not drawn
+  from."""
+  from specjax.drafters import eagle
+
+  @dataclasses.dataclass(frozen=True)
+  class LookupFirst(eagle.Eagle):
+    def _with_lookup(self, draft, ctx):
+      d = super()._with_lookup(draft, ctx)
+      n, k = self.total, self.num_lookup
+      order = np.concatenate([n + np.arange(k), np.arange(n)])  # new node i <- old order[i]
+      new_id = np.zeros(n + k + 1, np.int32)
+      new_id[order + 1] = np.arange(1, n + k + 1)
+      parents = jnp.asarray(new_id)[d.parents[:, order]]
+      probs = None if d.probs is None else d.probs[:, order]
+      return Draft(tokens=d.tokens[:, order], probs=probs, parents=parents)
+
+  d = drafter
+  return LookupFirst(d.cfg, d.top_k, d.depth, d.total, d.sampled, d.lookup), params

@@ -187,6 +187,32 @@ def test_greedy_equals_autoregressive(small_target, sampled, vocab_ids):
   assert out.tokens == ar.tokens
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["top_k", "sampled"])
+def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sampled):
+  """The lookup guess follows EAGLE's nodes as a chain from the root (longer than EAGLE's depth
+  here, so it sets the step's depth); batch 4, ragged prompts, a stop id: the tokens are AR's,
+  and on prompts that repeat themselves the branch is accepted."""
+  cfg, params = small_target
+  drafter, dparams = testing.eagle_drafter(small_target, 2, 2, 3, sampled=sampled, lookup=4)
+  assert (drafter.num_nodes, drafter.num_draft) == (7, 4)
+  prompt = [7, 8, 9, 10, 11, 7, 8, 9]  # a 3-gram match: lookup guesses 10, 11, 7, 8
+  state, ctx = _state_after_prompt(drafter, dparams, small_target, prompt[:-1], prompt[-1])
+  draft, _ = drafter.propose(dparams, state, ctx)
+  assert draft.tokens[0, 3:].tolist() == [10, 11, 7, 8]
+  assert draft.parents[0].tolist()[3:] == [0, 4, 5, 6]
+  assert max(draft.parents[0].tolist()[:3]) <= 3  # EAGLE's own nodes stay among themselves
+  if sampled:  # the guesses' q is one-hot
+    np.testing.assert_array_equal(draft.probs[0, 3:], jax.nn.one_hot([10, 11, 7, 8], 64))
+  kw = dict(max_new_tokens=24, max_len=48, eos_id=[5])
+  prompts = PROMPTS + [prompt * 2]
+  ar = generate(params, cfg, prompts, **kw)
+  out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
+  assert out.tokens == ar.tokens
+  plain, _ = testing.eagle_drafter(small_target, 2, 2, 3, sampled=sampled)
+  without = generate(params, cfg, prompts, drafter=plain, drafter_params=dparams, **kw)
+  assert out.metrics["target_calls"] < without.metrics["target_calls"]
+
+
 def _tiny_target(seed=0, dim=32):
   return source.Model(*tiny.random_model(seed=seed, vocab_size=64, dim=dim, num_layers=3))
 
@@ -247,6 +273,14 @@ def _bad_inputs(tmp_path):
       "drafter.eagle.path is empty",
       lambda: eagle.Eagle.build(c.drafter.eagle, c, target),
     ),
+    "negative lookup branch": (
+      "eagle.lookup must be an integer >= 0",
+      lambda: build.check(_eagle_config(tmp_path, lookup=-1)),
+    ),
+    "lookup branch with total auto": (
+      "prices EAGLE trees without a lookup branch",
+      lambda: build.check(_eagle_config(tmp_path, lookup=4, total="auto")),
+    ),
     "unknown input ablation": (
       "objective.eagle.inputs='embedding' is unknown",
       lambda: objectives.check(_with(c, inputs="embedding")),
@@ -268,6 +302,7 @@ BAD = [
   "node budget smaller than the depth", "more nodes than offered", "unknown candidates",
   "no drafter there", "drafter of another hidden size", "drafter of another target",
   "feature layer out of range", "features the model cannot supply", "decoding with no drafter path",
+  "negative lookup branch", "lookup branch with total auto",
   "unknown input ablation", "continuing a drafter of other inputs",
 ]  # fmt: skip
 

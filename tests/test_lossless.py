@@ -117,6 +117,11 @@ STATEFUL = {
   "eagle_sampled_2x2_3": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3),
   "eagle_top_k_2x2_3": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3, sampled=False),
   "eagle_reduced_vocab": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3, (0, 2, 4)),
+  # ... with prompt lookup's 2-token guess as the root's last child (one-hot q).
+  "eagle_sampled_lookup": lambda d: testing.eagle_drafter(V5_TARGET, 3, 2, 5, lookup=2),
+  "eagle_top_k_lookup": lambda d: testing.eagle_drafter(
+    V5_TARGET, 3, 2, 5, sampled=False, lookup=2
+  ),  # fmt: skip
 }
 
 
@@ -145,6 +150,11 @@ BROKEN_ACROSS_STEPS = {
   "eagle_keep_rejected_candidate": (
     STATEFUL["eagle_sampled_2x2_3"],
     testing.keep_rejected_candidate,
+  ),
+  # The lookup guess tried before the sampled children: their q loses its token.
+  "eagle_lookup_first": (
+    lambda d: testing.lookup_first(*STATEFUL["eagle_sampled_lookup"](d)),
+    None,
   ),
   # The best 1 of 2 sampled children by its own q, verified with q.
   "eagle_rerank_by_own_q": (
@@ -212,11 +222,14 @@ def test_medusa_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("knobs", MEDUSA_KNOBS.values(), ids=MEDUSA_KNOBS)
-@pytest.mark.parametrize("vocab_ids", [None, (0, 2, 4)], ids=["full_vocab", "reduced_vocab"])
-def test_eagle_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids):
-  """EAGLE-2 dynamic trees with children drawn from the filtered q: exact, batch > 1."""
+@pytest.mark.parametrize(
+  "vocab_ids, lookup", [(None, 0), ((0, 2, 4), 2)], ids=["full_vocab", "reduced_vocab_lookup"]
+)
+def test_eagle_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids, lookup):
+  """EAGLE-2 dynamic trees with children drawn from the filtered q: exact, batch > 1; with a
+  reduced vocabulary, also with a lookup branch (whose guesses may lie outside it)."""
   target, _ = v5_pair
-  drafter, params = testing.eagle_drafter(V5_TARGET, 2, 2, 3, vocab_ids, seed=1)
+  drafter, params = testing.eagle_drafter(V5_TARGET, 2, 2, 3, vocab_ids, seed=1, lookup=lookup)
   pvalues = _v5_pvalues(target, drafter, params, knobs=dict(temperature=1.0) | knobs)
   assert min(pvalues) > P_PASS / len(pvalues), pvalues
 

@@ -33,6 +33,7 @@ def drafters(m):
   md, mp = testing.medusa_drafter(m.cfg, trees.Tree.from_spec((3, 2, 1)), 3, sampled=False)
   ed, ep = testing.eagle_drafter((m.cfg, m.params), top_k=1, depth=4, total=4, sampled=False)
   et, tp = testing.eagle_drafter((m.cfg, m.params), top_k=2, depth=3, total=5, sampled=False)
+  el, lp = testing.eagle_drafter((m.cfg, m.params), 1, 2, 2, sampled=False, lookup=3)
   return {
     "lookup": (PromptLookup(4), None),
     "lookup_tree": (PromptLookup(3, num_branches=2), None),
@@ -40,6 +41,7 @@ def drafters(m):
     "medusa": (md, mp),
     "eagle_chain": (ed, ep),
     "eagle_tree": (et, tp),  # EAGLE-2: a tree of its own at every root
+    "eagle_lookup": (el, lp),  # a 2-chain with lookup's 3-token guess beside it
   }
 
 
@@ -170,6 +172,23 @@ def test_measured_profile_takes_the_cheaper_of_gemm_and_matvecs():
   assert prof.cost("target", 8) == 6.0
   assert prof.cost("target_tree", 8) == 7.0  # a tree's verify: timed under its own mask
   assert prof.step_seconds(None) == 1.5
+
+
+def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, monkeypatch):
+  """``num_draft``/``total = "auto"`` time the target where they run: a chain's verify under the
+  causal mask only, a tree's under the tree mask only (each mask is its own compiles)."""
+  monkeypatch.setattr(costmodel, "ar_step_seconds", lambda *a: 1.0)
+  config = tiny_config.get_config()
+  timed = []
+  real = costmodel.llama_forward_seconds
+  spy = lambda *a: timed.append(a[-1]) or real(*a)  # noqa: E731
+  monkeypatch.setattr(costmodel, "llama_forward_seconds", spy)
+  for d, mask, part in ((PromptLookup(4), "causal", "target"),
+                        (PromptLookup(3, num_branches=2), "tree", "target_tree")):  # fmt: skip
+    parts, overhead = costmodel._machine_target(config, model, [3, 5], 1, d)
+    assert timed.pop() == (mask,)
+    assert sorted(parts[part]) == [1, 3, 5] and set(parts) <= {"target", part}
+    assert parts["target"][1] > 0 and overhead >= 0  # the AR step's forward, either way
 
 
 @pytest.mark.slow

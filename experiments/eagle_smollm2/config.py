@@ -104,6 +104,19 @@ def t1_variants() -> dict:
   }
 
 
+def lookup_variants() -> dict:
+  """EAGLE with and without prompt lookup's 4-token guess as one more branch from the root, as
+  a 4-chain and as EAGLE-2 trees of 8 and 16 nodes, and prompt lookup alone (candidates
+  ``auto``: top-k at temperature 0, sampled and verified with their q at 1)."""
+  e = functools.partial(eagle_variant, DRAFTER)
+  out = {}
+  for name, budget in (("chain_4", (1, 4, 4)), ("tree_2x5_8", (2, 5, 8)),
+                       ("tree_4x6_16", (4, 6, 16))):  # fmt: skip
+    out[f"eagle_{name}"] = e(*budget)
+    out[f"eagle_{name}_lookup4"] = e(*budget, lookup=4)
+  return out | {"lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}}}
+
+
 def nalpha_variants() -> dict:
   """EAGLE-1 and EAGLE-1 + training-time test after the same 300 steps, as 6-token chains
   (acceptance at each draft position: n-alpha)."""
@@ -209,7 +222,7 @@ def get_config(arg: str | None = None):
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
-               "sweep_volume", *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_volume", "sweep_lookup", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -220,12 +233,15 @@ def get_config(arg: str | None = None):
     c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
     if arg == "sweep_t1":  # temperature 1: children sampled and verified with their q
       c.temperature = 1.0
+    if arg == "sweep_lookup":  # greedy, then temperature 1, in one process
+      c.sweep.temperatures = (0.0, 1.0)
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
     if arg in ABLATION_SWEEPS:
       c.sweep.variants = ablation_variants(arg)
     else:
       pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants,
+              "sweep_lookup": lookup_variants,
               "sweep_tasks": functools.partial(continued_variants, "tasks"),
               "sweep_volume": functools.partial(continued_variants, "volume")}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
@@ -233,7 +249,7 @@ def get_config(arg: str | None = None):
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, eagle1_300, "
       f"ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, "
-      f"sweep_tasks, sweep_volume, {', '.join(ABLATION_SWEEPS)}."
+      f"sweep_tasks, sweep_volume, sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -290,13 +306,60 @@ def _hit_rates(results_dir) -> list[str]:
   if not path.exists():
     return []
   rows = json.loads(path.read_text())["rows"]
+  return (
+    [
+      "## First-token hit rate by text (teacher-forced, `hit_rates.py`)",
+      "",
+      "Share of positions where the first draft token is the target's greedy token: at every "
+      "position (`all`) and at a 4-chain's step starts (`step_starts`, its 1-alpha).",
+      "",
+      results.markdown_table(rows, ("drafter", "text", "rows", "all", "step_starts")),
+      "",
+    ]
+    + _hit_rates_by_confidence([r for r in rows if "share_0" in r])
+    + _hit_rates_by_copy([r for r in rows if "share_copy" in r])
+  )
+
+
+CONFIDENCE_BUCKETS = {
+  "0": "p < 0.5",
+  "0.5": "0.5 <= p < 0.8",
+  "0.8": "0.8 <= p < 0.95",
+  "0.95": "0.95 <= p",
+}  # fmt: skip  (hit_rates.BUCKETS' keys -> headings)
+
+
+def _hit_rates_by_confidence(rows: list[dict]) -> list[str]:
+  """The same hit rates split by the target's confidence at each position."""
+  if not rows:
+    return []
+  table = []
+  for r in rows:
+    cells = {"drafter": r["drafter"], "text": r["text"]}
+    for key, heading in CONFIDENCE_BUCKETS.items():
+      hit = r[f"hit_{key}"]
+      cells[heading] = f"{r[f'share_{key}']:.2f} / " + ("—" if hit is None else f"{hit:.2f}")
+    table.append(cells)
   return [
-    "## First-token hit rate by text (teacher-forced, `hit_rates.py`)",
+    "By the target's confidence p (its probability of its greedy token there): the share of "
+    "positions / the first draft token's hit rate among them.",
     "",
-    "Share of positions where the first draft token is the target's greedy token: at every "
-    "position (`all`) and at a 4-chain's step starts (`step_starts`, its 1-alpha).",
+    results.markdown_table(table, ("drafter", "text", *CONFIDENCE_BUCKETS.values())),
     "",
-    results.markdown_table(rows, ("drafter", "text", "rows", "all", "step_starts")),
+  ]
+
+
+def _hit_rates_by_copy(rows: list[dict]) -> list[str]:
+  """The same hit rates at positions that copy earlier text (a 2-gram prompt lookup is right)
+  and elsewhere."""
+  if not rows:
+    return []
+  return [
+    "At copyable positions (prompt lookup's 2-gram match proposes the right token: text "
+    "repeated from the prompt or the reply) and elsewhere: their share, and the first draft "
+    "token's hit rate at each.",
+    "",
+    results.markdown_table(rows, ("drafter", "text", "share_copy", "hit_copy", "hit_no_copy")),
     "",
   ]
 
@@ -314,6 +377,7 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
     "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
     "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
+    "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():
     path = results_dir / arg / "sweep.json"

@@ -36,6 +36,14 @@ children by their own q biases them towards q's mode, and the exact-distribution
 ``testing.rerank_by_own_q``): the rank-r child scores with q's r-th largest probability, which
 the parent alone decides, so each node keeps a prefix of its draws. At temperature 0 both modes
 are EAGLE-2's greedy tree.
+
+A lookup branch (``lookup``: a ``PromptLookup`` chain of K tokens, ``drafter.eagle.lookup``)
+adds the continuation of the longest n-gram match in the committed text as one more child of
+the root, after every EAGLE node: the tokens a reply copies from its prompt, which one layer
+trained on replies rarely predicts (``experiments/eagle_smollm2/hit_rates.py``). Its nodes are
+deterministic proposals (q one-hot). Being last among the root's children keeps sampled mode
+exact: the siblings drawn without replacement are all tried before it, and if one of them
+already proposed its token, its renormalised q is zero and it is skipped.
 """
 
 import dataclasses
@@ -59,6 +67,7 @@ from specjax.drafters.base import (
   check_auto_from,
   sampled_candidates,
 )
+from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import llama, schema, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
@@ -246,12 +255,15 @@ class Eagle(Chain):
   depth: int = 4
   total: int = 12
   sampled: bool = False
+  lookup: PromptLookup | None = None  # a chain of prompt-lookup guesses, the root's last child
   name: str = "eagle"
 
   def __post_init__(self):
     check_shape(self.top_k, self.depth, self.total)
     if self.top_k > self.cfg.draft_vocab:
       raise ValueError(f"{FIELD}.top_k={self.top_k} exceeds the draft vocabulary.")
+    if self.lookup is not None and (self.lookup.num_branches != 1 or self.lookup.abstain):
+      raise ValueError(f"{FIELD}.lookup is one chain that always proposes (abstain=False).")
 
   @property
   def feature_layers(self) -> tuple:
@@ -263,12 +275,17 @@ class Eagle(Chain):
     return (*llama.RULES, (r"(^|/)proj$", P("tensor", None)))
 
   @property
+  def num_lookup(self) -> int:
+    return 0 if self.lookup is None else self.lookup.num_draft
+
+  @property
   def num_draft(self) -> int:
-    return self.depth
+    """The deepest node: EAGLE's depth, or the lookup chain's length if longer."""
+    return max(self.depth, self.num_lookup)
 
   @property
   def num_nodes(self) -> int:
-    return self.total
+    return self.total + self.num_lookup
 
   def check_params(self, params) -> None:
     """The drafter's weights fit its shapes (``load`` / ``init_params`` give such params)."""
@@ -306,6 +323,8 @@ class Eagle(Chain):
     c.total = config_dict.FieldReference(12, field_type=object)
     c.auto_from = ""  # total = "auto": a cost_model.json with this drafter's eagle_grid
     c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
+    c.lookup = 0  # K > 0: prompt lookup's K-token guess as one more branch from the root
+    c.lookup_min_ngram = 1  # the shortest suffix match (of up to 3 tokens) it guesses from
     return c
 
   @classmethod
@@ -313,6 +332,17 @@ class Eagle(Chain):
     if c.candidates not in CANDIDATES:
       raise ValueError(
         f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
+      )
+    if int(c.lookup) != c.lookup or c.lookup < 0:
+      raise ValueError(f"{FIELD}.lookup must be an integer >= 0 (0 = no lookup branch).")
+    if c.lookup and not 1 <= c.lookup_min_ngram <= LOOKUP_MAX_NGRAM:
+      raise ValueError(
+        f"{FIELD}.lookup_min_ngram={c.lookup_min_ngram} must be in [1, {LOOKUP_MAX_NGRAM}]."
+      )
+    if c.total == "auto" and c.lookup:
+      raise ValueError(
+        f"{FIELD}.total='auto' prices EAGLE trees without a lookup branch: set lookup = 0 or "
+        "give total."
       )
     if c.total == "auto":
       holds = "with an eagle variant of this drafter (it holds τ for every tree budget)"
@@ -332,7 +362,7 @@ class Eagle(Chain):
     if not c.path:  # task=train decodes with the drafter it trains
       return None
     cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
-    d = cls(cfg, *_budget(c))
+    d = cls(cfg, *_budget(c), lookup=lookup_branch(c))
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
     if target is not None:
       d.check_target(target.cfg)
@@ -347,7 +377,7 @@ class Eagle(Chain):
       )
     cfg, params, _ = load(c.path, target)
     sampled = sampled_candidates(c, config)
-    d = cls(cfg, *_budget(c), sampled)  # total = "auto": set by build.drafter
+    d = cls(cfg, *_budget(c), sampled, lookup_branch(c))  # total = "auto": set by build.drafter
     d.check_target(target.cfg)
     return d, params
 
@@ -375,7 +405,7 @@ class Eagle(Chain):
                     cache.k[0], cache.v[0], attn)  # fmt: skip
     last = (prefill.lengths - 1)[:, None, None]
     last_BxF = jnp.take_along_axis(prefill.features, last, axis=1)[:, 0]
-    pending = jnp.zeros((b, self.depth + 1, last_BxF.shape[-1]), last_BxF.dtype)
+    pending = jnp.zeros((b, self.num_draft + 1, last_BxF.shape[-1]), last_BxF.dtype)
     return EagleState(
       cache=KVCache((k,), (v,), prefill.lengths - 1),
       pending_BxD1xF=pending.at[:, 0].set(last_BxF),
@@ -389,7 +419,7 @@ class Eagle(Chain):
 
   def _catch_up(self, params, state: EagleState, ctx: DraftContext):
     """The pending pairs into the cache; returns the last one's output (it drafts depth 1)."""
-    t = self.depth + 1
+    t = self.num_draft + 1
     start_B = ctx.lengths - state.count_B  # first pending pair's position
     positions_BxT = start_B[:, None] + jnp.arange(t)
     tokens_BxT = gather_rows(ctx.tokens, positions_BxT + 1)
@@ -429,7 +459,23 @@ class Eagle(Chain):
       out_BxKxF = self._expand(params, cache, ctx, pool, expanded)
       tok, score, q = self._children(logits(params, out_BxKxF), keys[d], ctx.sampling)
       pool = pool.offer(frontier_BxK, tok, score, q, out_BxKxF)
-    return self._rerank(params, pool), state.replace(cache=cache)
+    draft = self._rerank(params, pool)
+    if self.lookup is not None:
+      draft = self._with_lookup(draft, ctx)
+    return draft, state.replace(cache=cache)
+
+  def _with_lookup(self, draft: Draft, ctx: DraftContext) -> Draft:
+    """The lookup chain appended after EAGLE's nodes: its first node a child of the root, each
+    next one the child of the one before (node ids ``total + 1 ..``)."""
+    guess, _ = self.lookup.propose(None, None, ctx)
+    b, k = guess.tokens.shape
+    chain = np.concatenate([[0], self.total + np.arange(1, k)]).astype(np.int32)
+    parents = jnp.concatenate([draft.parents, jnp.broadcast_to(chain, (b, k))], axis=1)
+    tokens = jnp.concatenate([draft.tokens, guess.tokens], axis=1)
+    if draft.probs is None:
+      return Draft(tokens=tokens, parents=parents)
+    one_hot = jax.nn.one_hot(guess.tokens, draft.probs.shape[-1], dtype=draft.probs.dtype)
+    return Draft(tokens=tokens, probs=jnp.concatenate([draft.probs, one_hot], 1), parents=parents)
 
   def _expand(self, params, cache, ctx: DraftContext, pool: "Pool", expanded: "Expanded"):
     """One read-only forward of every expanded node (pair: its parent's output, its token)
@@ -464,6 +510,16 @@ class Eagle(Chain):
       q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.cfg.target.vocab_size,), q_BxNxW.dtype)
       q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
     return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents_BxN)
+
+
+LOOKUP_MAX_NGRAM = 3
+
+
+def lookup_branch(c) -> PromptLookup | None:
+  """The lookup chain of ``config.drafter.eagle`` (None when ``lookup`` is 0)."""
+  if not c.lookup:
+    return None
+  return PromptLookup(c.lookup, LOOKUP_MAX_NGRAM, c.lookup_min_ngram, abstain=False)
 
 
 def _budget(c) -> tuple[int, int, int]:

@@ -84,23 +84,25 @@ def _log_probs(params, tokens_BxT, *, cfg):
   return jax.nn.log_softmax(llama.logits_of(params, cfg, tokens_BxT)[0])
 
 
-def log_likelihood(target, rows, length: int) -> float:
-  """Mean log-probability per new token that the target gives ``rows`` (``(prompt ids, new
-  ids)``) at temperature 1, teacher-forced: one forward per row, each padded to ``length`` so
-  that one program serves every row (causal: the padding after a row changes nothing)."""
-  total, count = 0.0, 0
+def token_log_probs(target, rows, length: int) -> list[np.ndarray]:
+  """Per row of ``rows`` (``(prompt ids, new ids)``), the log-probability the target gives each
+  new token at temperature 1, teacher-forced: one forward per row, each padded to ``length``
+  so that one program serves every row (causal: the padding after a row changes nothing)."""
+  out = []
   for prompt, new in rows:
-    if not new:
-      continue
     text = list(prompt) + list(new)
     if len(text) > length:
       raise ValueError(f"a row of {len(text)} tokens does not fit length={length}.")
     x = np.asarray([text + [0] * (length - len(text))], np.int32)
-    logp_TxV = _log_probs(target.params, x, cfg=target.cfg)[0]
-    at = np.arange(len(prompt) - 1, len(text) - 1)
-    total += float(np.asarray(logp_TxV)[at, new].sum())
-    count += len(new)
-  return total / max(count, 1)
+    logp_TxV = np.asarray(_log_probs(target.params, x, cfg=target.cfg)[0])
+    out.append(logp_TxV[np.arange(len(prompt) - 1, len(text) - 1), list(new)])
+  return out
+
+
+def log_likelihood(target, rows, length: int) -> float:
+  """Mean log-probability per new token that the target gives ``rows`` (``token_log_probs``)."""
+  per_row = token_log_probs(target, rows, length)
+  return float(sum(r.sum() for r in per_row)) / max(sum(len(r) for r in per_row), 1)
 
 
 def _jobs(config) -> list[tuple]:

@@ -541,7 +541,7 @@ class EagleFeatures:
   def drafter(self, config: ml_collections.ConfigDict) -> eagle.Eagle:
     c = config.drafter.eagle
     sampled = sampled_candidates(c, config)
-    return eagle.Eagle(self.eagle, c.top_k, c.depth, c.total, sampled)
+    return eagle.Eagle(self.eagle, c.top_k, c.depth, c.total, sampled, eagle.lookup_branch(c))
 
   def export(self, directory: Path, params: Params, target) -> Path:
     """The drafter that ``drafter.eagle.path`` loads (with the target's fingerprint)."""
