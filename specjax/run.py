@@ -110,11 +110,14 @@ def exit_on_interrupt() -> None:
   """Ctrl-C ends the process at once with status 130, even inside a long XLA compile or
   computation, where a Python handler would only run when the C++ call returns (and unwinding
   through it crashed). The interpreter's C-level handler writes the signal to a pipe; a thread
-  blocked on it exits. Every file specjax writes is written to a temporary name and renamed,
-  so nothing half-written is left behind."""
+  blocked on it exits. The main thread's Python handler does nothing: with the default one, a
+  busy machine let the main thread raise KeyboardInterrupt before the thread ran, and the
+  shutdown that followed hung (the demo then took > 30 s to exit). Every file specjax writes
+  is written to a temporary name and renamed, so nothing half-written is left behind."""
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   signal.set_wakeup_fd(write_fd)
+  signal.signal(signal.SIGINT, lambda signum, frame: None)  # the thread below handles it
 
   def watch():
     while True:

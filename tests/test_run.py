@@ -256,6 +256,31 @@ def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
   assert "interrupted" in "".join(rest)
 
 
+INTERRUPTED_MAIN = """
+import signal, sys, time
+from specjax import run
+run.exit_on_interrupt()
+try:
+  signal.raise_signal(signal.SIGINT)  # the main thread runs its Python handler right here
+  time.sleep(30)
+except KeyboardInterrupt:
+  sys.stdout.write("main thread interrupted\\n")
+  sys.stdout.flush()
+  time.sleep(30)
+"""
+
+
+def test_ctrl_c_never_reaches_the_main_thread(request):
+  """Only the watching thread acts on SIGINT: the main thread gets no KeyboardInterrupt (on a
+  busy machine it used to get one first, and the shutdown that followed hung)."""
+  proc = subprocess.run(
+    [sys.executable, "-c", INTERRUPTED_MAIN], capture_output=True, text=True, timeout=60,
+    cwd=request.config.rootpath,
+  )  # fmt: skip
+  assert proc.returncode == 130 and "interrupted" in proc.stderr, (proc.returncode, proc.stderr)
+  assert "main thread interrupted" not in proc.stdout
+
+
 def test_check_runs_before_loading(small_config):
   small_config.drafter.draft_model.num_layers = 5  # deeper than the 2-layer target
   with pytest.raises(ValueError, match="drafter.draft_model.num_layers"):
