@@ -21,8 +21,9 @@
    text), AR vs EAGLE-2 dynamic trees, an EAGLE chain, Medusa's best tree and prompt lookup,
    greedy, one process: tau, target calls per token, speedup; texts checked equal to AR's.
 3. Ablations at equal budget (``ABLATIONS``: 300 steps each on 768 rows, then
-   ``:sweep_ablation`` decodes the five as 6-token chains): the input ablation (token only,
-   feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1.
+   ``ABLATION_SWEEPS`` decode them as 6-token chains): the input ablation (token only,
+   feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1, and the drafter's layer
+   started from the target's last layer instead of random (``copy_fixed_300``).
 4. Continuations of 1.'s drafter (``init_from``): ``:tasks`` on the target's replies to task
    prompts, ``:volume`` on 1,600 chitchat rows of another document order (mostly unseen: more
    text); ``:sweep_tasks`` / ``:sweep_volume`` decode each next to 1.'s.
@@ -55,7 +56,9 @@ EAGLE3_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers
 # all against regen_300 (EAGLE-1 on the regenerated data: the target's greedy replies to
 # chitchat and Python prompts): what a pair feeds the layer; the fixed data those prompts were
 # cut from (the corpus rows); EAGLE-3 (three layers fused, training-time test over 3 steps,
-# token loss only). name: objective.eagle overrides, and the data sources.
+# token loss only); the drafter's layer started from the target's last layer instead of
+# random (on the fixed data, against fixed_300). name: objective.eagle overrides, and the data
+# sources.
 _REGEN = (GREEDY_DATA,)
 ABLATIONS = {
   "regen_300": {"sources": _REGEN},
@@ -63,12 +66,15 @@ ABLATIONS = {
   "token_only_300": {"sources": _REGEN, "inputs": "token"},
   "fixed_300": {"sources": ("chitchat", "python")},
   "eagle3_300": {"sources": _REGEN, "feature_layers": EAGLE3_LAYERS, "rollout": 3},
+  "copy_fixed_300": {"sources": ("chitchat", "python"), "copy_layer": 29},
 }
-# Each comparison decodes its drafters (and regen_300, the common baseline) in one process.
+# Each comparison decodes its drafters (and its baseline: regen_300, or fixed_300 for the
+# layer's initialisation) in one process.
 ABLATION_SWEEPS = {
   "sweep_inputs": ("regen_300", "token_only_300", "feature_only_300"),
   "sweep_data": ("regen_300", "fixed_300"),
   "sweep_eagle3": ("regen_300", "eagle3_300"),
+  "sweep_init": ("fixed_300", "copy_fixed_300"),
 }
 
 
@@ -408,6 +414,7 @@ def _ablation(results_dir) -> list[str]:
         "inputs": record["config"]["objective"]["eagle"]["inputs"],
         "features": ",".join(map(str, record["config"]["objective"]["eagle"]["feature_layers"])),
         "rollout": record["config"]["objective"]["eagle"]["rollout"],
+        "layer_init": _layer_init(record["config"]["objective"]["eagle"]["copy_layer"]),
         "train_min": record["train_s"] / 60,
         "held_out_top1": ev.get("eval/top1"),
         "held_out_token_xent": ev.get("eval/token"),
@@ -416,7 +423,7 @@ def _ablation(results_dir) -> list[str]:
   sweeps = {s: json.loads(p.read_text()) for s, p in sweeps.items() if p.exists()}
   if not rows and not sweeps:
     return []
-  out = ["## Ablations at equal budget (300 steps): inputs, data, EAGLE-3", ""]
+  out = ["## Ablations at equal budget (300 steps): inputs, data, EAGLE-3, layer init", ""]
   if rows:
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
   if sweeps and ablation_figure(results_dir, sweeps):
@@ -425,10 +432,15 @@ def _ablation(results_dir) -> list[str]:
     "sweep_inputs": "Inputs: feature + shifted token vs token only vs feature only",
     "sweep_data": "Regenerated vs fixed data",
     "sweep_eagle3": "EAGLE-3 vs EAGLE-1",
+    "sweep_init": "The layer started from the target's last layer vs random (fixed data)",
   }
   for s, record in sweeps.items():
     out += [f"### {titles[s]}", "", sweep.markdown(record)] + _nalpha_table(record["runs"])
   return out
+
+
+def _layer_init(copy_layer: int) -> str:
+  return "random" if copy_layer < 0 else f"target layer {copy_layer}"
 
 
 def _chains(runs: list[dict]) -> list[str]:
