@@ -111,9 +111,10 @@ def exit_on_interrupt() -> None:
   computation, where a Python handler would only run when the C++ call returns (and unwinding
   through it crashed). The interpreter's C-level handler writes the signal to a pipe; a thread
   blocked on it exits. The main thread's Python handler does nothing: with the default one, a
-  busy machine let the main thread raise KeyboardInterrupt before the thread ran, and the
-  shutdown that followed hung (the demo then took > 30 s to exit). Every file specjax writes
-  is written to a temporary name and renamed, so nothing half-written is left behind."""
+  busy machine let the main thread raise KeyboardInterrupt before the thread ran, so the
+  process unwound and shut down instead (once, in the test suite, it had not exited 30 s
+  later). Every file specjax writes is written to a temporary name and renamed, so nothing
+  half-written is left behind."""
   read_fd, write_fd = os.pipe()
   os.set_blocking(write_fd, False)
   signal.set_wakeup_fd(write_fd)

@@ -270,9 +270,10 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.multiprocess
 def test_ctrl_c_never_reaches_the_main_thread(request):
   """Only the watching thread acts on SIGINT: the main thread gets no KeyboardInterrupt (on a
-  busy machine it used to get one first, and the shutdown that followed hung)."""
+  busy machine it used to get one first and unwind, instead of exiting at once)."""
   proc = subprocess.run(
     [sys.executable, "-c", INTERRUPTED_MAIN], capture_output=True, text=True, timeout=60,
     cwd=request.config.rootpath,
