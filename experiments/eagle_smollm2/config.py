@@ -60,13 +60,15 @@ EAGLE3_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers
 # random (on the fixed data, against fixed_300). name: objective.eagle overrides, and the data
 # sources.
 _REGEN = (GREEDY_DATA,)
+_FIXED = ("chitchat", "python")
+LAST_LAYER = 29  # of SmolLM2's 30
 ABLATIONS = {
   "regen_300": {"sources": _REGEN},
   "feature_only_300": {"sources": _REGEN, "inputs": "feature"},
   "token_only_300": {"sources": _REGEN, "inputs": "token"},
-  "fixed_300": {"sources": ("chitchat", "python")},
+  "fixed_300": {"sources": _FIXED},
   "eagle3_300": {"sources": _REGEN, "feature_layers": EAGLE3_LAYERS, "rollout": 3},
-  "copy_fixed_300": {"sources": ("chitchat", "python"), "copy_layer": 29},
+  "copy_fixed_300": {"sources": _FIXED, "copy_layer": LAST_LAYER},
 }
 # Each comparison decodes its drafters (and its baseline: regen_300, or fixed_300 for the
 # layer's initialisation) in one process.
@@ -167,7 +169,7 @@ def get_config(arg: str | None = None):
   o.feature_weight = 1.0
   o.token_weight = 1.0
 
-  c.data.sources = (GREEDY_DATA, "chitchat", "python")
+  c.data.sources = (GREEDY_DATA, *_FIXED)
   c.data.seq_len = 256
   c.data.max_examples = 3000
   c.data.eval_examples = 32
