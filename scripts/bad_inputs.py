@@ -25,6 +25,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   )
   tiny, demo = "--config=configs/tiny.py", "--config=configs/demo.py"
   eagle = [demo, "--config.drafter.name=eagle"]
+  (tmp / "sweep").mkdir()
+  measured = ROOT / "experiments/eagle_smollm2/results/sweep_b1/sweep.json"
+  (tmp / "sweep" / "sweep.json").write_text(measured.read_text())
   return [
     ("no --config", []),
     ("config file without get_config", [f"--config={tmp}/noget.py"]),
@@ -88,6 +91,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
                                   "--config.cost_model.chips=('B300',)"]),
     ("cost model at temperature 1", ["--config=experiments/cost_model/config.py",
                                      "--config.temperature=1.0"]),
+    ("sweep resumed over another config's sweep.json",
+     ["--config=experiments/eagle_smollm2/config.py:sweep_b1", "--config.sweep.resume=True",
+      "--config.max_new_tokens=32", f"--config.output_dir={tmp}/sweep"]),
   ]  # fmt: skip
 
 

@@ -61,6 +61,48 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
     sweep.run(c)
 
 
+@pytest.mark.slow
+def test_sweep_resume_keeps_finished_jobs_and_measures_others(small_config, tmp_path, monkeypatch):
+  """``sweep.resume``: jobs an interrupted run left in sweep.json are kept as they were (a
+  marked run stays marked), the others are measured; without the option everything is measured
+  again; a file from another config is refused before any model loads."""
+  c = small_config
+  c.output_dir = str(tmp_path)
+  c.sweep = sweep.default_config()
+  c.sweep.batch_sizes = (2,)
+  c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),), "random": ((5, 9, 11),)}
+  c.sweep.variants = {"lookup": {"name": "prompt_lookup"}}
+  path = tmp_path / "sweep.json"
+  whole = sweep.run(c)
+  interrupted = json.loads(path.read_text())  # as if stopped after the first category
+  interrupted["runs"] = [r | {"tokens_per_s": -1.0} for r in interrupted["runs"][:2]]
+  path.write_text(json.dumps(interrupted))
+
+  c.sweep.resume = True
+  record = sweep.run(c)
+  assert record["kept"]["jobs"] == 1
+  by = {(r["category"], r["variant"]): r for r in json.loads(path.read_text())["runs"]}
+  first = interrupted["runs"][0]["category"]
+  (second,) = {"repeats", "random"} - {first}
+  assert len(by) == 4 and by[first, "ar"]["tokens_per_s"] == -1.0  # kept, not re-timed
+  assert by[second, "ar"]["tokens_per_s"] > 0 and by[second, "lookup"]["identical"]
+  for key in ("repeats", "lookup"), ("random", "lookup"):  # greedy: the same tokens again
+    assert by[key]["target_calls"] == next(
+      r["target_calls"] for r in whole["runs"] if (r["category"], r["variant"]) == key
+    )
+  assert {s["variant"] for s in record["summary"]} == {"ar", "lookup"}
+
+  c.sweep.resume = False
+  sweep.run(c)
+  assert all(r["tokens_per_s"] > 0 for r in json.loads(path.read_text())["runs"])
+
+  c.sweep.resume = True
+  c.max_new_tokens = 10
+  monkeypatch.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
+  with pytest.raises(ValueError, match=r"sweep.resume: .*config.max_new_tokens: move it away"):
+    sweep.run(c)
+
+
 def test_sweep_variant_sets_its_own_verifier_and_log_likelihood_is_recorded(small_config, tmp_path):
   """A variant's ``verifier``/``typical`` keys reach its decode only: typical acceptance with a
   bar near 0 keeps every draft token, the lossless variant of the same drafter does not;

@@ -250,6 +250,10 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
     cost_model.run(c)
   c.max_new_tokens = 16
   del c.cost_model["reuse_sweep"]
+  c.sweep.resume = True  # a resumed sweep has no AR rows for the categories it kept
+  with pytest.raises(ValueError, match="does not resume a sweep"):
+    cost_model.run(c)
+  del c.sweep["resume"]
 
   # Prompt lookup's num_draft = "auto" picks K and min_ngram from that grid.
   la = tiny_config.get_config()

@@ -29,7 +29,7 @@ from configs import demo, qwen_coder_pair
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from experiments.training_free import config as training_free
 from specjax import results
-from specjax.tasks import cost_model
+from specjax.tasks import cost_model, sweep
 
 HERE = "experiments/cost_model"
 CHIPS = ("H100-SXM", "H200", "TPU-v5e", "TPU-v5p")
@@ -90,7 +90,7 @@ def get_config(arg: str = "smollm2"):
   c.max_new_tokens = 64
   c.max_len = 384
   c.benchmark.repeats = 2  # timed passes per mode (the median): this machine is noisy
-  c.sweep = config_dict.ConfigDict()
+  c.sweep = sweep.default_config()
   c.sweep.batch_sizes = (1,)
   c.sweep.verify_sizes = ()
   if arg == "smollm2":

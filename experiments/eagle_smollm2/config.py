@@ -31,11 +31,10 @@
 
 import functools
 
-from ml_collections import config_dict
-
 from configs import demo, train_tiny
 from experiments.training_free import config as training_free
 from specjax import results
+from specjax.tasks import sweep
 from specjax.train import objectives
 
 WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
@@ -237,7 +236,7 @@ def get_config(arg: str | None = None):
     c.prompts = training_free.CATEGORIES["chat"]
     c.max_new_tokens = 64
     c.max_len = 384
-    c.sweep = config_dict.ConfigDict()
+    c.sweep = sweep.default_config()
     c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
     if arg == "sweep_t1":  # temperature 1: children sampled and verified with their q
       c.temperature = 1.0
@@ -375,8 +374,6 @@ def _hit_rates_by_copy(rows: list[dict]) -> list[str]:
 def _sweeps(results_dir) -> list[str]:
   import json
 
-  from specjax.tasks import sweep
-
   out = []
   titles = {
     "sweep_b1": "Greedy, batch 1",
@@ -401,8 +398,6 @@ def _ablation(results_dir) -> list[str]:
   """The ablations: each run's data, inputs, CPU time and held-out teacher-forced acceptance
   (its train.json), then greedy decoding as 6-token chains (the ``ABLATION_SWEEPS``)."""
   import json
-
-  from specjax.tasks import sweep
 
   rows = []
   for name in ABLATIONS:

@@ -43,6 +43,7 @@ from ml_collections import config_dict
 from configs import demo, train_tiny
 from experiments.training_free import config as training_free
 from specjax import results
+from specjax.tasks import sweep
 from specjax.train import objectives
 from specjax.trees import Tree
 
@@ -165,7 +166,7 @@ def get_config(arg: str | None = None):
     c.prompts = training_free.CATEGORIES["chat"]
     c.max_new_tokens = 64
     c.max_len = 384
-    c.sweep = config_dict.ConfigDict()
+    c.sweep = sweep.default_config()
     c.sweep.batch_sizes = {"sweep_b4": (4,), "sweep_t1": (1, 4)}.get(arg, (1,))
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
@@ -188,8 +189,6 @@ def get_config(arg: str | None = None):
 def report(results_dir):
   """The README's results block: training, per-head accuracy, tree budgets, sweeps."""
   import json
-
-  from specjax.tasks import sweep
 
   out = []
   if figure(results_dir):

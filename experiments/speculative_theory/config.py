@@ -14,10 +14,9 @@ with the formula E = (1 - a^(K+1)) / (1 - a), the speedup with Leviathan's verif
 with the measured verify cost, and places them beside the measurements (table and figure).
 """
 
-from ml_collections import config_dict
-
 from configs import demo, qwen_coder_pair
 from specjax import results, theory
+from specjax.tasks import sweep
 
 KS = tuple(range(1, 9))
 
@@ -32,7 +31,7 @@ def get_config(arg: str = "smollm2"):
   c.max_len = 320
   c.benchmark.repeats = 1
   c.drafter.draft_model.num_layers = 8  # smollm2: the first 8 of 30 layers
-  c.sweep = config_dict.ConfigDict()
+  c.sweep = sweep.default_config()
   c.sweep.batch_sizes = (1,)
   c.sweep.categories = {"prompts": tuple(c.prompts)}
   c.sweep.verify_sizes = tuple(range(1, 10))

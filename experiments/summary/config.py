@@ -40,12 +40,11 @@ WANTED = [(m, t, b) for m in (SMOL, QWEN) for t in (0.0, 1.0) for b in (1, 4)]
 
 def get_config(arg: str | None = None):
   """task=sweep over the cells the other experiments leave out (``smollm2`` or ``qwen``)."""
-  from ml_collections import config_dict
-
   from configs import demo, qwen_coder_pair
   from experiments.cost_model import config as cost_model
   from experiments.temperature_sweep import config as temperature_sweep
   from experiments.training_free import config as training_free
+  from specjax.tasks import sweep
 
   if arg not in ("smollm2", "qwen"):
     raise ValueError(
@@ -61,7 +60,7 @@ def get_config(arg: str | None = None):
   c.top_p = 1.0
   c.seed = 0
   c.benchmark.repeats = 1
-  c.sweep = config_dict.ConfigDict()
+  c.sweep = sweep.default_config()
   c.sweep.temperatures = (0.0, 1.0)
   c.sweep.verify_sizes = ()
   if arg == "smollm2":  # the temperature sweep's drafters at batch 4 (ragged rows, per-row accept)

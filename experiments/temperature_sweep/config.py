@@ -14,12 +14,11 @@ drafter is verified losslessly (recursive rejection with the drafts' q). Writes
 over AR measured in the same process, per temperature.
 """
 
-from ml_collections import config_dict
-
 from configs import demo
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from experiments.training_free import config as training_free
 from specjax import results
+from specjax.tasks import sweep
 
 HERE = "experiments/temperature_sweep"
 TEMPERATURES = (0.0, 0.5, 1.0, 1.5)
@@ -52,7 +51,7 @@ def get_config(arg: str | None = None):
   c.seed = 0
   c.benchmark.repeats = 1
   c.drafter.draft_model.num_layers = 8
-  c.sweep = config_dict.ConfigDict()
+  c.sweep = sweep.default_config()
   c.sweep.temperatures = TEMPERATURES
   c.sweep.batch_sizes = (1,)
   c.sweep.categories = {k: training_free.CATEGORIES[k] for k in ("chat", "code")}

@@ -13,9 +13,8 @@ AR's. Batch 4 (``--config=experiments/training_free/config.py:b4``) reruns the l
 The batch-1 run also times one target forward over T tokens for the tree sizes used.
 """
 
-from ml_collections import config_dict
-
 from configs import demo
+from specjax.tasks import sweep
 
 PASSAGE = (
   "The Atlantic puffin spends most of its life far out at sea, returning to land only to "
@@ -96,7 +95,7 @@ def get_config(arg: str = "b1"):
   c.max_new_tokens = 64
   c.max_len = 384
   c.benchmark.repeats = 1
-  c.sweep = config_dict.ConfigDict()
+  c.sweep = sweep.default_config()
   c.sweep.batch_sizes = (1,) if arg == "b1" else (4,)
   c.sweep.categories = CATEGORIES
   c.sweep.verify_sizes = (1, 2, 5, 9, 11, 13, 25) if arg == "b1" else ()
@@ -107,8 +106,6 @@ def get_config(arg: str = "b1"):
 def report(results_dir):
   """The README's results block, from results/{b1,b4}/sweep.json."""
   import json
-
-  from specjax.tasks import sweep
 
   out = []
   for arg in ("b1", "b4"):

@@ -36,7 +36,6 @@ import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, results, simulate
-from specjax.drafters import default_config as drafter_defaults
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.tasks import sweep
@@ -53,25 +52,9 @@ COLUMNS = (
 )
 
 
-# What a reused sweep.json must share with the config: everything that shapes its decoding.
-SAME_AS_SWEEP = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
-                 "chat", "stop_at_eos", "verifier", "benchmark")  # fmt: skip
-
 # EAGLE-2 tree budgets (top_k, depth, total) replayed by default: chains, then trees.
 EAGLE_BUDGETS = ((1, 2, 2), (1, 3, 3), (1, 4, 4), (1, 6, 6), (2, 3, 4), (2, 3, 6), (2, 4, 6),
                  (2, 5, 8), (3, 4, 8), (3, 5, 12), (4, 4, 12), (4, 6, 16), (4, 6, 24))  # fmt: skip
-
-
-def _with_defaults(saved: dict, defaults: dict, now: dict) -> dict:
-  """``saved`` with the keys it lacks, of those ``now`` has, taken from ``defaults`` (nested):
-  a record written before a drafter option existed decoded as that option's default does."""
-  out = dict(saved)
-  for k, v in now.items():
-    if k not in out and k in defaults:
-      out[k] = defaults[k]
-    elif all(isinstance(x.get(k), dict) for x in (out, defaults)) and isinstance(v, dict):
-      out[k] = _with_defaults(out[k], defaults[k], v)
-  return out
 
 
 def _reused_sweep(config, path: str) -> dict | None:
@@ -84,13 +67,7 @@ def _reused_sweep(config, path: str) -> dict | None:
   if not Path(path).is_file():
     raise ValueError(f"{field}={path!r} is not a file: give a sweep.json of task=cost_model.")
   record = json.loads(Path(path).read_text())
-  as_json = lambda c: json.loads(json.dumps(c.to_dict(), default=str))  # noqa: E731
-  now = as_json(config)
-  then = dict(record.get("config", {}))
-  then["drafter"] = _with_defaults(
-    then.get("drafter", {}), as_json(drafter_defaults()), now.get("drafter", {})
-  )
-  differ = [k for k in SAME_AS_SWEEP if then.get(k) != now.get(k)]
+  differ = sweep.differing_fields(record, config)
   if differ:
     raise ValueError(
       f"{field}={path!r} was measured with other config.{', config.'.join(differ)}: run "
@@ -128,6 +105,11 @@ def run(config: ml_collections.ConfigDict) -> dict:
     raise ValueError(f"config.cost_model.chips has {unknown}; known: {', '.join(costmodel.CHIPS)}.")
   if config.temperature != 0 or tuple(config.sweep.get("temperatures") or (0,)) != (0,):
     raise ValueError("task=cost_model simulates greedy decoding: set temperature = 0.")
+  if config.sweep.get("resume"):  # every category's AR rows feed the simulation
+    raise ValueError(
+      "task=cost_model does not resume a sweep (config.sweep.resume): set it False, or give "
+      "a finished run's sweep.json as config.cost_model.reuse_sweep."
+    )
   reused = _reused_sweep(config, cm.get("reuse_sweep", ""))
   target = build.target(config)
   drafters = {name: build.drafter(c, target) for name, c in variants.items()}

@@ -14,10 +14,15 @@ machine load during the run hits AR and the drafters alike. A variant may set it
 (``{"verifier": "typical", "typical": {"epsilon": ...}, ...}``: Medusa's lossy rule beside the
 lossless one); ``sweep.log_likelihood`` adds each run's mean log-probability per new token under
 the target (temperature 1, teacher-forced, untimed): the quality side of a lossy verifier.
+``sweep.resume`` keeps the jobs that an interrupted run of the same config finished (its
+``sweep.json``: written after every job) and measures only the rest; each job's speedups are
+ratios within that job, so kept and new jobs compare alike.
 """
 
 import copy
 import functools
+import json
+from pathlib import Path
 
 import jax
 import ml_collections
@@ -26,6 +31,7 @@ from tqdm import tqdm
 
 from specjax import build, costmodel, metrics, results
 from specjax.decode import generate
+from specjax.drafters import default_config as drafter_defaults
 from specjax.models import llama
 from specjax.tasks import timing
 from specjax.tasks.benchmark import machine
@@ -44,6 +50,71 @@ COLUMNS = (
 
 # Variant keys that set the verifier (top-level config) rather than the drafter.
 VERIFIER_KEYS = ("verifier", "typical")
+
+# What a sweep.json read back (resumed, or reused by task=cost_model) must share with the
+# config: everything that shapes its decoding.
+SAME_DECODING = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
+                 "chat", "stop_at_eos", "verifier", "benchmark")  # fmt: skip
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The ``sweep`` config section's defaults; a config adds ``categories`` and ``variants``."""
+  c = ml_collections.ConfigDict()
+  c.batch_sizes = (1,)
+  c.verify_sizes = ()  # verify forwards to time (tokens), none by default
+  c.resume = False  # True: keep the jobs an interrupted run of this config left in sweep.json
+  return c
+
+
+def _with_defaults(saved: dict, defaults: dict, now: dict) -> dict:
+  """``saved`` with the keys it lacks, of those ``now`` has, taken from ``defaults`` (nested):
+  a record written before a drafter option existed decoded as that option's default does."""
+  out = dict(saved)
+  for k, v in now.items():
+    if k not in out and k in defaults:
+      out[k] = defaults[k]
+    elif all(isinstance(x.get(k), dict) for x in (out, defaults)) and isinstance(v, dict):
+      out[k] = _with_defaults(out[k], defaults[k], v)
+  return out
+
+
+def differing_fields(record: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """The ``SAME_DECODING`` fields where the config ``record`` was measured with differs from
+  ``config``, ``sweep.resume`` aside (how a run started, not what it decodes)."""
+  as_json = lambda c: json.loads(json.dumps(c.to_dict(), default=str))  # noqa: E731
+  now = as_json(config)
+  then = dict(record.get("config", {}))
+  then["drafter"] = _with_defaults(
+    then.get("drafter", {}), as_json(drafter_defaults()), now.get("drafter", {})
+  )
+  for c in (now, then):
+    c["sweep"] = {k: v for k, v in c.get("sweep", {}).items() if k != "resume"}
+  return [k for k in SAME_DECODING if then.get(k) != now.get(k)]
+
+
+def _job(temperature, batch_size: int, category: str) -> tuple:
+  return float(temperature), int(batch_size), category
+
+
+def resumed(config: ml_collections.ConfigDict) -> dict:
+  """``sweep.resume``: what an earlier run of this config wrote to ``output_dir/sweep.json``,
+  as ``{"machine": its machine, "jobs": (temperature, batch, category) -> that job's runs}``;
+  {} without the option or the file. A file measured with another config is an error, raised
+  before any model loads."""
+  path = Path(config.output_dir) / "sweep.json"
+  if not config.sweep.get("resume") or not path.is_file():
+    return {}
+  record = json.loads(path.read_text())
+  differ = differing_fields(record, config)
+  if differ:
+    raise ValueError(
+      f"config.sweep.resume: {path} was measured with other config.{', config.'.join(differ)}: "
+      "move it away (or set config.output_dir elsewhere) to measure this config afresh."
+    )
+  done = {}
+  for r in record["runs"]:
+    done.setdefault(_job(r.get("temperature", 0.0), r["batch"], r["category"]), []).append(r)
+  return {"machine": record.get("machine"), "jobs": done}
 
 
 def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
@@ -73,9 +144,10 @@ def check(config: ml_collections.ConfigDict) -> dict:
 
 def run(config: ml_collections.ConfigDict) -> dict:
   variants = check(config)
+  kept = resumed(config)
   target = build.target(config)
   drafters = {name: build.drafter(c, target) for name, c in variants.items()}
-  record, _ = measure(config, target, drafters)
+  record, _ = measure(config, target, drafters, kept)
   return record
 
 
@@ -109,7 +181,7 @@ def _jobs(config) -> list[tuple]:
   """``(temperature, batch size, category)`` of every job, in the order they run."""
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
   return [
-    (temp, b, cat)
+    _job(temp, b, cat)
     for temp in temperatures
     for b in config.sweep.batch_sizes
     for cat in config.sweep.categories
@@ -142,9 +214,11 @@ def ar_rows(config, target) -> dict:
   return out
 
 
-def measure(config, target, drafters: dict) -> tuple[dict, dict]:
+def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[dict, dict]:
   """Decodes and times every job; returns the record (also written as ``sweep.json``) and the
-  AR rows per ``(temperature, batch, category)``: ``(prompt ids, new ids)`` for every row."""
+  AR rows per ``(temperature, batch, category)``: ``(prompt ids, new ids)`` for every row.
+  ``kept`` (``resumed``) holds runs of earlier jobs: those jobs are not measured again (and
+  have no AR rows here)."""
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
   verifiers = {
     name: build.verifier(_variant_config(config, dict(config.sweep.variants.get(name, {}))))
@@ -156,7 +230,16 @@ def measure(config, target, drafters: dict) -> tuple[dict, dict]:
     record["verify_cost"] = verify_cost(target, config.sweep.verify_sizes, config.max_len)
     print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
   rows = []
-  for temperature, batch_size, category in tqdm(_jobs(config), desc="sweep", unit="category"):
+  kept_jobs = (kept or {}).get("jobs", {})
+  if kept_jobs:
+    record["kept"] = {"jobs": len(kept_jobs), "machine": kept["machine"]}
+  for job in tqdm(_jobs(config), desc="sweep", unit="category"):
+    temperature, batch_size, category = job
+    if job in kept_jobs:
+      record["runs"] += kept_jobs[job]
+      rows += [r | {"calls_per_token": r["target_calls_per_token"]} for r in kept_jobs[job]]
+      tqdm.write(f"  T={temperature:g} B={batch_size} {category}: kept from the earlier run")
+      continue
     req = _request(config, target, temperature, batch_size, category)
     kw = req.generate_kwargs()
     modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
