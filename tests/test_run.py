@@ -63,9 +63,10 @@ def test_sweep_over_categories_and_drafters(small_config, tmp_path):
 
 @pytest.mark.slow
 def test_sweep_resume_keeps_finished_jobs_and_measures_others(small_config, tmp_path, monkeypatch):
-  """``sweep.resume``: jobs an interrupted run left in sweep.json are kept as they were (a
-  marked run stays marked), the others are measured; without the option everything is measured
-  again; a file from another config is refused before any model loads."""
+  """``sweep.resume``: jobs an interrupted run left in sweep.json are kept as they were (marked
+  runs stay marked), the others are measured; a complete file loads no model; without the
+  option everything is measured again; a file from another config is refused before any model
+  loads."""
   c = small_config
   c.output_dir = str(tmp_path)
   c.sweep = sweep.default_config()
@@ -75,22 +76,32 @@ def test_sweep_resume_keeps_finished_jobs_and_measures_others(small_config, tmp_
   path = tmp_path / "sweep.json"
   whole = sweep.run(c)
   interrupted = json.loads(path.read_text())  # as if stopped after the first category
-  interrupted["runs"] = [r | {"tokens_per_s": -1.0} for r in interrupted["runs"][:2]]
+  mark = {"tokens_per_s": -1.0, "speedup": -1.0}
+  interrupted["runs"] = [r | mark for r in interrupted["runs"][:2]]
   path.write_text(json.dumps(interrupted))
+  first = interrupted["runs"][0]["category"]
+  (second,) = {"repeats", "random"} - {first}
 
   c.sweep.resume = True
   record = sweep.run(c)
-  assert record["kept"]["jobs"] == 1
-  by = {(r["category"], r["variant"]): r for r in json.loads(path.read_text())["runs"]}
-  first = interrupted["runs"][0]["category"]
-  (second,) = {"repeats", "random"} - {first}
-  assert len(by) == 4 and by[first, "ar"]["tokens_per_s"] == -1.0  # kept, not re-timed
+  assert record["kept"] == {"jobs": 1, "machines": [interrupted["machine"]]}
+  runs = json.loads(path.read_text())["runs"]
+  by = {(r["category"], r["variant"]): r for r in runs}
+  assert len(runs) == len(by) == 4
+  assert by[first, "ar"]["tokens_per_s"] == by[first, "lookup"]["speedup"] == -1.0  # kept
   assert by[second, "ar"]["tokens_per_s"] > 0 and by[second, "lookup"]["identical"]
-  for key in ("repeats", "lookup"), ("random", "lookup"):  # greedy: the same tokens again
+  for key in (first, "lookup"), (second, "lookup"):  # greedy: the same tokens again
     assert by[key]["target_calls"] == next(
       r["target_calls"] for r in whole["runs"] if (r["category"], r["variant"]) == key
     )
-  assert {s["variant"] for s in record["summary"]} == {"ar", "lookup"}
+  lookup = next(s for s in record["summary"] if s["variant"] == "lookup")
+  assert lookup["mean_speedup"] == pytest.approx((by[second, "lookup"]["speedup"] - 1) / 2)
+
+  with monkeypatch.context() as m:  # every job done: the tables again, no model loaded
+    m.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
+    again = sweep.run(c)
+  assert again["runs"] == runs and again["summary"] == record["summary"]
+  assert again["kept"]["jobs"] == 2 and len(again["kept"]["machines"]) == 2
 
   c.sweep.resume = False
   sweep.run(c)

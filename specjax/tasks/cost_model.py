@@ -105,7 +105,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     raise ValueError(f"config.cost_model.chips has {unknown}; known: {', '.join(costmodel.CHIPS)}.")
   if config.temperature != 0 or tuple(config.sweep.get("temperatures") or (0,)) != (0,):
     raise ValueError("task=cost_model simulates greedy decoding: set temperature = 0.")
-  if config.sweep.get("resume"):  # every category's AR rows feed the simulation
+  if config.sweep.get("resume") and not cm.get("reuse_sweep"):  # every AR row is replayed
     raise ValueError(
       "task=cost_model does not resume a sweep (config.sweep.resume): set it False, or give "
       "a finished run's sweep.json as config.cost_model.reuse_sweep."

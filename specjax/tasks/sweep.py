@@ -52,9 +52,10 @@ COLUMNS = (
 VERIFIER_KEYS = ("verifier", "typical")
 
 # What a sweep.json read back (resumed, or reused by task=cost_model) must share with the
-# config: everything that shapes its decoding.
+# config: everything that shapes its decoding or its timing.
 SAME_DECODING = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
-                 "chat", "stop_at_eos", "verifier", "benchmark")  # fmt: skip
+                 "top_k", "top_p", "seed", "dtype", "chat", "stop_at_eos", "verifier", "typical",
+                 "benchmark")  # fmt: skip
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -88,7 +89,7 @@ def differing_fields(record: dict, config: ml_collections.ConfigDict) -> list[st
     then.get("drafter", {}), as_json(drafter_defaults()), now.get("drafter", {})
   )
   for c in (now, then):
-    c["sweep"] = {k: v for k, v in c.get("sweep", {}).items() if k != "resume"}
+    c["sweep"] = {k: v for k, v in (c.get("sweep") or {}).items() if k != "resume"}
   return [k for k in SAME_DECODING if then.get(k) != now.get(k)]
 
 
@@ -96,14 +97,14 @@ def _job(temperature, batch_size: int, category: str) -> tuple:
   return float(temperature), int(batch_size), category
 
 
-def resumed(config: ml_collections.ConfigDict) -> dict:
+def _resumed(config: ml_collections.ConfigDict) -> dict | None:
   """``sweep.resume``: what an earlier run of this config wrote to ``output_dir/sweep.json``,
-  as ``{"machine": its machine, "jobs": (temperature, batch, category) -> that job's runs}``;
-  {} without the option or the file. A file measured with another config is an error, raised
-  before any model loads."""
+  as ``{"record": that record, "jobs": (temperature, batch, category) -> that job's runs}``
+  (only this config's jobs); None without the option or the file. A file measured with another
+  config is an error, raised before any model loads."""
   path = Path(config.output_dir) / "sweep.json"
   if not config.sweep.get("resume") or not path.is_file():
-    return {}
+    return None
   record = json.loads(path.read_text())
   differ = differing_fields(record, config)
   if differ:
@@ -111,10 +112,20 @@ def resumed(config: ml_collections.ConfigDict) -> dict:
       f"config.sweep.resume: {path} was measured with other config.{', config.'.join(differ)}: "
       "move it away (or set config.output_dir elsewhere) to measure this config afresh."
     )
-  done = {}
-  for r in record["runs"]:
-    done.setdefault(_job(r.get("temperature", 0.0), r["batch"], r["category"]), []).append(r)
-  return {"machine": record.get("machine"), "jobs": done}
+  done, wanted = {}, set(_jobs(config))
+  for r in record["runs"]:  # runs written before they named their temperature ran the config's
+    job = _job(r.get("temperature", record["config"]["temperature"]), r["batch"], r["category"])
+    if job in wanted:
+      done.setdefault(job, []).append(r)
+  return {"record": record, "jobs": done}
+
+
+def _nothing_left(config, kept: dict | None) -> bool:
+  """Whether a resumed run has every job (and the verify cost, if asked for) already."""
+  if kept is None:
+    return False
+  verify_done = not config.sweep.verify_sizes or "verify_cost" in kept["record"]
+  return verify_done and all(job in kept["jobs"] for job in _jobs(config))
 
 
 def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
@@ -144,9 +155,13 @@ def check(config: ml_collections.ConfigDict) -> dict:
 
 def run(config: ml_collections.ConfigDict) -> dict:
   variants = check(config)
-  kept = resumed(config)
-  target = build.target(config)
-  drafters = {name: build.drafter(c, target) for name, c in variants.items()}
+  kept = _resumed(config)
+  if _nothing_left(config, kept):  # the tables again, from the file; no model loads
+    print(f"every job is in {config.output_dir}/sweep.json already (config.sweep.resume)")
+    target, drafters = None, {}
+  else:
+    target = build.target(config)
+    drafters = {name: build.drafter(c, target) for name, c in variants.items()}
   record, _ = measure(config, target, drafters, kept)
   return record
 
@@ -215,10 +230,10 @@ def ar_rows(config, target) -> dict:
 
 
 def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[dict, dict]:
-  """Decodes and times every job; returns the record (also written as ``sweep.json``) and the
-  AR rows per ``(temperature, batch, category)``: ``(prompt ids, new ids)`` for every row.
-  ``kept`` (``resumed``) holds runs of earlier jobs: those jobs are not measured again (and
-  have no AR rows here)."""
+  """Decodes and times every job but those ``kept`` holds (``_resumed``: an earlier run's,
+  taken as they are, with its verify cost); returns the record (also written as
+  ``sweep.json``) and the AR rows of the jobs it measured, per ``(temperature, batch,
+  category)``: ``(prompt ids, new ids)`` for every row."""
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
   verifiers = {
     name: build.verifier(_variant_config(config, dict(config.sweep.variants.get(name, {}))))
@@ -226,18 +241,21 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
   }
   ar_rows = {}
   record = {"config": config.to_dict(), "machine": machine(), "runs": []}
+  earlier, kept_jobs = (kept["record"], kept["jobs"]) if kept else ({}, {})
+  if kept_jobs:  # the machines the kept jobs ran on, newest first
+    machines = [earlier.get("machine"), *earlier.get("kept", {}).get("machines", [])]
+    record["kept"] = {"jobs": len(kept_jobs), "machines": machines}
   if config.sweep.verify_sizes:
-    record["verify_cost"] = verify_cost(target, config.sweep.verify_sizes, config.max_len)
+    record["verify_cost"] = earlier.get("verify_cost") or verify_cost(
+      target, config.sweep.verify_sizes, config.max_len
+    )
     print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
   rows = []
-  kept_jobs = (kept or {}).get("jobs", {})
-  if kept_jobs:
-    record["kept"] = {"jobs": len(kept_jobs), "machine": kept["machine"]}
   for job in tqdm(_jobs(config), desc="sweep", unit="category"):
     temperature, batch_size, category = job
     if job in kept_jobs:
       record["runs"] += kept_jobs[job]
-      rows += [r | {"calls_per_token": r["target_calls_per_token"]} for r in kept_jobs[job]]
+      rows += [_with_calls(r) for r in kept_jobs[job]]
       tqdm.write(f"  T={temperature:g} B={batch_size} {category}: kept from the earlier run")
       continue
     req = _request(config, target, temperature, batch_size, category)
@@ -274,12 +292,13 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
       run_["speedup"] = run_["tokens_per_s"] / ar["tokens_per_s"]
       if req.temperature == 0 and run_["variant"] != "draft_ar":
         run_["identical"] = texts[run_["variant"]] == texts["ar"]
-      rows.append(run_ | {"calls_per_token": run_["target_calls_per_token"]})
+      rows.append(_with_calls(run_))
     record["summary"] = _summary(record["runs"])
     results.write_json(f"{config.output_dir}/sweep.json", record)  # partial results survive
     # Each category pads its prompts differently, so no later job reuses these programs; with a
     # dozen variants the compiled code of every job would exhaust the process's memory maps.
     jax.clear_caches()
+  record["summary"] = _summary(record["runs"])
   print(results.table(rows, COLUMNS))
   cols = ("batch", "variant", "mean_speedup", "mean_tau")
   cols += ("mean_log_likelihood",) if config.sweep.get("log_likelihood") else ()
@@ -305,15 +324,18 @@ def markdown(record: dict) -> str:
     summary = [s for s in record["summary"] if key(s) == (temp, b)]
     cols = ("variant", "mean_tau", "mean_speedup") + tuple(f"mean_{c}" for c in loglik)
     out += [results.markdown_table(summary, cols), ""]
-    rows = [
-      r | {"calls_per_token": r["target_calls_per_token"]} for r in runs if key(r) == (temp, b)
-    ]
+    rows = [_with_calls(r) for r in runs if key(r) == (temp, b)]
     cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup")
     out += [results.markdown_table(rows, cols + loglik + ("identical",)), ""]
   if record.get("verify_cost"):
     out += ["Verify cost (one target forward over T tokens, batch 1):", ""]
     out += [results.markdown_table(record["verify_cost"], ("tokens", "ms", "vs_1_token")), ""]
   return "\n".join(out)
+
+
+def _with_calls(run_: dict) -> dict:
+  """A run as its table row: target calls per token under the column's short name."""
+  return run_ | {"calls_per_token": run_["target_calls_per_token"]}
 
 
 def _summary(runs: list[dict]) -> list[dict]:
