@@ -302,7 +302,29 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-  return "\n".join(out + _sweeps(results_dir) + _hit_rates(results_dir) + _ablation(results_dir))
+  out += _sweeps(results_dir) + _hit_rates(results_dir) + _draft_vocab(results_dir)
+  return "\n".join(out + _ablation(results_dir))
+
+
+def _draft_vocab(results_dir) -> list[str]:
+  """``draft_vocab.py``'s table: the draft vocabulary's coverage, and τ on the full head."""
+  import json
+
+  path = results_dir / "draft_vocab.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  rows = record["rows"]
+  return [
+    "## The reduced draft vocabulary (`draft_vocab.py`)",
+    "",
+    f"Share of the target's greedy tokens inside the drafter's {record['draft_vocab']:,}-token "
+    "vocabulary, and greedy τ replayed offline (4-chain, 8- and 16-node trees) with that head "
+    "(`saved`) and with the target's whole head (`full`), the same trained layer.",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+    "",
+  ]
 
 
 def _hit_rates(results_dir) -> list[str]:
