@@ -302,27 +302,33 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-  out += _sweeps(results_dir) + _hit_rates(results_dir) + _draft_vocab(results_dir)
+  out += _sweeps(results_dir) + _hit_rates(results_dir) + _replay(results_dir)
   return "\n".join(out + _ablation(results_dir))
 
 
-def _draft_vocab(results_dir) -> list[str]:
-  """``draft_vocab.py``'s table: the draft vocabulary's coverage, and τ on the full head."""
+def _replay(results_dir) -> list[str]:
+  """``replay.py``'s tables: the draft vocabulary's coverage and τ on the full head; τ of wide
+  trees."""
   import json
 
-  path = results_dir / "draft_vocab.json"
+  path = results_dir / "replay.json"
   if not path.exists():
     return []
-  record = json.loads(path.read_text())
-  rows = record["rows"]
+  vocab, trees = (json.loads(path.read_text())[k] for k in ("draft_vocab", "tree_budget"))
   return [
-    "## The reduced draft vocabulary (`draft_vocab.py`)",
+    "## Offline replays: the draft vocabulary and wide trees (`replay.py`)",
     "",
-    f"Share of the target's greedy tokens inside the drafter's {record['draft_vocab']:,}-token "
+    f"Share of the target's greedy tokens inside the drafter's {vocab['size']:,}-token "
     "vocabulary, and greedy τ replayed offline (4-chain, 8- and 16-node trees) with that head "
     "(`saved`) and with the target's whole head (`full`), the same trained layer.",
     "",
-    results.markdown_table(rows, tuple(rows[0])),
+    results.markdown_table(vocab["rows"], tuple(vocab["rows"][0])),
+    "",
+    "Greedy τ of EAGLE-2 trees up to 128 nodes (budgets (top_k, depth, total): "
+    f"{', '.join(str(tuple(b)) for b in trees['budgets'])}), without and with prompt lookup's "
+    "4-token branch.",
+    "",
+    results.markdown_table(trees["rows"], tuple(trees["rows"][0])),
     "",
   ]
 
