@@ -1,6 +1,6 @@
 """Offline replays of the committed drafter: does the draft vocabulary or the tree budget cap τ?
 
-    python experiments/eagle_smollm2/replay.py              # ~20 min here
+    python experiments/eagle_smollm2/replay.py              # ~25 min here
 
 Greedy τ replayed by the simulator (``specjax.simulate``: equal to what decoding measures, no
 timing) on the AR text of the held-out prompt categories (the sweeps'), for the committed
@@ -12,7 +12,8 @@ drafter (``DRAFTER``):
   target's frozen one either way (only which rows it keeps changes): the same trained layer.
 - ``tree_budget``: τ of EAGLE-2 trees far wider than this CPU can verify at a profit (up to
   128 nodes), with and without prompt lookup's 4-token branch: what the drafter gives where a
-  wide verify costs about one forward (an accelerator).
+  wide verify costs about one forward (an accelerator; the drafter's own forwards, 8-12 per
+  step for the deepest, are not priced).
 
 Writes ``results/replay.json``.
 """
@@ -36,6 +37,7 @@ LOOKUP = 4  # drafter.eagle.lookup of the second tree_budget row set
 
 
 def _taus(target, d, dp, text, budgets, suffix: str) -> dict:
+  """``{tau_<total><suffix>: τ}`` of drafter ``d`` replayed over ``text`` at each budget."""
   return {
     f"tau_{b['total']}{suffix}": b["tau"]
     for b in simulate.tau_by_budget(target, d, dp, text, budgets)
@@ -44,14 +46,14 @@ def _taus(target, d, dp, text, budgets, suffix: str) -> dict:
 
 def main() -> None:
   c = E.get_config("sweep_b1")
-  v = sweep._variant_config(c, E.eagle_variant(E.DRAFTER, *VOCAB_BUDGETS[0]))
-  target = build.target(v)
-  saved, params = build.drafter(v, target)
+  plain = sweep._variant_config(c, E.eagle_variant(E.DRAFTER, *VOCAB_BUDGETS[0]))
+  target = build.target(plain)
+  saved, params = build.drafter(plain, target)
   full = dataclasses.replace(saved, cfg=dataclasses.replace(saved.cfg, vocab_size=0))
   every_id = np.arange(full.cfg.draft_vocab)
   full_params = params | eagle.frozen_params(full.cfg, target.params, every_id)
-  v = sweep._variant_config(c, E.eagle_variant(E.DRAFTER, *WIDE_BUDGETS[0], lookup=LOOKUP))
-  lookup, _ = build.drafter(v, target)
+  branch = sweep._variant_config(c, E.eagle_variant(E.DRAFTER, *WIDE_BUDGETS[0], lookup=LOOKUP))
+  lookup, _ = build.drafter(branch, target)
   in_vocab = set(np.asarray(params["vocab_ids"]).tolist())
   vocab_rows, tree_rows = [], []
   for (_, _, category), text in sweep.ar_rows(c, target).items():

@@ -54,8 +54,8 @@ VERIFIER_KEYS = ("verifier", "typical")
 # What a sweep.json read back (resumed, or reused by task=cost_model) must share with the
 # config: everything that shapes its decoding or its timing.
 SAME_DECODING = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
-                 "top_k", "top_p", "seed", "dtype", "chat", "stop_at_eos", "verifier", "typical",
-                 "benchmark")  # fmt: skip
+                 "top_k", "top_p", "seed", "dtype", "mesh", "chat", "stop_at_eos", "verifier",
+                 "typical", "benchmark")  # fmt: skip
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -116,7 +116,7 @@ def _resumed(config: ml_collections.ConfigDict) -> dict | None:
   for r in record["runs"]:  # runs written before they named their temperature ran the config's
     job = _job(r.get("temperature", record["config"]["temperature"]), r["batch"], r["category"])
     if job in wanted:
-      done.setdefault(job, []).append(r)
+      done.setdefault(job, []).append(r | {"temperature": job[0]})
   return {"record": record, "jobs": done}
 
 
@@ -156,12 +156,12 @@ def check(config: ml_collections.ConfigDict) -> dict:
 def run(config: ml_collections.ConfigDict) -> dict:
   variants = check(config)
   kept = _resumed(config)
-  if _nothing_left(config, kept):  # the tables again, from the file; no model loads
+  if _nothing_left(config, kept):  # its tables again; no model loads, the file stays as it is
     print(f"every job is in {config.output_dir}/sweep.json already (config.sweep.resume)")
-    target, drafters = None, {}
-  else:
-    target = build.target(config)
-    drafters = {name: build.drafter(c, target) for name, c in variants.items()}
+    _print_tables(config, kept["record"])
+    return kept["record"]
+  target = build.target(config)
+  drafters = {name: build.drafter(c, target) for name, c in variants.items()}
   record, _ = measure(config, target, drafters, kept)
   return record
 
@@ -234,7 +234,6 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
   taken as they are, with its verify cost); returns the record (also written as
   ``sweep.json``) and the AR rows of the jobs it measured, per ``(temperature, batch,
   category)``: ``(prompt ids, new ids)`` for every row."""
-  temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
   verifiers = {
     name: build.verifier(_variant_config(config, dict(config.sweep.variants.get(name, {}))))
     for name in drafters
@@ -244,18 +243,17 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
   earlier, kept_jobs = (kept["record"], kept["jobs"]) if kept else ({}, {})
   if kept_jobs:  # the machines the kept jobs ran on, newest first
     machines = [earlier.get("machine"), *earlier.get("kept", {}).get("machines", [])]
-    record["kept"] = {"jobs": len(kept_jobs), "machines": machines}
+    unique = list({json.dumps(m, sort_keys=True): m for m in machines}.values())
+    record["kept"] = {"jobs": len(kept_jobs), "machines": unique}
   if config.sweep.verify_sizes:
     record["verify_cost"] = earlier.get("verify_cost") or verify_cost(
       target, config.sweep.verify_sizes, config.max_len
     )
     print(results.table(record["verify_cost"], ("tokens", "ms", "vs_1_token")))
-  rows = []
   for job in tqdm(_jobs(config), desc="sweep", unit="category"):
     temperature, batch_size, category = job
     if job in kept_jobs:
       record["runs"] += kept_jobs[job]
-      rows += [_with_calls(r) for r in kept_jobs[job]]
       tqdm.write(f"  T={temperature:g} B={batch_size} {category}: kept from the earlier run")
       continue
     req = _request(config, target, temperature, batch_size, category)
@@ -292,22 +290,25 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
       run_["speedup"] = run_["tokens_per_s"] / ar["tokens_per_s"]
       if req.temperature == 0 and run_["variant"] != "draft_ar":
         run_["identical"] = texts[run_["variant"]] == texts["ar"]
-      rows.append(_with_calls(run_))
     record["summary"] = _summary(record["runs"])
     results.write_json(f"{config.output_dir}/sweep.json", record)  # partial results survive
     # Each category pads its prompts differently, so no later job reuses these programs; with a
     # dozen variants the compiled code of every job would exhaust the process's memory maps.
     jax.clear_caches()
   record["summary"] = _summary(record["runs"])
-  print(results.table(rows, COLUMNS))
-  cols = ("batch", "variant", "mean_speedup", "mean_tau")
-  cols += ("mean_log_likelihood",) if config.sweep.get("log_likelihood") else ()
-  print(
-    results.table(record["summary"], (("temperature",) if len(temperatures) > 1 else ()) + cols)
-  )
+  _print_tables(config, record)
   path = results.write_json(f"{config.output_dir}/sweep.json", record)
   print(f"wrote {path}")
   return record, ar_rows
+
+
+def _print_tables(config, record: dict) -> None:
+  """Every run, then the per-variant means."""
+  print(results.table([_with_calls(r) for r in record["runs"]], COLUMNS))
+  cols = ("batch", "variant", "mean_speedup", "mean_tau")
+  cols += ("mean_log_likelihood",) if config.sweep.get("log_likelihood") else ()
+  several = len(config.sweep.get("temperatures") or ()) > 1
+  print(results.table(record["summary"], (("temperature",) if several else ()) + cols))
 
 
 def markdown(record: dict) -> str:
