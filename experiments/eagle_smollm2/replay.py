@@ -36,12 +36,14 @@ WIDE_BUDGETS = ((4, 6, 16), (4, 8, 32), (8, 8, 64), (8, 12, 128))
 LOOKUP = 4  # drafter.eagle.lookup of the second tree_budget row set
 
 
-def _taus(target, d, dp, text, budgets, suffix: str) -> dict:
-  """``{tau_<total><suffix>: τ}`` of drafter ``d`` replayed over ``text`` at each budget."""
-  return {
-    f"tau_{b['total']}{suffix}": b["tau"]
-    for b in simulate.tau_by_budget(target, d, dp, text, budgets)
-  }
+def _taus(target, d, dp, text, budgets) -> dict:
+  """``{total: τ}`` of drafter ``d`` replayed over ``text`` at each budget."""
+  return {b["total"]: b["tau"] for b in simulate.tau_by_budget(target, d, dp, text, budgets)}
+
+
+def _named(taus: dict, budgets, suffix: str = "") -> dict:
+  """``{tau_<total><suffix>: τ}`` for ``budgets``, in their order."""
+  return {f"tau_{total}{suffix}": taus[total] for _, _, total in budgets}
 
 
 def main() -> None:
@@ -60,14 +62,16 @@ def main() -> None:
     new = [t for _, reply in text for t in reply]
     row = {"category": category, "tokens": len(new)}
     row["in_draft_vocab"] = float(np.mean([t in in_vocab for t in new]))
-    row |= _taus(target, saved, params, text, VOCAB_BUDGETS, "_saved")
-    row |= _taus(target, full, full_params, text, VOCAB_BUDGETS, "_full")
+    every_budget = tuple(dict.fromkeys(VOCAB_BUDGETS + WIDE_BUDGETS))  # (4, 6, 16) once
+    plain_taus = _taus(target, saved, params, text, every_budget)
+    row |= _named(plain_taus, VOCAB_BUDGETS, "_saved")
+    row |= _named(_taus(target, full, full_params, text, VOCAB_BUDGETS), VOCAB_BUDGETS, "_full")
     vocab_rows.append(row)
     print(row, flush=True)
     tree_rows += [
-      {"category": category, "lookup": 0} | _taus(target, saved, params, text, WIDE_BUDGETS, ""),
+      {"category": category, "lookup": 0} | _named(plain_taus, WIDE_BUDGETS),
       {"category": category, "lookup": LOOKUP}
-      | _taus(target, lookup, params, text, WIDE_BUDGETS, ""),
+      | _named(_taus(target, lookup, params, text, WIDE_BUDGETS), WIDE_BUDGETS),
     ]
     print(tree_rows[-2:], flush=True)
   record = {
