@@ -27,6 +27,13 @@ writes its greedy replies to 1024 task prompts to data/self_distill/smollm2_task
 the KJV and Python source wrapped in a task (summarise, rewrite, answer a question about it,
 explain or finish the code; ``specjax.train.distill.TASKS``), i.e. replies of the kind an
 assistant gives rather than continuations of the corpus.
+
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
+
+writes its greedy replies to 512 assistant requests made from templates with no corpus text
+(advice, explanations, stories, plans, letters: ``distill.REQUEST_TEMPLATES``) to
+data/self_distill/smollm2_requests/ (up to 128 new tokens each): the kind of reply the held-out
+chat prompts get, which the corpora lack.
 """
 
 from ml_collections import config_dict
@@ -60,6 +67,7 @@ def get_config(arg: str | None = None):
   c.distill.capture_layers = ()  # cache the residual stream after these layers (float16)
   c.distill.capture_final = False  # cache the final-norm hidden state the LM head reads
   c.distill.tasks = False  # True: task prompts (distill.TASKS, chitchat questions)
+  c.distill.requests = False  # True: assistant requests (distill.REQUEST_TEMPLATES), no corpus
 
   if arg == "tiny":
     t = tiny.get_config()
@@ -85,8 +93,15 @@ def get_config(arg: str | None = None):
     c.distill.num_prompts = 1024
     c.distill.prompt_max_tokens = 48  # the template, system prompt and task around it: <= 128
     c.max_new_tokens = 128
+  elif arg == "requests":
+    c.output_dir = "data/self_distill/smollm2_requests"
+    c.temperature = 0.0
+    c.distill.requests = True
+    c.distill.num_prompts = 512
+    c.max_new_tokens = 128
+    c.max_len = 192  # a request (<= ~50 tokens with the template) + max_new_tokens
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny, greedy or tasks."
+      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny, greedy, tasks or requests."
     )
   return c

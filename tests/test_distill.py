@@ -1,6 +1,7 @@
 """Self-distillation: shards hold exactly what generate produces, and read back as a Dataset."""
 
 import json
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -194,6 +195,38 @@ def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
   with pytest.raises(ValueError, match="tasks=True .* chat=True"):
     distill.corpus_prompts(["kjv"], tok, num_prompts=1, min_tokens=8, max_tokens=8, chat=False,
                            tasks=True)  # fmt: skip
+
+
+def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prompts():
+  from experiments.eagle_smollm2 import config as eagle
+
+  tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
+  a, b = (distill.request_prompts(tok, num_prompts=200, seed=0) for _ in range(2))
+  assert a == b and a.texts != distill.request_prompts(tok, num_prompts=200, seed=1).texts
+  assert a.sources == ["requests"] * 200 and len(set(a.texts)) == 200
+  pattern = "|".join(
+    re.escape(t).replace(r"\{", "{").replace(r"\}", "}") for t in distill.REQUEST_TEMPLATES
+  )
+  pattern = re.sub(r"{\w+}", ".+", pattern)
+  users = []
+  for ids, text in zip(a.ids, a.texts, strict=True):
+    assert ids == tok.encode(text) and text.endswith("<|im_start|>assistant\n")
+    assert text.count("<|im_start|>user") == 1
+    users.append(text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0])
+    assert re.fullmatch(pattern, users[-1]), users[-1]
+  assert len({u.split()[0] for u in users}) >= 8  # many kinds of request, not one template
+  held_out = [*(p for ps in training_free.CATEGORIES.values() for p in ps), *eagle.CHAT_NEW]
+  assert not set(users) & set(held_out)
+  with pytest.raises(ValueError, match="make only"):
+    distill.request_prompts(tok, num_prompts=10**9)
+  config = self_distill_smollm2.get_config("requests")
+  config.distill.tasks = True
+  with pytest.raises(ValueError, match="choose one prompt kind"):
+    task.check(config)
+  config = self_distill_smollm2.get_config("requests")
+  config.chat = False
+  with pytest.raises(ValueError, match="requests=True writes user messages: set config.chat=True"):
+    task.check(config)
 
 
 def test_task_writes_a_readable_directory(tmp_path, capsys):

@@ -26,7 +26,9 @@
    started from the target's last layer instead of random (``copy_fixed_300``).
 4. Continuations of 1.'s drafter (``init_from``): ``:tasks`` on the target's replies to task
    prompts, ``:volume`` on 1,600 chitchat rows of another document order (mostly unseen: more
-   text); ``:sweep_tasks`` / ``:sweep_volume`` decode each next to 1.'s.
+   text), ``:requests`` on its replies to assistant requests made from templates (the kind
+   of reply the held-out chat prompts get); ``:sweep_tasks`` / ``:sweep_volume`` /
+   ``:sweep_requests`` decode each next to 1.'s (the last with six more chat prompts).
 """
 
 import functools
@@ -42,6 +44,17 @@ HERE = "experiments/eagle_smollm2"
 DRAFTER = f"{HERE}/drafter"  # committed copy of WORKDIR/draft_final
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 TASKS_DATA = "data/self_distill/smollm2_tasks"  # configs/self_distill_smollm2.py:tasks
+REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
+# Chat prompts written for :sweep_requests after its training requests were fixed, none made
+# by distill.REQUEST_TEMPLATES: a second held-out chat set beside training_free's three.
+CHAT_NEW = (
+  "Can you recommend a few books for someone who enjoys mystery novels?",
+  "What should I pack for a weekend camping trip?",
+  "Write a thank-you note to a neighbour who watered my plants while I was away.",
+  "Why do cats purr?",
+  "Plan a simple three-day workout routine for a beginner.",
+  "What is a good way to learn a new language as an adult?",
+)
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 RESULTS = f"{HERE}/results"
 FEATURES = "data/features/eagle_smollm2"  # float16 final features of the training rows
@@ -132,12 +145,23 @@ def nalpha_variants() -> dict:
 
 def continued_variants(run: str) -> dict:
   """``DRAFTER`` continued by ``:run`` (``tasks``: on task replies; ``volume``: on corpus rows it
-  has not seen) next to ``DRAFTER``, each as a 4-chain and as an 8-node EAGLE-2 tree."""
+  has not seen; ``requests``: on replies to assistant requests) next to ``DRAFTER``, each as a
+  4-chain and as an 8-node EAGLE-2 tree."""
   out = {}
   for name, path in (("eagle1", DRAFTER), (run, f"{WORKDIR}_{run}/draft_final")):
     e = functools.partial(eagle_variant, path)
     out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8)}
   return out
+
+
+def requests_variants() -> dict:
+  """``continued_variants("requests")`` and, for both drafters, the 16-node EAGLE-2 tree with
+  prompt lookup's 4-token branch (the best greedy budget of ``:sweep_lookup``)."""
+  best = {
+    f"{name}_tree_4x6_16_lookup4": eagle_variant(path, 4, 6, 16, lookup=4)
+    for name, path in (("eagle1", DRAFTER), ("requests", f"{WORKDIR}_requests/draft_final"))
+  }
+  return continued_variants("requests") | best
 
 
 def ablation_variants(sweep: str) -> dict:
@@ -197,6 +221,15 @@ def get_config(arg: str | None = None):
     c.train.steps = 300
     c.optim.learning_rate = 1e-3
     c.optim.decay_steps = 280
+  elif arg == "requests":  # continue DRAFTER on the target's replies to assistant requests
+    c.workdir = f"{WORKDIR}_requests"
+    o.init_from = DRAFTER
+    c.data.sources = (REQUESTS_DATA, "python")
+    c.data.max_examples = 768  # 384 replies to requests, 384 rows of Python
+    c.data.feature_cache = f"{FEATURES}_requests"
+    c.train.steps = 300
+    c.optim.learning_rate = 1e-3
+    c.optim.decay_steps = 280
   elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
     c.workdir = f"{WORKDIR}_volume"
     o.init_from = DRAFTER
@@ -229,7 +262,7 @@ def get_config(arg: str | None = None):
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
-               "sweep_volume", "sweep_lookup", *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_volume", "sweep_requests", "sweep_lookup", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -243,6 +276,8 @@ def get_config(arg: str | None = None):
     if arg == "sweep_lookup":  # greedy, then temperature 1, in one process
       c.sweep.temperatures = (0.0, 1.0)
     c.sweep.categories = training_free.CATEGORIES
+    if arg == "sweep_requests":
+      c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
     c.sweep.verify_sizes = ()
     if arg in ABLATION_SWEEPS:
       c.sweep.variants = ablation_variants(arg)
@@ -250,13 +285,15 @@ def get_config(arg: str | None = None):
       pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants,
               "sweep_lookup": lookup_variants,
               "sweep_tasks": functools.partial(continued_variants, "tasks"),
-              "sweep_volume": functools.partial(continued_variants, "volume")}  # fmt: skip
+              "sweep_volume": functools.partial(continued_variants, "volume"),
+              "sweep_requests": requests_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, eagle1_300, "
-      f"ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, "
-      f"sweep_tasks, sweep_volume, sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, "
+      f"eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, "
+      "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_lookup, "
+      f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -286,7 +323,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "tasks", "volume", "ttt_300"):
+  for run in ("eagle1", "tasks", "volume", "requests", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -410,6 +447,7 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
     "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
     "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
+    "sweep_requests": "Continued for 300 steps on the target's replies to assistant requests",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():

@@ -1,9 +1,10 @@
 """task=self_distill: the target's own continuations of corpus prompts, written as shards.
 
-Prompts are cut from ``config.distill.sources`` with the target's tokenizer (a random target,
-which has none, gets seeded random token prompts instead), generated in batches of
-``config.batch_size`` with the config's sampling knobs, and written under
-``config.output_dir`` (see specjax/train/distill.py). Training reads the directory back with
+Prompts are cut from ``config.distill.sources`` (or, with ``config.distill.requests``, made
+from ``distill.REQUEST_TEMPLATES``) with the target's tokenizer (a random target, which has
+none, gets seeded random token prompts instead), generated in batches of ``config.batch_size``
+with the config's sampling knobs, and written under ``config.output_dir`` (see
+specjax/train/distill.py). Training reads the directory back with
 ``specjax.train.data.load_dataset``.
 """
 
@@ -29,8 +30,13 @@ def check(config: ml_collections.ConfigDict) -> None:
     )
   for name in d.sources:
     data.corpus_path(name)
-  if d.tasks and not config.chat:
-    raise ValueError("config.distill.tasks=True writes user messages: set config.chat=True.")
+  for flag in ("tasks", "requests"):
+    if d[flag] and not config.chat:
+      raise ValueError(f"config.distill.{flag}=True writes user messages: set config.chat=True.")
+  if d.tasks and d.requests:
+    raise ValueError(
+      "config.distill.tasks and config.distill.requests are both True: choose one prompt kind."
+    )
   if d.num_prompts < 1:
     raise ValueError(f"config.distill.num_prompts must be >= 1, got {d.num_prompts}.")
   if not 1 <= d.prompt_min_tokens <= d.prompt_max_tokens:
@@ -57,16 +63,19 @@ def run(config: ml_collections.ConfigDict) -> dict:
     prompt_ids = [rng.integers(0, target.cfg.vocab_size, size=n).tolist() for n in lengths]
     sources, texts = None, None
   else:
-    prompts = distill.corpus_prompts(
-      tuple(d.sources),
-      tok,
-      num_prompts=d.num_prompts,
-      min_tokens=d.prompt_min_tokens,
-      max_tokens=d.prompt_max_tokens,
-      seed=config.seed,
-      chat=config.chat,
-      tasks=d.tasks,
-    )
+    if d.requests:
+      prompts = distill.request_prompts(tok, num_prompts=d.num_prompts, seed=config.seed)
+    else:
+      prompts = distill.corpus_prompts(
+        tuple(d.sources),
+        tok,
+        num_prompts=d.num_prompts,
+        min_tokens=d.prompt_min_tokens,
+        max_tokens=d.prompt_max_tokens,
+        seed=config.seed,
+        chat=config.chat,
+        tasks=d.tasks,
+      )
     prompt_ids, sources, texts = prompts.ids, prompts.sources, prompts.texts
   manifest = distill.self_distill(
     target.params,

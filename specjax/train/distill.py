@@ -35,6 +35,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 import zlib
@@ -87,6 +88,236 @@ TASKS = {
     "Is there a bug in this Python code? Explain.\n```python\n{text}\n```",
     "Write unit tests for this Python code:\n```python\n{text}\n```",
   ),
+}
+# Assistant requests (``request_prompts``): what users of a chat model ask it to do on its own,
+# with no passage to work from: advice, explanations, stories, plans, letters. Each template's
+# slots are filled from REQUEST_SLOTS, so a few dozen templates give thousands of distinct
+# prompts. The corpora hold no such requests (chitchat is small talk).
+REQUEST_TEMPLATES = (
+  "Give me {n} tips for {activity}.",
+  "What are {n} ways to {goal}?",
+  "How do I {task}?",
+  "Explain {concept} in simple terms.",
+  "Explain {concept} to a ten-year-old.",
+  "Write a short story about {character} who {plot}.",
+  "Write a short poem about {thing}.",
+  "What is the difference between {pair}?",
+  "Describe {place} to someone who has never been there.",
+  "Write a short email to {person} about {matter}.",
+  "What are the benefits of {activity}?",
+  "Give me a step-by-step guide to {task_noun}.",
+  "Suggest a simple plan for {goal_noun}.",
+  "List {n} interesting facts about {thing}.",
+  "Write a short product description for {product}.",
+  "What should I know before {activity}?",
+  "Why is {concept} important?",
+  "What are the pros and cons of {activity}?",
+  "Write a short speech for {occasion}.",
+  "Can you help me {goal}?",
+  "What are common mistakes people make when {activity}?",
+  "Summarize what you know about {concept} in a few sentences.",
+  "Write a friendly message inviting {person} to {event}.",
+  "I feel {feeling}. What can I do about it?",
+  "Compare {pair} in a short paragraph.",
+  "Write a dialogue between {character} and {person}.",
+)
+REQUEST_SLOTS = {
+  "n": ("three", "four", "five"),
+  "activity": (
+    "learning to cook",
+    "running a marathon",
+    "starting a vegetable garden",
+    "saving money",
+    "travelling on a budget",
+    "keeping a journal",
+    "learning to swim",
+    "working from home",
+    "public speaking",
+    "hiking in the mountains",
+    "moving to a new city",
+    "adopting a dog",
+    "learning the guitar",
+    "writing a resume",
+    "getting better sleep",
+    "reading more books",
+    "volunteering",
+    "camping with children",
+    "learning a second language",
+    "baking bread",
+  ),
+  "goal": (
+    "reduce stress",
+    "save energy at home",
+    "make new friends",
+    "stay healthy in winter",
+    "improve my handwriting",
+    "be more productive in the morning",
+    "eat less sugar",
+    "keep my room tidy",
+    "spend less time on my phone",
+    "prepare for a job interview",
+    "become a better listener",
+    "remember names",
+    "drink more water",
+    "learn faster",
+  ),
+  "task": (
+    "change a flat tire",
+    "plant a tree",
+    "write a good cover letter",
+    "fold a paper airplane",
+    "clean a cast iron pan",
+    "set up a budget",
+    "boil an egg",
+    "tie a tie",
+    "back up my computer",
+    "start a podcast",
+    "paint a room",
+    "train a puppy to sit",
+    "make pancakes",
+    "build a birdhouse",
+    "wash a wool sweater",
+    "plan a birthday party",
+  ),
+  "task_noun": (
+    "changing a flat tire",
+    "planting a tree",
+    "making a paper airplane",
+    "baking cookies",
+    "setting up a fish tank",
+    "repotting a plant",
+    "making a smoothie",
+    "packing for a move",
+  ),
+  "goal_noun": (
+    "learning to code in three months",
+    "getting fit at home",
+    "a weekend trip to the beach",
+    "a quiet family holiday",
+    "saving for a bicycle",
+    "a school science fair project",
+    "a healthy weekly menu",
+    "cleaning out the garage",
+  ),
+  "concept": (
+    "gravity",
+    "photosynthesis",
+    "inflation",
+    "the water cycle",
+    "democracy",
+    "electricity",
+    "the internet",
+    "vaccines",
+    "climate change",
+    "compound interest",
+    "recycling",
+    "the immune system",
+    "black holes",
+    "renewable energy",
+    "supply and demand",
+    "evolution",
+    "machine learning",
+    "the seasons",
+    "volcanoes",
+    "friendship",
+  ),
+  "character": (
+    "a lonely lighthouse keeper",
+    "a curious cat",
+    "a young wizard",
+    "an old fisherman",
+    "a shy dragon",
+    "a brave little mouse",
+    "a time traveller",
+    "a girl from a mountain village",
+    "a lost astronaut",
+    "a talking tree",
+  ),
+  "plot": (
+    "finds a secret door",
+    "makes an unlikely friend",
+    "loses something precious",
+    "has to cross a desert",
+    "discovers a hidden talent",
+    "solves a mystery in town",
+    "gets lost in a big city",
+    "builds a boat",
+  ),
+  "thing": (
+    "the ocean",
+    "autumn leaves",
+    "the moon",
+    "honeybees",
+    "mountains",
+    "rain",
+    "elephants",
+    "the night sky",
+    "coffee",
+    "old books",
+    "trains",
+    "snow",
+    "the desert",
+    "owls",
+  ),
+  "pair": (
+    "weather and climate",
+    "a virus and a bacterium",
+    "a lake and a pond",
+    "cats and dogs",
+    "renting and buying a home",
+    "a crocodile and an alligator",
+    "baking and roasting",
+    "speed and velocity",
+    "a simile and a metaphor",
+    "weight and mass",
+  ),
+  "place": (
+    "a busy market",
+    "a rainforest",
+    "a small island",
+    "a library at night",
+    "the Arctic",
+    "a farm in spring",
+    "an old castle",
+    "a train station at rush hour",
+  ),
+  "person": (
+    "my manager",
+    "a friend",
+    "my neighbour",
+    "a teacher",
+    "my landlord",
+    "a new colleague",
+    "my grandmother",
+    "the team",
+  ),
+  "matter": (
+    "a delayed project",
+    "a missed meeting",
+    "a noisy party next door",
+    "a broken heater",
+    "next week's holiday",
+    "a thank-you for their help",
+    "a change of plans",
+  ),
+  "product": (
+    "a reusable water bottle",
+    "a pair of running shoes",
+    "a desk lamp",
+    "a backpack",
+    "a wooden chess set",
+    "a smart watch",
+    "a houseplant kit",
+  ),
+  "occasion": (
+    "a friend's wedding",
+    "a retirement party",
+    "the first day of school",
+    "a team's victory",
+    "a graduation",
+  ),
+  "event": ("a picnic", "a board game night", "a birthday dinner", "a walk in the park"),
+  "feeling": ("tired all the time", "nervous about an exam", "bored at work", "a bit lonely"),
 }
 _MIN_QUESTION_WORDS = 4  # a chitchat question shorter than this is a greeting, not a task
 _TURN_MARKUP_TOKENS = 5  # ChatML's "<|im_start|>role\n ... <|im_end|>\n" around each turn.
@@ -227,6 +458,34 @@ def _questions(conversations) -> list[str]:
       if text.endswith("?") and len(text.split()) >= _MIN_QUESTION_WORDS:
         seen.setdefault(text, None)
   return list(seen)
+
+
+def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0) -> Prompts:
+  """``num_prompts`` distinct assistant requests (``REQUEST_TEMPLATES`` with their slots filled
+  at random), chat-templated; deterministic in seed. Their source is ``"requests"``."""
+  if num_prompts < 1:
+    raise ValueError(f"num_prompts must be >= 1, got {num_prompts}.")
+  if getattr(tokenizer, "apply_chat_template", None) is None:
+    raise ValueError("request prompts are user messages: they need a tokenizer with a chat "
+                     "template.")  # fmt: skip
+  rng = np.random.default_rng([seed, zlib.crc32(b"requests")])
+  slots = [re.findall(r"{(\w+)}", t) for t in REQUEST_TEMPLATES]
+  distinct = sum(np.prod([len(REQUEST_SLOTS[k]) for k in ks]) for ks in slots)
+  if num_prompts > distinct:
+    raise ValueError(f"num_prompts={num_prompts}: the templates make only {distinct} requests.")
+  out, seen = Prompts([], [], []), set()
+  while len(out.ids) < num_prompts:
+    i = int(rng.integers(len(REQUEST_TEMPLATES)))
+    fill = {k: REQUEST_SLOTS[k][int(rng.integers(len(REQUEST_SLOTS[k])))] for k in slots[i]}
+    request = REQUEST_TEMPLATES[i].format(**fill)
+    if request in seen:
+      continue
+    seen.add(request)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": request}])
+    out.ids.append(list(tokenizer.encode(text)))
+    out.sources.append("requests")
+    out.texts.append(text)
+  return out
 
 
 # -- generation -----------------------------------------------------------------------------------
