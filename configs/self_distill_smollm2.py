@@ -31,7 +31,8 @@ assistant gives rather than continuations of the corpus.
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
 
 writes its greedy replies to 512 assistant requests made from templates with no corpus text
-(advice, explanations, stories, plans, letters: ``distill.REQUEST_TEMPLATES``) to
+(advice, explanations, stories, plans, letters: ``distill.REQUEST_TEMPLATES``; 512 of the
+656 they make) to
 data/self_distill/smollm2_requests/ (up to 128 new tokens each): the kind of reply the held-out
 chat prompts get, which the corpora lack.
 """
@@ -97,6 +98,7 @@ def get_config(arg: str | None = None):
     c.output_dir = "data/self_distill/smollm2_requests"
     c.temperature = 0.0
     c.distill.requests = True
+    c.distill.sources = ()  # the templates read no corpus
     c.distill.num_prompts = 512
     c.max_new_tokens = 128
     c.max_len = 192  # a request (<= ~50 tokens with the template) + max_new_tokens

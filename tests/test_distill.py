@@ -201,31 +201,42 @@ def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prom
   from experiments.eagle_smollm2 import config as eagle
 
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
-  a, b = (distill.request_prompts(tok, num_prompts=200, seed=0) for _ in range(2))
-  assert a == b and a.texts != distill.request_prompts(tok, num_prompts=200, seed=1).texts
-  assert a.sources == ["requests"] * 200 and len(set(a.texts)) == 200
-  pattern = "|".join(
-    re.escape(t).replace(r"\{", "{").replace(r"\}", "}") for t in distill.REQUEST_TEMPLATES
-  )
-  pattern = re.sub(r"{\w+}", ".+", pattern)
+  a, b = (distill.request_prompts(tok, num_prompts=512, seed=0) for _ in range(2))
+  assert a == b and a.texts != distill.request_prompts(tok, num_prompts=512, seed=1).texts
+  assert a.sources == ["requests"] * 512 and len(set(a.texts)) == 512
+  every = distill.all_requests()
   users = []
   for ids, text in zip(a.ids, a.texts, strict=True):
     assert ids == tok.encode(text) and text.endswith("<|im_start|>assistant\n")
     assert text.count("<|im_start|>user") == 1
     users.append(text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0])
-    assert re.fullmatch(pattern, users[-1]), users[-1]
+  assert set(users) <= every
   assert len({u.split()[0] for u in users}) >= 8  # many kinds of request, not one template
+  # No request the templates can make is a prompt that measures the drafters.
   held_out = [*(p for ps in training_free.CATEGORIES.values() for p in ps), *eagle.CHAT_NEW]
-  assert not set(users) & set(held_out)
-  with pytest.raises(ValueError, match="make only"):
-    distill.request_prompts(tok, num_prompts=10**9)
+  assert not {h.lower() for h in held_out} & {r.lower() for r in every}
+  with pytest.raises(ValueError, match=f"make {len(every)} distinct requests"):
+    distill.request_prompts(tok, num_prompts=len(every) + 1)
+  distill.request_prompts(tok, num_prompts=len(every))  # all of them: the loop ends
+
+
+@pytest.mark.parametrize(
+  "change, match",
+  [
+    ({"distill.tasks": True}, "choose one prompt kind"),
+    ({"chat": False}, "requests=True writes user messages: set config.chat=True"),
+    ({"distill.sources": ("kjv",)}, "reads no corpus: set config.distill.sources=()"),
+    ({"distill.num_prompts": 10**6}, "set num_prompts <= 656"),
+    ({"target.source": "random"}, "random target gets random token prompts"),
+  ],
+)
+def test_request_config_errors_name_the_field(change, match):
   config = self_distill_smollm2.get_config("requests")
-  config.distill.tasks = True
-  with pytest.raises(ValueError, match="choose one prompt kind"):
-    task.check(config)
-  config = self_distill_smollm2.get_config("requests")
-  config.chat = False
-  with pytest.raises(ValueError, match="requests=True writes user messages: set config.chat=True"):
+  task.check(config)
+  for field, value in change.items():
+    section, _, name = field.rpartition(".")
+    (config[section] if section else config)[name] = value
+  with pytest.raises(ValueError, match=re.escape(match)):
     task.check(config)
 
 

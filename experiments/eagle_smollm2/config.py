@@ -28,7 +28,8 @@
    prompts, ``:volume`` on 1,600 chitchat rows of another document order (mostly unseen: more
    text), ``:requests`` on its replies to assistant requests made from templates (the kind
    of reply the held-out chat prompts get); ``:sweep_tasks`` / ``:sweep_volume`` /
-   ``:sweep_requests`` decode each next to 1.'s (the last with six more chat prompts).
+   ``:sweep_requests`` decode each next to 1.'s (the last also as 16-node trees with the lookup
+   branch, and on six more chat prompts, ``CHAT_NEW``).
 """
 
 import functools
@@ -45,15 +46,17 @@ DRAFTER = f"{HERE}/drafter"  # committed copy of WORKDIR/draft_final
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 TASKS_DATA = "data/self_distill/smollm2_tasks"  # configs/self_distill_smollm2.py:tasks
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
-# Chat prompts written for :sweep_requests after its training requests were fixed, none made
-# by distill.REQUEST_TEMPLATES: a second held-out chat set beside training_free's three.
+# Chat prompts for :sweep_requests whose kind and topic are in none of the training requests
+# (distill.REQUEST_TEMPLATES and REQUEST_SLOTS): a second held-out chat set beside
+# training_free's three, which ask for the kinds of reply the templates ask for (tips, a story,
+# how to), on other topics.
 CHAT_NEW = (
   "Can you recommend a few books for someone who enjoys mystery novels?",
-  "What should I pack for a weekend camping trip?",
-  "Write a thank-you note to a neighbour who watered my plants while I was away.",
-  "Why do cats purr?",
-  "Plan a simple three-day workout routine for a beginner.",
-  "What is a good way to learn a new language as an adult?",
+  "Why do onions make people cry?",
+  "What questions should I ask when buying a used car?",
+  "Write a birthday card message for my brother, who is turning thirty.",
+  "Suggest some names for a new bakery.",
+  "How can a small shop attract more customers?",
 )
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 RESULTS = f"{HERE}/results"
@@ -143,25 +146,18 @@ def nalpha_variants() -> dict:
   return {f"{name}_chain_6": eagle_variant(path, 1, 6, 6) for name, path in BUDGET_300.items()}
 
 
-def continued_variants(run: str) -> dict:
+def continued_variants(run: str, lookup: bool = False) -> dict:
   """``DRAFTER`` continued by ``:run`` (``tasks``: on task replies; ``volume``: on corpus rows it
   has not seen; ``requests``: on replies to assistant requests) next to ``DRAFTER``, each as a
-  4-chain and as an 8-node EAGLE-2 tree."""
+  4-chain and as an 8-node EAGLE-2 tree; ``lookup``: also as the 16-node tree with prompt
+  lookup's 4-token branch (the best greedy budget of ``:sweep_lookup``)."""
   out = {}
   for name, path in (("eagle1", DRAFTER), (run, f"{WORKDIR}_{run}/draft_final")):
     e = functools.partial(eagle_variant, path)
     out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8)}
+    if lookup:
+      out[f"{name}_tree_4x6_16_lookup4"] = e(4, 6, 16, lookup=4)
   return out
-
-
-def requests_variants() -> dict:
-  """``continued_variants("requests")`` and, for both drafters, the 16-node EAGLE-2 tree with
-  prompt lookup's 4-token branch (the best greedy budget of ``:sweep_lookup``)."""
-  best = {
-    f"{name}_tree_4x6_16_lookup4": eagle_variant(path, 4, 6, 16, lookup=4)
-    for name, path in (("eagle1", DRAFTER), ("requests", f"{WORKDIR}_requests/draft_final"))
-  }
-  return continued_variants("requests") | best
 
 
 def ablation_variants(sweep: str) -> dict:
@@ -286,7 +282,8 @@ def get_config(arg: str | None = None):
               "sweep_lookup": lookup_variants,
               "sweep_tasks": functools.partial(continued_variants, "tasks"),
               "sweep_volume": functools.partial(continued_variants, "volume"),
-              "sweep_requests": requests_variants}  # fmt: skip
+              "sweep_requests": functools.partial(continued_variants, "requests",
+                                                  lookup=True)}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
@@ -447,7 +444,8 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
     "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
     "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
-    "sweep_requests": "Continued for 300 steps on the target's replies to assistant requests",
+    "sweep_requests": "Continued for 300 steps on the target's replies to assistant requests "
+    "(five categories: chat_new is six more chat prompts)",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():
@@ -455,7 +453,7 @@ def _sweeps(results_dir) -> list[str]:
     if path.exists():
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
-      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume"):
+      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests"):
         out += _nalpha_table(record["runs"])
   return out
 

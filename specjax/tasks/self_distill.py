@@ -24,6 +24,24 @@ def check(config: ml_collections.ConfigDict) -> None:
         "config.distill.sources needs a target with a tokenizer; a random target takes "
         "distill.sources=() and gets random token prompts."
       )
+    if d.requests:
+      raise ValueError(
+        "config.distill.requests=True needs a target with a tokenizer and a chat template; a "
+        "random target gets random token prompts: set distill.requests=False."
+      )
+  elif d.requests:
+    if d.sources:
+      raise ValueError(
+        "config.distill.requests=True makes prompts from templates and reads no corpus: set "
+        "config.distill.sources=()."
+      )
+    distinct = len(distill.all_requests())
+    if d.num_prompts > distinct:
+      raise ValueError(
+        f"config.distill.num_prompts={d.num_prompts}: the request templates make {distinct} "
+        f"distinct requests; set num_prompts <= {distinct}, or add templates or slot values "
+        "to distill.REQUEST_TEMPLATES / REQUEST_SLOTS."
+      )
   elif not d.sources:
     raise ValueError(
       f"config.distill.sources is empty: name corpora from {', '.join(data.CORPORA)}."

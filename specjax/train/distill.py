@@ -6,6 +6,9 @@
                  max_len=256, batch_size=32, shard_size=256, temperature=1.0,
                  eos_id=tok.stop_ids, sources=prompts.sources)
 
+``request_prompts`` gives assistant requests made from templates instead (no corpus text:
+advice, explanations, stories, letters), for replies of the kind a chat model is asked for.
+
 A drafter is scored by how often the target accepts its tokens, so it learns best from the
 target's own output distribution. Prompts are cut from the corpora (``data.py``): chitchat gives
 a conversation's turns from a random point, ending on a user turn; the other corpora give a
@@ -33,6 +36,7 @@ Every file is written to a temp name and renamed.
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -91,8 +95,8 @@ TASKS = {
 }
 # Assistant requests (``request_prompts``): what users of a chat model ask it to do on its own,
 # with no passage to work from: advice, explanations, stories, plans, letters. Each template's
-# slots are filled from REQUEST_SLOTS, so a few dozen templates give thousands of distinct
-# prompts. The corpora hold no such requests (chitchat is small talk).
+# slots are filled from REQUEST_SLOTS: 26 templates make 656 distinct requests
+# (``all_requests``). The corpora hold no such requests (chitchat is small talk).
 REQUEST_TEMPLATES = (
   "Give me {n} tips for {activity}.",
   "What are {n} ways to {goal}?",
@@ -460,21 +464,33 @@ def _questions(conversations) -> list[str]:
   return list(seen)
 
 
+def all_requests() -> set[str]:
+  """Every request the templates make: each template with every combination of its slots."""
+  out = set()
+  for template in REQUEST_TEMPLATES:
+    keys = re.findall(r"{(\w+)}", template)
+    for values in itertools.product(*(REQUEST_SLOTS[k] for k in keys)):
+      out.add(template.format(**dict(zip(keys, values, strict=True))))
+  return out
+
+
 def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0) -> Prompts:
   """``num_prompts`` distinct assistant requests (``REQUEST_TEMPLATES`` with their slots filled
   at random), chat-templated; deterministic in seed. Their source is ``"requests"``."""
-  if num_prompts < 1:
-    raise ValueError(f"num_prompts must be >= 1, got {num_prompts}.")
+  distinct = len(all_requests())
+  if not 1 <= num_prompts <= distinct:
+    raise ValueError(
+      f"num_prompts={num_prompts}: the templates make {distinct} distinct requests; ask for "
+      f"1 to {distinct}, or add templates or slot values."
+    )
   if getattr(tokenizer, "apply_chat_template", None) is None:
-    raise ValueError("request prompts are user messages: they need a tokenizer with a chat "
-                     "template.")  # fmt: skip
+    raise ValueError(
+      "request prompts are user messages: they need a tokenizer with a chat template."
+    )
   rng = np.random.default_rng([seed, zlib.crc32(b"requests")])
   slots = [re.findall(r"{(\w+)}", t) for t in REQUEST_TEMPLATES]
-  distinct = sum(np.prod([len(REQUEST_SLOTS[k]) for k in ks]) for ks in slots)
-  if num_prompts > distinct:
-    raise ValueError(f"num_prompts={num_prompts}: the templates make only {distinct} requests.")
   out, seen = Prompts([], [], []), set()
-  while len(out.ids) < num_prompts:
+  while len(out.ids) < num_prompts:  # Templates drawn uniformly, then their slots.
     i = int(rng.integers(len(REQUEST_TEMPLATES)))
     fill = {k: REQUEST_SLOTS[k][int(rng.integers(len(REQUEST_SLOTS[k])))] for k in slots[i]}
     request = REQUEST_TEMPLATES[i].format(**fill)
