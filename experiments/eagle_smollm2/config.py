@@ -29,7 +29,8 @@
    text), ``:requests`` on its replies to assistant requests made from templates (the kind
    of reply the held-out chat prompts get); ``:sweep_tasks`` / ``:sweep_volume`` /
    ``:sweep_requests`` decode each next to 1.'s (the last also as 16-node trees with the lookup
-   branch, and on six more chat prompts, ``CHAT_NEW``).
+   branch, and on six more chat prompts, ``CHAT_NEW``); ``:sweep_requests_t1`` decodes those
+   trees on the chat prompts at temperature 1.
 """
 
 import functools
@@ -258,7 +259,8 @@ def get_config(arg: str | None = None):
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
-               "sweep_volume", "sweep_requests", "sweep_lookup", *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_volume", "sweep_requests", "sweep_requests_t1", "sweep_lookup",
+               *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -267,13 +269,15 @@ def get_config(arg: str | None = None):
     c.max_len = 384
     c.sweep = sweep.default_config()
     c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
-    if arg == "sweep_t1":  # temperature 1: children sampled and verified with their q
+    if arg in ("sweep_t1", "sweep_requests_t1"):  # children sampled, verified with their q
       c.temperature = 1.0
     if arg == "sweep_lookup":  # greedy, then temperature 1, in one process
       c.sweep.temperatures = (0.0, 1.0)
     c.sweep.categories = training_free.CATEGORIES
     if arg == "sweep_requests":
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
+    if arg == "sweep_requests_t1":  # the chat prompts only
+      c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW}
     c.sweep.verify_sizes = ()
     if arg in ABLATION_SWEEPS:
       c.sweep.variants = ablation_variants(arg)
@@ -285,11 +289,15 @@ def get_config(arg: str | None = None):
               "sweep_requests": functools.partial(continued_variants, "requests",
                                                   lookup=True)}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
+    if arg == "sweep_requests_t1":  # the 16-node trees with the lookup branch
+      c.sweep.variants = {
+        k: v for k, v in continued_variants("requests", lookup=True).items() if "lookup" in k
+      }
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, "
       f"eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, "
-      "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_lookup, "
+      "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, sweep_lookup, "
       f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
@@ -446,6 +454,8 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
     "sweep_requests": "Continued for 300 steps on the target's replies to assistant requests "
     "(five categories: chat_new is six more chat prompts)",
+    "sweep_requests_t1": "The same two drafters at temperature 1, chat prompts (sampled "
+    "children, verified with their q)",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():
