@@ -32,9 +32,8 @@ assistant gives rather than continuations of the corpus.
 
 writes its greedy replies to 512 assistant requests made from templates with no corpus text
 (advice, explanations, stories, plans, letters: ``distill.REQUEST_TEMPLATES``; 512 of the
-656 they make) to
-data/self_distill/smollm2_requests/ (up to 128 new tokens each): the kind of reply the held-out
-chat prompts get, which the corpora lack.
+656 they make) to data/self_distill/smollm2_requests/ (up to 128 new tokens each): the kind of
+reply the held-out chat prompts get, which the corpora lack.
 """
 
 from ml_collections import config_dict

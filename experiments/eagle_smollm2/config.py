@@ -161,6 +161,13 @@ def continued_variants(run: str, lookup: bool = False) -> dict:
   return out
 
 
+def requests_t1_variants() -> dict:
+  """The 16-node trees with the lookup branch of ``continued_variants("requests", lookup=True)``
+  (children sampled at temperature 1)."""
+  both = continued_variants("requests", lookup=True)
+  return {k: v for k, v in both.items() if k.endswith("_lookup4")}
+
+
 def ablation_variants(sweep: str) -> dict:
   """The sweep's drafters as 6-token chains (tau and acceptance by draft position)."""
   return {
@@ -287,12 +294,9 @@ def get_config(arg: str | None = None):
               "sweep_tasks": functools.partial(continued_variants, "tasks"),
               "sweep_volume": functools.partial(continued_variants, "volume"),
               "sweep_requests": functools.partial(continued_variants, "requests",
-                                                  lookup=True)}  # fmt: skip
+                                                  lookup=True),
+              "sweep_requests_t1": requests_t1_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
-    if arg == "sweep_requests_t1":  # the 16-node trees with the lookup branch
-      c.sweep.variants = {
-        k: v for k, v in continued_variants("requests", lookup=True).items() if "lookup" in k
-      }
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, "

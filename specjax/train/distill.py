@@ -464,11 +464,16 @@ def _questions(conversations) -> list[str]:
   return list(seen)
 
 
+def _slots(template: str) -> list[str]:
+  """The slot names of a request template, in order."""
+  return re.findall(r"{(\w+)}", template)
+
+
 def all_requests() -> set[str]:
   """Every request the templates make: each template with every combination of its slots."""
   out = set()
   for template in REQUEST_TEMPLATES:
-    keys = re.findall(r"{(\w+)}", template)
+    keys = _slots(template)
     for values in itertools.product(*(REQUEST_SLOTS[k] for k in keys)):
       out.add(template.format(**dict(zip(keys, values, strict=True))))
   return out
@@ -488,7 +493,7 @@ def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0) -> Prompts:
       "request prompts are user messages: they need a tokenizer with a chat template."
     )
   rng = np.random.default_rng([seed, zlib.crc32(b"requests")])
-  slots = [re.findall(r"{(\w+)}", t) for t in REQUEST_TEMPLATES]
+  slots = [_slots(t) for t in REQUEST_TEMPLATES]
   out, seen = Prompts([], [], []), set()
   while len(out.ids) < num_prompts:  # Templates drawn uniformly, then their slots.
     i = int(rng.integers(len(REQUEST_TEMPLATES)))
