@@ -31,9 +31,15 @@ assistant gives rather than continuations of the corpus.
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
 
 writes its greedy replies to 512 assistant requests made from templates with no corpus text
-(advice, explanations, stories, plans, letters: ``distill.REQUEST_TEMPLATES``; 512 of the
-656 they make) to data/self_distill/smollm2_requests/ (up to 128 new tokens each): the kind of
-reply the held-out chat prompts get, which the corpora lack.
+(advice, explanations, stories, plans, letters: the "basic" set of ``distill.REQUEST_SETS``;
+512 of the 656 it makes) to data/self_distill/smollm2_requests/ (up to 128 new tokens each):
+the kind of reply the held-out chat prompts get, which the corpora lack.
+
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests_broad
+
+does the same for 768 of the 1,169 requests of the "broad" set (recipes, trips, rules, how
+things work, history, notes, jokes: other kinds and topics, none a basic request) to
+data/self_distill/smollm2_requests_broad/.
 """
 
 from ml_collections import config_dict
@@ -67,7 +73,8 @@ def get_config(arg: str | None = None):
   c.distill.capture_layers = ()  # cache the residual stream after these layers (float16)
   c.distill.capture_final = False  # cache the final-norm hidden state the LM head reads
   c.distill.tasks = False  # True: task prompts (distill.TASKS, chitchat questions)
-  c.distill.requests = False  # True: assistant requests (distill.REQUEST_TEMPLATES), no corpus
+  c.distill.requests = False  # True: assistant requests made from templates, no corpus
+  c.distill.request_set = "basic"  # which templates and slots: a key of distill.REQUEST_SETS
 
   if arg == "tiny":
     t = tiny.get_config()
@@ -101,8 +108,18 @@ def get_config(arg: str | None = None):
     c.distill.num_prompts = 512
     c.max_new_tokens = 128
     c.max_len = 192  # a request (<= ~50 tokens with the template) + max_new_tokens
+  elif arg == "requests_broad":  # the other templates (none makes a basic request)
+    c.output_dir = "data/self_distill/smollm2_requests_broad"
+    c.temperature = 0.0
+    c.distill.requests = True
+    c.distill.request_set = "broad"
+    c.distill.sources = ()
+    c.distill.num_prompts = 768
+    c.max_new_tokens = 128
+    c.max_len = 192
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny, greedy, tasks or requests."
+      f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny, greedy, tasks, "
+      "requests or requests_broad."
     )
   return c

@@ -197,14 +197,17 @@ def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
                            tasks=True)  # fmt: skip
 
 
-def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prompts():
+@pytest.mark.parametrize("name", sorted(distill.REQUEST_SETS))
+def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prompts(name):
   from experiments.eagle_smollm2 import config as eagle
 
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
-  a, b = (distill.request_prompts(tok, num_prompts=512, seed=0) for _ in range(2))
-  assert a == b and a.texts != distill.request_prompts(tok, num_prompts=512, seed=1).texts
+  a, b = (distill.request_prompts(tok, num_prompts=512, seed=0, name=name) for _ in range(2))
+  assert (
+    a == b and a.texts != distill.request_prompts(tok, num_prompts=512, seed=1, name=name).texts
+  )
   assert a.sources == ["requests"] * 512 and len(set(a.texts)) == 512
-  every = distill.all_requests()
+  every = distill.all_requests(name)
   users = []
   for ids, text in zip(a.ids, a.texts, strict=True):
     assert ids == tok.encode(text) and text.endswith("<|im_start|>assistant\n")
@@ -215,9 +218,28 @@ def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prom
   # No request the templates can make is a prompt that measures the drafters.
   held_out = [*(p for ps in training_free.CATEGORIES.values() for p in ps), *eagle.CHAT_NEW]
   assert not {h.lower() for h in held_out} & {r.lower() for r in every}
+  # The sets are disjoint: data made from one is new text next to data made from another.
+  for other in set(distill.REQUEST_SETS) - {name}:
+    assert not every & distill.all_requests(other)
   with pytest.raises(ValueError, match=f"make {len(every)} distinct requests"):
-    distill.request_prompts(tok, num_prompts=len(every) + 1)
-  distill.request_prompts(tok, num_prompts=len(every))  # all of them: the loop ends
+    distill.request_prompts(tok, num_prompts=len(every) + 1, name=name)
+  distill.request_prompts(tok, num_prompts=len(every), name=name)  # all of them: the loop ends
+
+
+# sha256 of the JSON list of the 512 prompt texts of seed 0 (checked against the digest in
+# data/self_distill/smollm2_requests/plan.json when the "broad" set was added).
+BASIC_REQUESTS_SHA256 = "42e5a4f79a3859d6723fc1a0c3fd272d72ec7b38f21e2d3e3c96bee276ff5e2e"
+
+
+def test_the_basic_request_prompts_stay_the_ones_the_committed_data_was_made_from():
+  """``configs/self_distill_smollm2.py:requests`` made its data from these 512 prompts: adding
+  request sets must not change them (their hash is in the data's plan.json)."""
+  import hashlib
+
+  tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
+  prompts = distill.request_prompts(tok, num_prompts=512, seed=0)
+  digest = hashlib.sha256(json.dumps(prompts.texts).encode()).hexdigest()
+  assert digest == BASIC_REQUESTS_SHA256
 
 
 @pytest.mark.parametrize(
@@ -227,6 +249,7 @@ def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prom
     ({"chat": False}, "requests=True writes user messages: set config.chat=True"),
     ({"distill.sources": ("kjv",)}, "reads no corpus: set config.distill.sources=()"),
     ({"distill.num_prompts": 10**6}, "set num_prompts <= 656"),
+    ({"distill.request_set": "wide"}, "request_set='wide' is not a request set: choose one of"),
     ({"target.source": "random"}, "random target gets random token prompts"),
   ],
 )

@@ -1,11 +1,11 @@
 """task=self_distill: the target's own continuations of corpus prompts, written as shards.
 
 Prompts are cut from ``config.distill.sources`` (or, with ``config.distill.requests``, made
-from ``distill.REQUEST_TEMPLATES``) with the target's tokenizer (a random target, which has
-none, gets seeded random token prompts instead), generated in batches of ``config.batch_size``
-with the config's sampling knobs, and written under ``config.output_dir`` (see
-specjax/train/distill.py). Training reads the directory back with
-``specjax.train.data.load_dataset``.
+from the templates of ``distill.REQUEST_SETS[config.distill.request_set]``) with the target's
+tokenizer (a random target, which has none, gets seeded random token prompts instead),
+generated in batches of ``config.batch_size`` with the config's sampling knobs, and written
+under ``config.output_dir`` (see specjax/train/distill.py). Training reads the directory back
+with ``specjax.train.data.load_dataset``.
 """
 
 import ml_collections
@@ -35,12 +35,17 @@ def check(config: ml_collections.ConfigDict) -> None:
         "config.distill.requests=True makes prompts from templates and reads no corpus: set "
         "config.distill.sources=()."
       )
-    distinct = len(distill.all_requests())
+    if d.request_set not in distill.REQUEST_SETS:
+      raise ValueError(
+        f"config.distill.request_set={d.request_set!r} is not a request set: choose one of "
+        f"{', '.join(distill.REQUEST_SETS)} (distill.REQUEST_SETS)."
+      )
+    distinct = len(distill.all_requests(d.request_set))
     if d.num_prompts > distinct:
       raise ValueError(
-        f"config.distill.num_prompts={d.num_prompts}: the request templates make {distinct} "
-        f"distinct requests; set num_prompts <= {distinct}, or add templates or slot values "
-        "to distill.REQUEST_TEMPLATES / REQUEST_SLOTS."
+        f"config.distill.num_prompts={d.num_prompts}: the {d.request_set!r} request templates "
+        f"make {distinct} distinct requests; set num_prompts <= {distinct}, or add templates or "
+        "slot values to distill.REQUEST_SETS."
       )
   elif not d.sources:
     raise ValueError(
@@ -82,7 +87,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
     sources, texts = None, None
   else:
     if d.requests:
-      prompts = distill.request_prompts(tok, num_prompts=d.num_prompts, seed=config.seed)
+      prompts = distill.request_prompts(
+        tok, num_prompts=d.num_prompts, seed=config.seed, name=d.request_set
+      )
     else:
       prompts = distill.corpus_prompts(
         tuple(d.sources),

@@ -95,8 +95,9 @@ TASKS = {
 }
 # Assistant requests (``request_prompts``): what users of a chat model ask it to do on its own,
 # with no passage to work from: advice, explanations, stories, plans, letters. Each template's
-# slots are filled from REQUEST_SLOTS: 26 templates make 656 distinct requests
-# (``all_requests``). The corpora hold no such requests (chitchat is small talk).
+# slots are filled from its set's slots (``REQUEST_SETS``): the "basic" set's 26 templates
+# make 656 distinct requests, the "broad" set's 44 others make 1,169 more, none of them a basic
+# one (``all_requests``). The corpora hold no such requests (chitchat is small talk).
 REQUEST_TEMPLATES = (
   "Give me {n} tips for {activity}.",
   "What are {n} ways to {goal}?",
@@ -323,6 +324,388 @@ REQUEST_SLOTS = {
   "event": ("a picnic", "a board game night", "a birthday dinner", "a walk in the park"),
   "feeling": ("tired all the time", "nervous about an exam", "bored at work", "a bit lonely"),
 }
+# The "broad" set: other kinds of request (recipes, trips, rules, how things work, history,
+# plans, notes, jokes) on other topics. Nothing here asks for book picks, names for a business,
+# a birthday card, questions to ask, or why an everyday thing happens: those kinds stay held
+# out for measuring (the EAGLE experiment's CHAT_NEW), as do training_free's chat prompts.
+BROAD_TEMPLATES = (
+  "Write a haiku about {season}.",
+  "Write a limerick about {animal}.",
+  "Tell me a joke about {animal}.",
+  "What is a simple recipe for {dish}?",
+  "How does {device} work?",
+  "What happened during {history}?",
+  "Who was {figure}, and why are they remembered?",
+  "Plan a {days}-day trip to {city}.",
+  "What are the best things to see in {city}?",
+  "Write a thank-you note to {relative} for {gift}.",
+  "Give me a {days}-day workout plan for {fitness}.",
+  "What are some fun things to do {setting}?",
+  "How can I get better at {skill}?",
+  "What does {job} do in a typical day?",
+  "Write the opening lines of a cover letter for a job as {job}.",
+  "Explain the rules of {game}.",
+  "Give me {n} ideas for {project}.",
+  "What are the main causes of {problem}?",
+  "How can a city reduce {problem}?",
+  "Write an encouraging message for someone who is {situation}.",
+  "What would happen if {hypothetical}?",
+  "Describe a day in the life of {animal} in the wild.",
+  "Help me write an apology to {relative} for {mistake}.",
+  "Write a short blog post about {hobby}.",
+  "Make a packing list for {trip}.",
+  "Write the first paragraph of a {genre} story set in {setting_place}.",
+  "How do {nature}?",
+  "Summarize the story of {tale}.",
+  "Give me advice on {life_matter}.",
+  "Create a weekly schedule for {schedule}.",
+  "What should I eat {meal_time}?",
+  "Teach me the basics of {hobby}.",
+  "What is the history of {invention}?",
+  "Write a short news report about {local_news}.",
+  "How should I prepare for {milestone}?",
+  "Write a short conversation in which {relative} explains {device} to a child.",
+  "Write a short poem about {animal} {setting}.",
+  "Explain how {device} works to {learner}.",
+  "Write a recipe for {dish} that {diet}.",
+  "Write a {genre} story about {animal}.",
+  "Write a short story about {animal} that lives in {setting_place}.",
+  "Describe {invention} as if you were {figure}.",
+  "Write a short dialogue between {job} and {animal}.",
+  "Give me {n} tips for getting better at {skill}.",
+)
+BROAD_SLOTS = {
+  "n": ("three", "four", "five", "six"),
+  "season": (
+    "early spring",
+    "a summer storm",
+    "the first frost",
+    "a harvest moon",
+    "falling snow",
+    "cherry blossoms",
+    "a foggy morning",
+    "a hot afternoon",
+  ),
+  "animal": (
+    "a penguin",
+    "a giraffe",
+    "an octopus",
+    "a hedgehog",
+    "a parrot",
+    "a goldfish",
+    "a fox",
+    "a kangaroo",
+    "a snail",
+    "a wolf",
+    "a dolphin",
+    "a tortoise",
+  ),
+  "dish": (
+    "vegetable soup",
+    "banana bread",
+    "fried rice",
+    "a tomato pasta sauce",
+    "guacamole",
+    "lentil curry",
+    "oatmeal cookies",
+    "a Greek salad",
+    "scrambled eggs",
+    "hummus",
+    "lemonade",
+    "potato salad",
+  ),
+  "device": (
+    "a refrigerator",
+    "a microwave oven",
+    "a solar panel",
+    "a bicycle gear",
+    "a compass",
+    "a thermostat",
+    "a camera",
+    "an electric motor",
+    "a GPS receiver",
+    "a smoke detector",
+    "a touch screen",
+    "a washing machine",
+  ),
+  "history": (
+    "the building of the pyramids",
+    "the Industrial Revolution",
+    "the first moon landing",
+    "the fall of the Roman Empire",
+    "the invention of the printing press",
+    "the California gold rush",
+    "the age of exploration",
+    "the Renaissance",
+  ),
+  "figure": (
+    "Marie Curie",
+    "Leonardo da Vinci",
+    "Isaac Newton",
+    "Ada Lovelace",
+    "Nelson Mandela",
+    "Galileo Galilei",
+    "Florence Nightingale",
+    "Charles Darwin",
+    "Cleopatra",
+    "Albert Einstein",
+  ),
+  "days": ("two", "three", "five"),
+  "learner": ("a child", "my grandmother", "a complete beginner", "an engineer"),
+  "diet": (
+    "is vegetarian",
+    "a beginner can make",
+    "takes under thirty minutes",
+    "feeds six people",
+  ),
+  "city": (
+    "Paris",
+    "Tokyo",
+    "Rome",
+    "New York",
+    "Barcelona",
+    "Cairo",
+    "Sydney",
+    "Lisbon",
+    "Mexico City",
+    "Istanbul",
+  ),
+  "relative": (
+    "my aunt",
+    "my uncle",
+    "my sister",
+    "my best friend",
+    "my cousin",
+    "my mother",
+    "my father",
+    "my roommate",
+  ),
+  "gift": (
+    "a handmade scarf",
+    "a cookbook",
+    "a weekend visit",
+    "helping me move",
+    "a birthday present",
+    "looking after my cat",
+  ),
+  "fitness": (
+    "a beginner",
+    "building strength",
+    "improving stamina",
+    "a busy parent",
+    "someone with no equipment",
+  ),
+  "setting": (
+    "on a rainy day",
+    "in a small town",
+    "with friends in the evening",
+    "on a winter weekend",
+    "with young children",
+    "without spending money",
+    "at the beach",
+    "on a long train journey",
+  ),
+  "skill": (
+    "chess",
+    "drawing",
+    "typing",
+    "negotiating",
+    "photography",
+    "time management",
+    "mental arithmetic",
+    "writing clearly",
+    "singing",
+    "public transport planning",
+  ),
+  "job": (
+    "a nurse",
+    "an architect",
+    "a software engineer",
+    "a librarian",
+    "a pilot",
+    "a farmer",
+    "a chef",
+    "an electrician",
+    "a park ranger",
+    "a journalist",
+  ),
+  "game": (
+    "chess",
+    "basketball",
+    "volleyball",
+    "tennis",
+    "poker",
+    "checkers",
+    "cricket",
+    "Monopoly",
+    "hide and seek",
+    "football",
+  ),
+  "project": (
+    "a rainy weekend",
+    "a school art project",
+    "a family reunion",
+    "decorating a small bedroom",
+    "a science experiment at home",
+    "a community clean-up day",
+    "a short film",
+    "reusing old jars",
+    "a garden party",
+    "a neighbourhood newsletter",
+  ),
+  "problem": (
+    "traffic jams",
+    "air pollution",
+    "food waste",
+    "noise",
+    "litter in parks",
+    "water shortages",
+    "loneliness among older people",
+    "high rents",
+  ),
+  "situation": (
+    "starting a new job",
+    "training for a race",
+    "learning to drive",
+    "recovering from an illness",
+    "studying for finals",
+    "moving abroad",
+    "looking for work",
+    "learning to play the piano",
+  ),
+  "hypothetical": (
+    "the moon disappeared",
+    "everyone could read minds",
+    "it never rained again",
+    "cars could fly",
+    "humans could breathe underwater",
+    "the internet stopped working for a week",
+    "animals could talk",
+    "there were no clocks",
+  ),
+  "mistake": (
+    "missing their party",
+    "forgetting to call",
+    "breaking their favourite mug",
+    "being late",
+    "losing a borrowed jacket",
+  ),
+  "hobby": (
+    "bird watching",
+    "knitting",
+    "rock climbing",
+    "pottery",
+    "home brewing tea",
+    "stargazing",
+    "woodworking",
+    "origami",
+    "cycling to work",
+    "growing herbs indoors",
+  ),
+  "trip": (
+    "a week of camping",
+    "a business trip",
+    "a ski holiday",
+    "a beach weekend",
+    "a long flight",
+    "a hospital stay",
+    "a music festival",
+  ),
+  "genre": ("mystery", "science fiction", "fantasy", "adventure", "ghost", "comedy"),
+  "setting_place": (
+    "a floating city",
+    "a quiet fishing village",
+    "an abandoned space station",
+    "a school in the clouds",
+    "a desert oasis",
+    "a busy hospital",
+  ),
+  "nature": (
+    "bees make honey",
+    "birds find their way south",
+    "plants drink water",
+    "whales talk to each other",
+    "earthquakes start",
+    "rainbows form",
+    "caterpillars become butterflies",
+    "tides work",
+    "glaciers move",
+    "bats see in the dark",
+    "seeds know which way is up",
+    "lightning form",
+  ),
+  "tale": (
+    "Cinderella",
+    "Romeo and Juliet",
+    "the tortoise and the hare",
+    "Robin Hood",
+    "Jack and the Beanstalk",
+    "the Odyssey",
+    "Snow White",
+    "the boy who cried wolf",
+  ),
+  "life_matter": (
+    "asking for a raise",
+    "sharing a flat",
+    "saying no politely",
+    "keeping in touch with old friends",
+    "choosing a university",
+    "starting a small business",
+    "dealing with a difficult coworker",
+    "planning a wedding on a budget",
+    "settling into retirement",
+  ),
+  "schedule": (
+    "a student with exams",
+    "learning a language",
+    "a family with two children",
+    "training for a half marathon",
+    "writing a novel",
+    "a remote worker",
+  ),
+  "meal_time": (
+    "before a long run",
+    "for a quick breakfast",
+    "when I have a cold",
+    "for lunch at work",
+    "after a workout",
+    "late at night",
+  ),
+  "invention": (
+    "the telephone",
+    "the bicycle",
+    "paper money",
+    "the light bulb",
+    "the wheel",
+    "the calendar",
+    "chocolate",
+    "the airplane",
+    "glass",
+    "the map",
+  ),
+  "local_news": (
+    "a town festival",
+    "a new park opening",
+    "a lost dog found by children",
+    "a school winning a robotics contest",
+    "a storm that knocked out power",
+    "a bakery turning one hundred",
+  ),
+  "milestone": (
+    "my first marathon",
+    "a job interview",
+    "becoming a parent",
+    "a driving test",
+    "a long hike",
+    "my first day at university",
+    "a public speech",
+    "a move abroad",
+  ),
+}
+REQUEST_SETS = {
+  "basic": (REQUEST_TEMPLATES, REQUEST_SLOTS),
+  "broad": (BROAD_TEMPLATES, BROAD_SLOTS),
+}
 _MIN_QUESTION_WORDS = 4  # a chitchat question shorter than this is a greeting, not a task
 _TURN_MARKUP_TOKENS = 5  # ChatML's "<|im_start|>role\n ... <|im_end|>\n" around each turn.
 _WINDOW_CHARS_PER_TOKEN = 8  # Characters read per wanted token: enough for any corpus here.
@@ -469,36 +852,47 @@ def _slots(template: str) -> list[str]:
   return re.findall(r"{(\w+)}", template)
 
 
-def all_requests() -> set[str]:
-  """Every request the templates make: each template with every combination of its slots."""
+def request_set(name: str) -> tuple[tuple[str, ...], dict]:
+  """The templates and slots of the request set ``name`` (a key of ``REQUEST_SETS``)."""
+  if name not in REQUEST_SETS:
+    raise ValueError(f"request set {name!r} is not one of {', '.join(REQUEST_SETS)}.")
+  return REQUEST_SETS[name]
+
+
+def all_requests(name: str = "basic") -> set[str]:
+  """Every request the set's templates make: each template with every combination of its
+  slots."""
+  templates, slots = request_set(name)
   out = set()
-  for template in REQUEST_TEMPLATES:
+  for template in templates:
     keys = _slots(template)
-    for values in itertools.product(*(REQUEST_SLOTS[k] for k in keys)):
+    for values in itertools.product(*(slots[k] for k in keys)):
       out.add(template.format(**dict(zip(keys, values, strict=True))))
   return out
 
 
-def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0) -> Prompts:
-  """``num_prompts`` distinct assistant requests (``REQUEST_TEMPLATES`` with their slots filled
-  at random), chat-templated; deterministic in seed. Their source is ``"requests"``."""
-  distinct = len(all_requests())
+def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0, name: str = "basic") -> Prompts:
+  """``num_prompts`` distinct assistant requests (the templates of request set ``name`` with
+  their slots filled at random), chat-templated; deterministic in seed. Their source is
+  ``"requests"``."""
+  templates, slot_values = request_set(name)
+  distinct = len(all_requests(name))
   if not 1 <= num_prompts <= distinct:
     raise ValueError(
-      f"num_prompts={num_prompts}: the templates make {distinct} distinct requests; ask for "
-      f"1 to {distinct}, or add templates or slot values."
+      f"num_prompts={num_prompts}: the {name!r} templates make {distinct} distinct requests; "
+      f"ask for 1 to {distinct}, or add templates or slot values."
     )
   if getattr(tokenizer, "apply_chat_template", None) is None:
     raise ValueError(
       "request prompts are user messages: they need a tokenizer with a chat template."
     )
   rng = np.random.default_rng([seed, zlib.crc32(b"requests")])
-  slots = [_slots(t) for t in REQUEST_TEMPLATES]
+  slots = [_slots(t) for t in templates]
   out, seen = Prompts([], [], []), set()
   while len(out.ids) < num_prompts:  # Templates drawn uniformly, then their slots.
-    i = int(rng.integers(len(REQUEST_TEMPLATES)))
-    fill = {k: REQUEST_SLOTS[k][int(rng.integers(len(REQUEST_SLOTS[k])))] for k in slots[i]}
-    request = REQUEST_TEMPLATES[i].format(**fill)
+    i = int(rng.integers(len(templates)))
+    fill = {k: slot_values[k][int(rng.integers(len(slot_values[k])))] for k in slots[i]}
+    request = templates[i].format(**fill)
     if request in seen:
       continue
     seen.add(request)
