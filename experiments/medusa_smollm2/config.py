@@ -12,6 +12,10 @@
     python -m specjax.run --config=$C:sweep_b4                      #    batch 4
     python -m specjax.run --config=$C:typical                       # 5. typical vs lossless
     python -m specjax.run --config=$C:sweep_t1                      # 6. temperature 1, batch 1, 4
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
+    nice -n 10 python -m specjax.run --config=$C:requests           # 7. continue on requests
+    cp -r results/medusa_smollm2_requests/draft_final experiments/medusa_smollm2/heads_requests
+    python -m specjax.run --config=$C:sweep_requests                #    decode both heads
     python -m specjax.report experiments/medusa_smollm2
 
 1. Medusa-1 (target frozen): four heads, one residual layer each, on the target's shared
@@ -33,6 +37,10 @@
    temperature 0.7: tau, speedup and the target's log-likelihood of each output.
 6. ``:sweep_t1``: step 4 at temperature 1, batch 1 and 4 (children sampled from the heads and
    verified with their q; prompt lookup's guesses verified as one-hot proposals).
+7. ``:requests`` continues step 2's heads for 150 steps on the target's greedy replies to 512
+   assistant requests made from templates (``distill.REQUEST_SETS["basic"]``) and 512 Python
+   rows; ``:sweep_requests`` decodes both heads on step 3's 4- and 16-node trees, on the four
+   categories and six more chat prompts (``eagle_smollm2``'s ``CHAT_NEW``).
 """
 
 import json
@@ -41,6 +49,7 @@ from pathlib import Path
 from ml_collections import config_dict
 
 from configs import demo, train_tiny
+from experiments.eagle_smollm2 import config as eagle
 from experiments.training_free import config as training_free
 from specjax import results
 from specjax.tasks import sweep
@@ -53,9 +62,13 @@ HERE = "experiments/medusa_smollm2"
 HEADS_CORPORA = f"{HERE}/heads_corpora"  # committed copy of WORKDIR/draft_final
 HEADS = f"{HERE}/heads"  # committed copy of WORKDIR_SD/draft_final: the heads decoded with
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
+REQUESTS_DATA = eagle.REQUESTS_DATA  # configs/self_distill_smollm2.py:requests
+WORKDIR_REQUESTS = "results/medusa_smollm2_requests"
+HEADS_REQUESTS = f"{HERE}/heads_requests"  # committed copy of WORKDIR_REQUESTS/draft_final
 RESULTS = f"{HERE}/results"
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
-SWEEPS = ("sweep_b1", "sweep_b4", "typical", "sweep_t1")  # task=sweep variants of get_config
+# task=sweep variants of get_config
+SWEEPS = ("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests")
 
 
 def variants() -> dict:
@@ -68,13 +81,32 @@ def variants() -> dict:
     "medusa_sparse_4": {"name": "medusa", "medusa": {"path": HEADS}},
     "medusa_dense_16": {"name": "medusa", "medusa": fixed | {"tree_spec": (4, 3)}},
   }
-  grown = Path(RESULTS) / "medusa_tree.json"
-  if grown.exists():  # the 16-node tree step 3 grew from held-out accuracy
-    rows = json.loads(grown.read_text())["budgets"]
-    parents = next(r["parents"] for r in rows if r["nodes"] == 16)
-    paths = tuple(tuple(p) for p in Tree(tuple(parents)).choices())
+  paths = grown_paths(16)
+  if paths:
     out["medusa_sparse_16"] = {"name": "medusa", "medusa": fixed | {"tree_paths": paths}}
   return out | {"lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}}}
+
+
+def grown_paths(nodes: int) -> tuple | None:
+  """The path list of the ``nodes``-node tree step 3 grew from held-out accuracy
+  (results/medusa_tree.json), or None before step 3 ran."""
+  grown = Path(RESULTS) / "medusa_tree.json"
+  if not grown.exists():
+    return None
+  rows = json.loads(grown.read_text())["budgets"]
+  parents = next(r["parents"] for r in rows if r["nodes"] == nodes)
+  return tuple(tuple(p) for p in Tree(tuple(parents)).choices())
+
+
+def requests_variants() -> dict:
+  """``HEADS`` and the same heads continued by ``:requests`` (``HEADS_REQUESTS``), each on the
+  same two trees step 3 grew for ``HEADS``: 4 nodes (the chosen budget) and 16 nodes."""
+  out = {}
+  for name, path in (("medusa", HEADS), ("requests", HEADS_REQUESTS)):
+    for nodes in (4, 16):
+      tree = {"path": path, "saved_tree": False, "tree_paths": grown_paths(nodes)}
+      out[f"{name}_sparse_{nodes}"] = {"name": "medusa", "medusa": tree}
+  return out
 
 
 TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.3)  # Medusa's default is 0.09 (with delta 0.3)
@@ -152,6 +184,15 @@ def get_config(arg: str | None = None):
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 10
     c.optim.decay_steps = 140
+  elif arg == "requests":  # continue HEADS on the target's replies to assistant requests
+    c.workdir = WORKDIR_REQUESTS
+    c.objective.medusa.init_from = HEADS
+    c.data.sources = (REQUESTS_DATA, "python")
+    c.data.max_examples = 1024  # the 512 replies to requests, 512 rows of Python
+    c.train.steps = 150
+    c.optim.learning_rate = 1e-3
+    c.optim.warmup_steps = 10
+    c.optim.decay_steps = 140
   elif arg == "tree":
     c.task = "medusa_tree"
     c.output_dir = RESULTS
@@ -171,6 +212,9 @@ def get_config(arg: str | None = None):
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
     c.sweep.variants = variants()
+    if arg == "sweep_requests":  # HEADS vs HEADS_REQUESTS; the held-out categories + CHAT_NEW
+      c.sweep.categories = {**training_free.CATEGORIES, "chat_new": eagle.CHAT_NEW}
+      c.sweep.variants = requests_variants()
     if arg == "sweep_t1":  # lossless; the dense tree (slowest greedy) is left out
       c.temperature = 1.0
       c.sweep.variants = {k: v for k, v in variants().items() if k != "medusa_dense_16"}
@@ -180,8 +224,8 @@ def get_config(arg: str | None = None):
       c.sweep.log_likelihood = True
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, tree, "
-      f"benchmark or one of {', '.join(SWEEPS)}."
+      f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, requests, "
+      f"tree, benchmark or one of {', '.join(SWEEPS)}."
     )
   return c
 
@@ -196,6 +240,7 @@ def report(results_dir):
   for step, data in (
     ("corpora", "corpus text (step 1)"),
     ("self_distilled", "greedy text (step 2)"),
+    ("requests", "replies to assistant requests (step 7, from step 2's heads)"),
   ):
     train_json = results_dir / step / "train.json"
     if not train_json.exists():
@@ -245,6 +290,8 @@ SWEEP_TITLES = {
   "sweep_b4": "Greedy, batch 4",
   "typical": "Typical acceptance (lossy) vs lossless sampling at temperature 0.7",
   "sweep_t1": "Temperature 1, batch 1 and 4 (lossless: sampled children verified with their q)",
+  "sweep_requests": "The heads continued on replies to assistant requests (step 7), greedy, "
+  "batch 1 (chat_new is six more chat prompts)",
 }
 PAPER_TOP1_TOP5 = ((0.56, 0.78), (0.32, 0.56), (0.20, 0.42), (0.15, 0.34))  # Vicuna-7B, heads 1-4
 
