@@ -38,7 +38,8 @@ the kind of reply the held-out chat prompts get, which the corpora lack.
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests_broad
 
 does the same for 768 of the 1,169 requests of the "broad" set (recipes, trips, rules, how
-things work, history, notes, jokes: other kinds and topics, none a basic request) to
+things work, history, notes, jokes: mostly other kinds, on other topics, none a basic
+request) to
 data/self_distill/smollm2_requests_broad/.
 """
 

@@ -226,20 +226,49 @@ def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prom
   distill.request_prompts(tok, num_prompts=len(every), name=name)  # all of them: the loop ends
 
 
-# sha256 of the JSON list of the 512 prompt texts of seed 0 (checked against the digest in
-# data/self_distill/smollm2_requests/plan.json when the "broad" set was added).
+# sha256 of the JSON list of the 512 prompt texts of seed 0, recorded when the "broad" set was
+# added, after checking that these prompts reproduce the data the :requests runs used (the
+# digest in data/self_distill/smollm2_requests/plan.json, over their ids and settings).
 BASIC_REQUESTS_SHA256 = "42e5a4f79a3859d6723fc1a0c3fd272d72ec7b38f21e2d3e3c96bee276ff5e2e"
 
 
 def test_the_basic_request_prompts_stay_the_ones_the_committed_data_was_made_from():
   """``configs/self_distill_smollm2.py:requests`` made its data from these 512 prompts: adding
-  request sets must not change them (their hash is in the data's plan.json)."""
+  request sets must not change them."""
   import hashlib
 
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
   prompts = distill.request_prompts(tok, num_prompts=512, seed=0)
   digest = hashlib.sha256(json.dumps(prompts.texts).encode()).hexdigest()
   assert digest == BASIC_REQUESTS_SHA256
+
+
+# Topics of the held-out chat prompts (training_free's chat and the EAGLE experiment's
+# CHAT_NEW). The basic set, made before CHAT_NEW, names some of them (tips for reading more
+# books, a birthday dinner, solving a mystery); the broad set names none.
+HELD_OUT_TOPICS = (
+  "tea", "robot", "paint", "studying", "focused", "books?", "novels?", "mystery", "onions?",
+  "cars?", "birthday", "card", "bakery", "shops?", "customers",
+)  # fmt: skip
+
+
+def test_broad_requests_name_no_topic_of_a_held_out_chat_prompt():
+  from experiments.eagle_smollm2 import config as eagle
+
+  held_out = " ".join([*training_free.CATEGORIES["chat"], *eagle.CHAT_NEW]).lower()
+  topic = re.compile(rf"\b({'|'.join(HELD_OUT_TOPICS)})\b")
+  assert len(set(topic.findall(held_out))) >= 12  # the list does name the held-out topics
+  named = sorted(r for r in distill.all_requests("broad") if topic.search(r.lower()))
+  assert not named, named
+  assert any(topic.search(r.lower()) for r in distill.all_requests("basic"))
+
+
+def test_the_broad_config_passes_its_checks_and_names_its_bound():
+  config = self_distill_smollm2.get_config("requests_broad")
+  task.check(config)
+  config.distill.num_prompts = len(distill.all_requests("broad")) + 1
+  with pytest.raises(ValueError, match="'broad' request templates make 1169 distinct"):
+    task.check(config)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
     nice -n 10 python -m specjax.run --config=$C:requests           # 7. continue on requests
     cp -r results/medusa_smollm2_requests/draft_final experiments/medusa_smollm2/heads_requests
+    R=experiments/medusa_smollm2/results/requests && mkdir -p $R
+    cp results/medusa_smollm2_requests/train.json results/medusa_smollm2_requests/metrics.jsonl $R/
     python -m specjax.run --config=$C:sweep_requests                #    decode both heads
     python -m specjax.report experiments/medusa_smollm2
 

@@ -44,8 +44,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     if d.num_prompts > distinct:
       raise ValueError(
         f"config.distill.num_prompts={d.num_prompts}: the {d.request_set!r} request templates "
-        f"make {distinct} distinct requests; set num_prompts <= {distinct}, or add templates or "
-        "slot values to distill.REQUEST_SETS."
+        f"make {distinct} distinct requests; set num_prompts <= {distinct}, choose a larger "
+        "config.distill.request_set, or add a new set to distill.REQUEST_SETS (editing a set "
+        "changes the prompts of data already made from it)."
       )
   elif not d.sources:
     raise ValueError(

@@ -324,10 +324,12 @@ REQUEST_SLOTS = {
   "event": ("a picnic", "a board game night", "a birthday dinner", "a walk in the park"),
   "feeling": ("tired all the time", "nervous about an exam", "bored at work", "a bit lonely"),
 }
-# The "broad" set: other kinds of request (recipes, trips, rules, how things work, history,
-# plans, notes, jokes) on other topics. Nothing here asks for book picks, names for a business,
-# a birthday card, questions to ask, or why an everyday thing happens: those kinds stay held
-# out for measuring (the EAGLE experiment's CHAT_NEW), as do training_free's chat prompts.
+# The "broad" set: mostly other kinds of request (recipes, trips, rules, how things work,
+# history, plans, notes, jokes; some tips, poems and stories again) on other topics. Nothing
+# here asks for book picks, names for a business, a card, questions to ask, or why an everyday
+# thing happens, and no request names a topic of a held-out chat prompt (tea, books, cars,
+# birthdays, bakeries, shops...: a test checks): those stay held out for measuring (the EAGLE
+# experiment's CHAT_NEW and training_free's chat prompts).
 BROAD_TEMPLATES = (
   "Write a haiku about {season}.",
   "Write a limerick about {animal}.",
@@ -354,8 +356,8 @@ BROAD_TEMPLATES = (
   "Help me write an apology to {relative} for {mistake}.",
   "Write a short blog post about {hobby}.",
   "Make a packing list for {trip}.",
-  "Write the first paragraph of a {genre} story set in {setting_place}.",
-  "How do {nature}?",
+  "Write the first paragraph of {genre} story set in {setting_place}.",
+  "Write a short poem about how {nature}.",
   "Summarize the story of {tale}.",
   "Give me advice on {life_matter}.",
   "Create a weekly schedule for {schedule}.",
@@ -368,7 +370,7 @@ BROAD_TEMPLATES = (
   "Write a short poem about {animal} {setting}.",
   "Explain how {device} works to {learner}.",
   "Write a recipe for {dish} that {diet}.",
-  "Write a {genre} story about {animal}.",
+  "Write {genre} story about {animal}.",
   "Write a short story about {animal} that lives in {setting_place}.",
   "Describe {invention} as if you were {figure}.",
   "Write a short dialogue between {job} and {animal}.",
@@ -485,7 +487,7 @@ BROAD_SLOTS = {
     "a cookbook",
     "a weekend visit",
     "helping me move",
-    "a birthday present",
+    "a lovely dinner",
     "looking after my cat",
   ),
   "fitness": (
@@ -511,7 +513,7 @@ BROAD_SLOTS = {
     "typing",
     "negotiating",
     "photography",
-    "time management",
+    "juggling",
     "mental arithmetic",
     "writing clearly",
     "singing",
@@ -568,7 +570,7 @@ BROAD_SLOTS = {
     "training for a race",
     "learning to drive",
     "recovering from an illness",
-    "studying for finals",
+    "training for a big race",
     "moving abroad",
     "looking for work",
     "learning to play the piano",
@@ -577,7 +579,7 @@ BROAD_SLOTS = {
     "the moon disappeared",
     "everyone could read minds",
     "it never rained again",
-    "cars could fly",
+    "boats could fly",
     "humans could breathe underwater",
     "the internet stopped working for a week",
     "animals could talk",
@@ -595,7 +597,7 @@ BROAD_SLOTS = {
     "knitting",
     "rock climbing",
     "pottery",
-    "home brewing tea",
+    "beekeeping",
     "stargazing",
     "woodworking",
     "origami",
@@ -611,7 +613,7 @@ BROAD_SLOTS = {
     "a hospital stay",
     "a music festival",
   ),
-  "genre": ("mystery", "science fiction", "fantasy", "adventure", "ghost", "comedy"),
+  "genre": ("a pirate", "a science fiction", "a fantasy", "an adventure", "a ghost", "a comedy"),
   "setting_place": (
     "a floating city",
     "a quiet fishing village",
@@ -632,7 +634,7 @@ BROAD_SLOTS = {
     "glaciers move",
     "bats see in the dark",
     "seeds know which way is up",
-    "lightning form",
+    "lightning strikes",
   ),
   "tale": (
     "Cinderella",
@@ -650,7 +652,7 @@ BROAD_SLOTS = {
     "saying no politely",
     "keeping in touch with old friends",
     "choosing a university",
-    "starting a small business",
+    "changing careers",
     "dealing with a difficult coworker",
     "planning a wedding on a budget",
     "settling into retirement",
@@ -660,7 +662,7 @@ BROAD_SLOTS = {
     "learning a language",
     "a family with two children",
     "training for a half marathon",
-    "writing a novel",
+    "learning to draw",
     "a remote worker",
   ),
   "meal_time": (
@@ -689,11 +691,11 @@ BROAD_SLOTS = {
     "a lost dog found by children",
     "a school winning a robotics contest",
     "a storm that knocked out power",
-    "a bakery turning one hundred",
+    "a library turning one hundred",
   ),
   "milestone": (
     "my first marathon",
-    "a job interview",
+    "a piano recital",
     "becoming a parent",
     "a driving test",
     "a long hike",
@@ -880,7 +882,7 @@ def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0, name: str = "
   if not 1 <= num_prompts <= distinct:
     raise ValueError(
       f"num_prompts={num_prompts}: the {name!r} templates make {distinct} distinct requests; "
-      f"ask for 1 to {distinct}, or add templates or slot values."
+      f"ask for 1 to {distinct}, or use a larger set of REQUEST_SETS."
     )
   if getattr(tokenizer, "apply_chat_template", None) is None:
     raise ValueError(
