@@ -424,7 +424,7 @@ EXPERIMENT_VARIANTS = {
   "medusa_qwen_coder": [None],
   "eagle_qwen_coder": [None, "eagle3"],
   "eagle_smollm2": [
-    *(None, "tasks", "volume", "requests", "eagle1_300", "ttt_300", "eagle3"),
+    *(None, "tasks", "volume", "requests", "broad", "eagle1_300", "ttt_300", "eagle3"),
     *("sweep_b1", "sweep_b4"),
     "sweep_t1",
     *eagle_smollm2.ABLATIONS,
@@ -458,7 +458,7 @@ def test_experiment_configs_pass_their_checks(name, arg):
 
     # Self-distilled data is not in git: missing or unfinished, one error naming the fix.
     made = [s for s in c.data.sources if s not in data.CORPORA]
-    generated = [s for s in made if not (Path(s) / "manifest.json").exists()]
+    generated = [s for s in made if not (Path(s) / data.MANIFEST).exists()]
     drafter = c.objective.get(c.objective.name)  # a run continued from another run's workdir
     init_from = drafter.get("init_from", "") if drafter is not None else ""
     if init_from and not Path(init_from).is_dir():  # workdirs are not in git either

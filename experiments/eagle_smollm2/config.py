@@ -30,7 +30,9 @@
    of reply the held-out chat prompts get); ``:sweep_tasks`` / ``:sweep_volume`` /
    ``:sweep_requests`` decode each next to 1.'s (the last also as 16-node trees with the lookup
    branch, and on six more chat prompts, ``CHAT_NEW``); ``:sweep_requests_t1`` decodes those
-   trees on the chat prompts at temperature 1.
+   trees on the chat prompts at temperature 1. ``:broad`` continues ``:requests``' drafter
+   on replies to the broad request set too (``distill.REQUEST_SETS["broad"]``: other kinds of
+   request), and ``:sweep_broad`` decodes the two on both chat sets and code.
 """
 
 import functools
@@ -47,10 +49,13 @@ DRAFTER = f"{HERE}/drafter"  # committed copy of WORKDIR/draft_final
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 TASKS_DATA = "data/self_distill/smollm2_tasks"  # configs/self_distill_smollm2.py:tasks
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
-# Chat prompts for :sweep_requests whose kind and topic are in none of the training requests
-# (distill.REQUEST_TEMPLATES and REQUEST_SLOTS): a second held-out chat set beside
-# training_free's three, which ask for the kinds of reply the templates ask for (tips, a story,
-# how to), on other topics.
+BROAD_DATA = "data/self_distill/smollm2_requests_broad"  # ...:requests_broad (other templates)
+# Chat prompts for :sweep_requests whose kind of request is in neither request set
+# (distill.REQUEST_SETS): a second held-out chat set beside training_free's three, which ask
+# for the kinds of reply the templates ask for (tips, a story, how to), on other topics. The
+# basic set touches three of their topics in other kinds of request (tips for reading more
+# books, an invitation to a birthday dinner, a story in which someone solves a mystery); the
+# broad set names none (tests/test_distill.py).
 CHAT_NEW = (
   "Can you recommend a few books for someone who enjoys mystery novels?",
   "Why do onions make people cry?",
@@ -147,18 +152,28 @@ def nalpha_variants() -> dict:
   return {f"{name}_chain_6": eagle_variant(path, 1, 6, 6) for name, path in BUDGET_300.items()}
 
 
-def continued_variants(run: str, lookup: bool = False) -> dict:
-  """``DRAFTER`` continued by ``:run`` (``tasks``: on task replies; ``volume``: on corpus rows it
-  has not seen; ``requests``: on replies to assistant requests) next to ``DRAFTER``, each as a
-  4-chain and as an 8-node EAGLE-2 tree; ``lookup``: also as the 16-node tree with prompt
-  lookup's 4-token branch (the best greedy budget of ``:sweep_lookup``)."""
+def continued_variants(run: str, lookup: bool = False, base: str = "eagle1") -> dict:
+  """The drafter continued by ``:run`` (``tasks``: on task replies; ``volume``: on corpus rows it
+  has not seen; ``requests``: on replies to assistant requests; ``broad``: ``requests``'
+  drafter on replies to the broad set's requests too) next to the one it started from (``base``:
+  ``eagle1`` is ``DRAFTER``, else that run's), each as a 4-chain and as an 8-node EAGLE-2 tree;
+  ``lookup``: also as the 16-node tree with prompt lookup's 4-token branch (the best greedy
+  budget of ``:sweep_lookup``)."""
   out = {}
-  for name, path in (("eagle1", DRAFTER), (run, f"{WORKDIR}_{run}/draft_final")):
+  for name in (base, run):
+    path = DRAFTER if name == "eagle1" else f"{WORKDIR}_{name}/draft_final"
     e = functools.partial(eagle_variant, path)
     out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8)}
     if lookup:
       out[f"{name}_tree_4x6_16_lookup4"] = e(4, 6, 16, lookup=4)
   return out
+
+
+def broad_variants() -> dict:
+  """``:broad``'s drafter next to ``:requests``' (where it started), as 8-node trees and as
+  16-node trees with the lookup branch (the 4-chains left out)."""
+  both = continued_variants("broad", lookup=True, base="requests")
+  return {k: v for k, v in both.items() if "_chain_" not in k}
 
 
 def requests_t1_variants() -> dict:
@@ -234,6 +249,15 @@ def get_config(arg: str | None = None):
     c.train.steps = 300
     c.optim.learning_rate = 1e-3
     c.optim.decay_steps = 280
+  elif arg == "broad":  # continue :requests' drafter on both request sets' replies
+    c.workdir = f"{WORKDIR}_broad"
+    o.init_from = f"{WORKDIR}_requests/draft_final"
+    c.data.sources = (BROAD_DATA, REQUESTS_DATA, "python")
+    c.data.max_examples = 1152  # 384 replies to broad requests, 384 to basic ones, 384 Python
+    c.data.feature_cache = f"{FEATURES}_broad"
+    c.train.steps = 300
+    c.optim.learning_rate = 1e-3
+    c.optim.decay_steps = 280
   elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
     c.workdir = f"{WORKDIR}_volume"
     o.init_from = DRAFTER
@@ -267,7 +291,7 @@ def get_config(arg: str | None = None):
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
                "sweep_volume", "sweep_requests", "sweep_requests_t1", "sweep_lookup",
-               *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_broad", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -285,6 +309,9 @@ def get_config(arg: str | None = None):
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
     if arg == "sweep_requests_t1":  # the chat prompts only
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW}
+    if arg == "sweep_broad":  # both chat sets, and code (the Python rows' share fell)
+      c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW,
+                            "code": training_free.CATEGORIES["code"]}  # fmt: skip
     c.sweep.verify_sizes = ()
     if arg in ABLATION_SWEEPS:
       c.sweep.variants = ablation_variants(arg)
@@ -295,13 +322,15 @@ def get_config(arg: str | None = None):
               "sweep_volume": functools.partial(continued_variants, "volume"),
               "sweep_requests": functools.partial(continued_variants, "requests",
                                                   lookup=True),
-              "sweep_requests_t1": requests_t1_variants}  # fmt: skip
+              "sweep_requests_t1": requests_t1_variants,
+              "sweep_broad": broad_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
-      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, "
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
       f"eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, "
-      "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, sweep_lookup, "
+      "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, "
+      "sweep_lookup, "
       f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
@@ -332,7 +361,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "tasks", "volume", "requests", "ttt_300"):
+  for run in ("eagle1", "tasks", "volume", "requests", "broad", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -460,6 +489,8 @@ def _sweeps(results_dir) -> list[str]:
     "(five categories: chat_new is six more chat prompts)",
     "sweep_requests_t1": "The same two drafters at temperature 1, chat prompts (sampled "
     "children, verified with their q)",
+    "sweep_broad": "Continued for 300 more steps on replies to the broad request set too "
+    "(from the requests-continued drafter)",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():
@@ -467,7 +498,7 @@ def _sweeps(results_dir) -> list[str]:
     if path.exists():
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
-      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests"):
+      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests", "sweep_broad"):
         out += _nalpha_table(record["runs"])
   return out
 
