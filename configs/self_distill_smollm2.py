@@ -39,8 +39,7 @@ the kind of reply the held-out chat prompts get, which the corpora lack.
 
 does the same for 768 of the 1,169 requests of the "broad" set (recipes, trips, rules, how
 things work, history, notes, jokes: mostly other kinds, on other topics, none a basic
-request) to
-data/self_distill/smollm2_requests_broad/.
+request) to data/self_distill/smollm2_requests_broad/.
 """
 
 from ml_collections import config_dict
@@ -101,23 +100,17 @@ def get_config(arg: str | None = None):
     c.distill.num_prompts = 1024
     c.distill.prompt_max_tokens = 48  # the template, system prompt and task around it: <= 128
     c.max_new_tokens = 128
-  elif arg == "requests":
-    c.output_dir = "data/self_distill/smollm2_requests"
+  elif arg in ("requests", "requests_broad"):
+    c.output_dir = f"data/self_distill/smollm2_{arg}"
     c.temperature = 0.0
     c.distill.requests = True
     c.distill.sources = ()  # the templates read no corpus
     c.distill.num_prompts = 512
     c.max_new_tokens = 128
     c.max_len = 192  # a request (<= ~50 tokens with the template) + max_new_tokens
-  elif arg == "requests_broad":  # the other templates (none makes a basic request)
-    c.output_dir = "data/self_distill/smollm2_requests_broad"
-    c.temperature = 0.0
-    c.distill.requests = True
-    c.distill.request_set = "broad"
-    c.distill.sources = ()
-    c.distill.num_prompts = 768
-    c.max_new_tokens = 128
-    c.max_len = 192
+    if arg == "requests_broad":  # the other templates (none makes a basic request)
+      c.distill.request_set = "broad"
+      c.distill.num_prompts = 768
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of self_distill_smollm2.py; choose tiny, greedy, tasks, "

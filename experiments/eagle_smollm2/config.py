@@ -330,8 +330,7 @@ def get_config(arg: str | None = None):
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
       f"eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, "
       "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, "
-      "sweep_lookup, "
-      f"{', '.join(ABLATION_SWEEPS)}."
+      f"sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
