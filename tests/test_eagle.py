@@ -230,6 +230,37 @@ def test_saved_drafter_loads_and_decodes_the_same(tmp_path):
   assert not list(tmp_path.glob(".*tmp"))  # written atomically
 
 
+def test_a_widened_drafter_drafts_what_it_did(tmp_path):
+  """``objective.eagle.ffn_dim`` above init_from's width: the new MLP units start silent, so
+  the wider drafter gives the same draft distribution and, sampling at temperature 1 with the
+  same seed, the same tokens and target calls; it saves and loads at its new width."""
+  target = _tiny_target()
+  drafter, params = testing.eagle_drafter((target.cfg, target.params), 2, 3, 5, tuple(range(40)))
+  eagle.save(tmp_path / "d", drafter.cfg, params, target)
+  c = _eagle_config(tmp_path)
+  c.objective = objectives.default_config("eagle")
+  wide = 3 * target.cfg.ffn_dim
+  obj = objectives.build(_with(c, init_from=str(tmp_path / "d"), ffn_dim=wide), target.cfg)
+  obj = obj.with_data(None, None)
+  trained = obj.init(jax.random.key(1), target.params)
+  assert trained["layer"]["w_gate"].shape == (wide, target.cfg.dim)
+  assert float(jnp.abs(trained["layer"]["w_up"][target.cfg.ffn_dim :]).max()) > 0  # not dead
+  wider = dataclasses.replace(drafter, cfg=obj.eagle)
+  wider_params = obj.model_params(trained, target.params)
+  pair = (target.cfg, target.params)
+  before, _ = _reference_children(drafter, params, pair, [1, 5, 9, 2, 7, 3])
+  after, _ = _reference_children(wider, wider_params, pair, [1, 5, 9, 2, 7, 3])
+  np.testing.assert_allclose(after, before, atol=1e-5)
+  kw = dict(max_new_tokens=12, max_len=32, temperature=1.0, seed=3)
+  a = generate(target.params, target.cfg, PROMPTS, drafter=drafter, drafter_params=params, **kw)
+  b = generate(target.params, target.cfg, PROMPTS, drafter=wider, drafter_params=wider_params, **kw)
+  assert a.tokens == b.tokens and a.metrics["target_calls"] == b.metrics["target_calls"]
+  eagle.save(tmp_path / "w", obj.eagle, wider_params, target)
+  cfg, loaded, _ = eagle.load(tmp_path / "w", target)
+  assert cfg == obj.eagle and cfg.mlp_width == wide
+  assert loaded["layer"]["w_down"].shape == (target.cfg.dim, wide)
+
+
 def _eagle_config(tmp_path, **drafter):
   c = train_tiny.get_config()
   c.drafter.name = "eagle"
@@ -289,6 +320,18 @@ def _bad_inputs(tmp_path):
       "trained with inputs='feature\\+token', not 'token'",
       lambda: objectives.build(_with(c, inputs="token", init_from=str(tmp_path / "d")), target.cfg),
     ),
+    "narrowing a drafter": (
+      "widened, never narrowed",
+      lambda: objectives.build(_with(c, init_from=str(tmp_path / "d"), ffn_dim=8), target.cfg),
+    ),
+    "a copied layer of another width": (
+      "copies a target layer, whose MLP is",
+      lambda: objectives.build(_with(c, copy_layer=0, ffn_dim=500), target.cfg),
+    ),
+    "a negative MLP width": (
+      "ffn_dim must be an integer >= 0",
+      lambda: objectives.check(_with(c, ffn_dim=-1)),
+    ),
   }
 
 
@@ -303,7 +346,8 @@ BAD = [
   "no drafter there", "drafter of another hidden size", "drafter of another target",
   "feature layer out of range", "features the model cannot supply", "decoding with no drafter path",
   "negative lookup branch", "lookup branch with total auto",
-  "unknown input ablation", "continuing a drafter of other inputs",
+  "unknown input ablation", "continuing a drafter of other inputs", "narrowing a drafter",
+  "a copied layer of another width", "a negative MLP width",
 ]  # fmt: skip
 
 

@@ -424,7 +424,8 @@ EXPERIMENT_VARIANTS = {
   "medusa_qwen_coder": [None],
   "eagle_qwen_coder": [None, "eagle3"],
   "eagle_smollm2": [
-    *(None, "tasks", "volume", "requests", "broad", "eagle1_300", "ttt_300", "eagle3"),
+    *(None, "tasks", "volume", "requests", "broad", "more", "wide", "eagle1_300", "ttt_300"),
+    "eagle3",
     *("sweep_b1", "sweep_b4"),
     "sweep_t1",
     *eagle_smollm2.ABLATIONS,

@@ -32,7 +32,10 @@
    branch, and on six more chat prompts, ``CHAT_NEW``); ``:sweep_requests_t1`` decodes those
    trees on the chat prompts at temperature 1. ``:broad`` continues ``:requests``' drafter
    on replies to the broad request set too (``distill.REQUEST_SETS["broad"]``: other kinds of
-   request), and ``:sweep_broad`` decodes the two on both chat sets and code.
+   request), and ``:sweep_broad`` decodes the two on both chat sets and code. Capacity:
+   ``:wide`` continues ``:broad``'s drafter 300 steps on the same rows with its layer's MLP
+   widened 3x (``objective.eagle.ffn_dim``; the new units start silent), ``:more`` the same
+   at its width (the control), and ``:sweep_wide`` decodes the three as ``:sweep_broad``.
 """
 
 import functools
@@ -66,6 +69,7 @@ CHAT_NEW = (
 )
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 RESULTS = f"{HERE}/results"
+WIDE_FFN = 3 * 1536  # :wide's MLP width, 3x SmolLM2's
 FEATURES = "data/features/eagle_smollm2"  # float16 final features of the training rows
 WORKDIR_3 = "results/eagle3_smollm2"
 FEATURES_3 = "data/features/eagle3_smollm2"
@@ -176,6 +180,14 @@ def broad_variants() -> dict:
   return {k: v for k, v in both.items() if "_chain_" not in k}
 
 
+def wide_variants() -> dict:
+  """``:broad``'s drafter and the two continued from it (``:more`` at its width, ``:wide`` with
+  its MLP 3x wider), as 8-node trees and as 16-node trees with the lookup branch."""
+  both = continued_variants("more", lookup=True, base="broad")
+  both |= continued_variants("wide", lookup=True, base="broad")
+  return {k: v for k, v in both.items() if "_chain_" not in k}
+
+
 def requests_t1_variants() -> dict:
   """The 16-node trees with the lookup branch of ``continued_variants("requests", lookup=True)``
   (children sampled at temperature 1)."""
@@ -258,6 +270,17 @@ def get_config(arg: str | None = None):
     c.train.steps = 300
     c.optim.learning_rate = 1e-3
     c.optim.decay_steps = 280
+  elif arg in ("more", "wide"):  # continue :broad's drafter 300 more steps on :broad's rows
+    c.workdir = f"{WORKDIR}_{arg}"
+    o.init_from = f"{WORKDIR}_broad/draft_final"
+    c.data.sources = (BROAD_DATA, REQUESTS_DATA, "python")
+    c.data.max_examples = 1152  # the same rows, and the same cached features
+    c.data.feature_cache = f"{FEATURES}_broad"
+    c.train.steps = 300
+    c.optim.learning_rate = 1e-3
+    c.optim.decay_steps = 280
+    if arg == "wide":  # its MLP widened 3x (new units start silent: eagle.widen)
+      o.ffn_dim = WIDE_FFN
   elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
     c.workdir = f"{WORKDIR}_volume"
     o.init_from = DRAFTER
@@ -291,7 +314,7 @@ def get_config(arg: str | None = None):
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
                "sweep_volume", "sweep_requests", "sweep_requests_t1", "sweep_lookup",
-               "sweep_broad", *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_broad", "sweep_wide", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -309,7 +332,7 @@ def get_config(arg: str | None = None):
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
     if arg == "sweep_requests_t1":  # the chat prompts only
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW}
-    if arg == "sweep_broad":  # both chat sets, and code (the Python rows' share fell)
+    if arg in ("sweep_broad", "sweep_wide"):  # both chat sets, and code (fewer Python rows)
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW,
                             "code": training_free.CATEGORIES["code"]}  # fmt: skip
     c.sweep.verify_sizes = ()
@@ -323,14 +346,14 @@ def get_config(arg: str | None = None):
               "sweep_requests": functools.partial(continued_variants, "requests",
                                                   lookup=True),
               "sweep_requests_t1": requests_t1_variants,
-              "sweep_broad": broad_variants}  # fmt: skip
+              "sweep_broad": broad_variants, "sweep_wide": wide_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
-      f"eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, "
-      "sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, "
-      f"sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
+      f"more, wide, eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, "
+      "sweep_t1, sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, "
+      f"sweep_broad, sweep_wide, sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -360,7 +383,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "tasks", "volume", "requests", "broad", "ttt_300"):
+  for run in ("eagle1", "tasks", "volume", "requests", "broad", "more", "wide", "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -490,6 +513,8 @@ def _sweeps(results_dir) -> list[str]:
     "children, verified with their q)",
     "sweep_broad": "Continued for 300 more steps on replies to the broad request set too "
     "(from the requests-continued drafter)",
+    "sweep_wide": "Capacity: the broad-continued drafter, 300 more steps on its rows at its "
+    "width (more) and with its MLP 3x wider (wide)",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():
@@ -497,7 +522,8 @@ def _sweeps(results_dir) -> list[str]:
     if path.exists():
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
-      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests", "sweep_broad"):
+      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests", "sweep_broad",
+                 "sweep_wide"):  # fmt: skip
         out += _nalpha_table(record["runs"])
   return out
 

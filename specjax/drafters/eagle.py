@@ -91,10 +91,15 @@ class EagleConfig:
   feature_layers: tuple = ("final",)  # EAGLE-1: ("final",); EAGLE-3: three layer indices
   vocab_size: int = 0  # V' (0 = the target's)
   inputs: str = "feature+token"  # one of INPUTS
+  ffn_dim: int = 0  # the layer's MLP width (0 = the target's)
 
   def __post_init__(self):
     if self.inputs not in INPUTS:
       raise ValueError(f"EAGLE inputs={self.inputs!r} is unknown; choose one of {INPUTS}.")
+    if int(self.ffn_dim) != self.ffn_dim or self.ffn_dim < 0:
+      raise ValueError(
+        f"EAGLE ffn_dim={self.ffn_dim} must be an integer >= 0 (0 = the target's MLP width)."
+      )
     llama.check_features(self.target, self.feature_layers)
     if not self.feature_layers:
       raise ValueError(f"{FIELD}: an EAGLE drafter reads at least one target feature.")
@@ -106,7 +111,13 @@ class EagleConfig:
 
   @property
   def layer(self) -> ModelConfig:
-    return dataclasses.replace(self.target, num_layers=1, name=f"{self.target.name}-eagle")
+    return dataclasses.replace(
+      self.target, num_layers=1, ffn_dim=self.mlp_width, name=f"{self.target.name}-eagle"
+    )
+
+  @property
+  def mlp_width(self) -> int:
+    return self.ffn_dim or self.target.ffn_dim
 
   @property
   def draft_vocab(self) -> int:
@@ -122,13 +133,15 @@ class EagleConfig:
       "feature_layers": list(self.feature_layers),
       "vocab_size": self.vocab_size,
       "inputs": self.inputs,
+      "ffn_dim": self.ffn_dim,
     }
 
   @classmethod
   def fromdict(cls, d: dict) -> "EagleConfig":
     layers = tuple(f if f == llama.FINAL else int(f) for f in d["feature_layers"])
     inputs = d.get("inputs", INPUTS[0])  # drafters saved before the ablation read both
-    return cls(ModelConfig(**d["target"]), layers, d["vocab_size"], inputs)
+    ffn_dim = d.get("ffn_dim", 0)  # drafters saved before it have the target's MLP width
+    return cls(ModelConfig(**d["target"]), layers, d["vocab_size"], inputs, ffn_dim)
 
 
 # --- the drafter's computation, shared by decoding and training --------------------------------
@@ -149,6 +162,29 @@ def init_params(cfg: EagleConfig, key: jax.Array, target_params, vocab_ids, copy
     n = len(cfg.feature_layers)
     params["fuse"] = jax.random.normal(k_fuse, (f, n * f)) / np.sqrt(n * f)
   return params | frozen_params(cfg, target_params, vocab_ids)
+
+
+def widen(trained: dict, cfg: EagleConfig, key: jax.Array) -> dict:
+  """A trained drafter's tensors with its layer's MLP widened to ``cfg.mlp_width``: the new
+  hidden units' gate and up rows random (as a fresh layer's), their down-projection columns
+  zero, so the wider drafter computes exactly what the narrower one did and training grows
+  the new units from there. Tensors already that wide are returned as they are."""
+  layer = trained["layer"]
+  have, want = layer["w_gate"].shape[0], cfg.mlp_width
+  if have > want:
+    raise ValueError(
+      f"EAGLE: a drafter with an MLP {have} wide cannot be narrowed to {want}: set ffn_dim to "
+      f"{have} or more (0 keeps the drafter's width)."
+    )
+  if have == want:
+    return trained
+  fresh = llama.init_params(dataclasses.replace(cfg.layer, vocab_size=1), key)["layers"][0]
+  grown = dict(layer)
+  for name in ("w_gate", "w_up"):  # [ffn, dim]: new rows
+    grown[name] = jnp.concatenate([layer[name], fresh[name][have:]], axis=0)
+  down = layer["w_down"]  # [dim, ffn]: new columns, zero
+  grown["w_down"] = jnp.concatenate([down, jnp.zeros((down.shape[0], want - have), down.dtype)], 1)
+  return trained | {"layer": grown}
 
 
 def frozen_params(cfg: EagleConfig, target_params, vocab_ids) -> dict:

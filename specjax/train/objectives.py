@@ -380,6 +380,9 @@ class EagleFeatures:
     c.inputs = "feature+token"  # what each pair feeds the layer: feature+token | feature | token
     c.vocab_size = 0  # draft vocabulary V' (0 = the target's): the most frequent training tokens
     c.copy_layer = -1  # start the drafter's layer from this target layer; -1 = random
+    # The layer's MLP width: 0 = the target's (or, with init_from, the drafter's). Wider than
+    # init_from's drafter: its MLP is widened without changing what it computes (eagle.widen).
+    c.ffn_dim = 0
     c.noise = 0.2  # width of the uniform noise added to input features
     c.feature_weight = 1.0  # smooth-L1 on the next feature
     c.token_weight = 0.1  # cross-entropy on the next token
@@ -396,6 +399,8 @@ class EagleFeatures:
     for key in ("noise", "feature_weight", "token_weight"):
       if not c[key] >= 0:
         raise ValueError(f"{f}.{key} must be >= 0, got {c[key]}.")
+    if int(c.ffn_dim) != c.ffn_dim or c.ffn_dim < 0:
+      raise ValueError(f"{f}.ffn_dim must be an integer >= 0 (0 = the target's MLP width).")
     if int(c.rollout) != c.rollout or c.rollout < 1:
       raise ValueError(f"{f}.rollout must be an integer >= 1 (1 = teacher forcing only).")
     if not 0 < c.rollout_decay <= 1:
@@ -415,11 +420,16 @@ class EagleFeatures:
     f = "config.objective.eagle"
     layers = tuple(c.feature_layers)
     try:
-      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs)
+      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs, c.ffn_dim)
     except ValueError as e:
       raise ValueError(f"{f}: {e}") from None
     if not -1 <= c.copy_layer < target.num_layers:
       raise ValueError(f"{f}.copy_layer={c.copy_layer} must be -1 or in [0, {target.num_layers}).")
+    if c.copy_layer >= 0 and cfg.mlp_width != target.ffn_dim:
+      raise ValueError(
+        f"{f}.copy_layer={c.copy_layer} copies a target layer, whose MLP is {target.ffn_dim} "
+        f"wide, not ffn_dim={c.ffn_dim}: set ffn_dim = 0 or copy_layer = -1."
+      )
     if c.init_from:
       saved = eagle.EagleConfig.fromdict(eagle.read_meta(c.init_from, f"{f}.init_from")["eagle"])
       if (saved.feature_layers, saved.target.dim) != (cfg.feature_layers, cfg.target.dim):
@@ -432,7 +442,14 @@ class EagleFeatures:
           f"{f}.init_from={c.init_from!r} was trained with inputs={saved.inputs!r}, not "
           f"{cfg.inputs!r}: set {f}.inputs={saved.inputs!r} or start from scratch."
         )
-      cfg = dataclasses.replace(cfg, vocab_size=saved.vocab_size)  # its vocabulary is kept
+      if c.ffn_dim and c.ffn_dim < saved.mlp_width:
+        raise ValueError(
+          f"{f}.ffn_dim={c.ffn_dim} is narrower than init_from's MLP ({saved.mlp_width}): a "
+          "drafter is widened, never narrowed; set ffn_dim = 0 to keep its width."
+        )
+      # Its vocabulary is kept, and its width unless ffn_dim asks for a wider one.
+      width = c.ffn_dim or saved.ffn_dim
+      cfg = dataclasses.replace(cfg, vocab_size=saved.vocab_size, ffn_dim=width)
     return cls(
       target, cfg, copy_layer=c.copy_layer, noise=c.noise, feature_weight=c.feature_weight,
       token_weight=c.token_weight, rollout=c.rollout, rollout_decay=c.rollout_decay,
@@ -462,14 +479,16 @@ class EagleFeatures:
     if self.eagle.fused:
       n += len(self.eagle.feature_layers) * f * f
     return (
-      f"EAGLE drafter reading {list(self.eagle.feature_layers)}, one layer, draft vocabulary "
+      f"EAGLE drafter reading {list(self.eagle.feature_layers)}, one layer (MLP "
+      f"{self.eagle.mlp_width} wide), draft vocabulary "
       f"{self.eagle.draft_vocab} ({n / 1e6:.2f} M trained params)"
     )
 
   def init(self, key: jax.Array, frozen: Params) -> Params:
     if self.init_from:
       trained = eagle.read_trained(self.init_from)
-      return {k: jax.tree.map(jnp.asarray, v) for k, v in trained.items() if k in eagle.TRAINED}
+      trained = {k: jax.tree.map(jnp.asarray, v) for k, v in trained.items() if k in eagle.TRAINED}
+      return eagle.widen(trained, self.eagle, key)
     copy = None if self.copy_layer < 0 else self.copy_layer
     params = eagle.init_params(self.eagle, key, frozen, self._vocab(), copy)
     return {k: params[k] for k in eagle.TRAINED if k in params}
