@@ -35,7 +35,8 @@
    request), and ``:sweep_broad`` decodes the two on both chat sets and code. Capacity:
    ``:wide`` continues ``:broad``'s drafter 300 steps on the same rows with its layer's MLP
    widened 3x (``objective.eagle.ffn_dim``; the new units start silent), ``:more`` the same
-   at its width (the control), and ``:sweep_wide`` decodes the three as ``:sweep_broad``.
+   at its width (the control); ``fit.py`` replays the three on rows they trained on, unseen
+   rows of the same kind and the held-out prompts.
 """
 
 import functools
@@ -180,14 +181,6 @@ def broad_variants() -> dict:
   return {k: v for k, v in both.items() if "_chain_" not in k}
 
 
-def wide_variants() -> dict:
-  """``:broad``'s drafter and the two continued from it (``:more`` at its width, ``:wide`` with
-  its MLP 3x wider), as 8-node trees and as 16-node trees with the lookup branch."""
-  both = continued_variants("more", lookup=True, base="broad")
-  both |= continued_variants("wide", lookup=True, base="broad")
-  return {k: v for k, v in both.items() if "_chain_" not in k}
-
-
 def requests_t1_variants() -> dict:
   """The 16-node trees with the lookup branch of ``continued_variants("requests", lookup=True)``
   (children sampled at temperature 1)."""
@@ -314,7 +307,7 @@ def get_config(arg: str | None = None):
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
                "sweep_volume", "sweep_requests", "sweep_requests_t1", "sweep_lookup",
-               "sweep_broad", "sweep_wide", *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_broad", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -332,7 +325,7 @@ def get_config(arg: str | None = None):
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
     if arg == "sweep_requests_t1":  # the chat prompts only
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW}
-    if arg in ("sweep_broad", "sweep_wide"):  # both chat sets, and code (fewer Python rows)
+    if arg == "sweep_broad":  # both chat sets, and code (the Python rows' share fell)
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW,
                             "code": training_free.CATEGORIES["code"]}  # fmt: skip
     c.sweep.verify_sizes = ()
@@ -346,14 +339,14 @@ def get_config(arg: str | None = None):
               "sweep_requests": functools.partial(continued_variants, "requests",
                                                   lookup=True),
               "sweep_requests_t1": requests_t1_variants,
-              "sweep_broad": broad_variants, "sweep_wide": wide_variants}  # fmt: skip
+              "sweep_broad": broad_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
       f"more, wide, eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, "
       "sweep_t1, sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, "
-      f"sweep_broad, sweep_wide, sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
+      f"sweep_broad, sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -399,8 +392,30 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-  out += _sweeps(results_dir) + _hit_rates(results_dir) + _replay(results_dir)
+  out += _sweeps(results_dir) + _hit_rates(results_dir) + _replay(results_dir) + _fit(results_dir)
   return "\n".join(out + _ablation(results_dir))
+
+
+def _fit(results_dir) -> list[str]:
+  """``fit.py``'s table: greedy τ replayed on rows trained on, unseen rows of the same request
+  sets, and the held-out prompts."""
+  import json
+
+  path = results_dir / "fit.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  return [
+    "## Trained rows, unseen rows of the same kind, new prompts (`fit.py`)",
+    "",
+    f"Greedy τ replayed offline on {record['rows_per_split']} replies per request set and split "
+    f"(their first {record['new_tokens']} tokens): `*_trained` rows every run here trained on, "
+    "`*_unseen` replies to requests of the same set that no run read; then the held-out "
+    "prompts' AR text.",
+    "",
+    results.markdown_table(record["table"], tuple(record["table"][0])),
+    "",
+  ]
 
 
 def _replay(results_dir) -> list[str]:
@@ -513,8 +528,6 @@ def _sweeps(results_dir) -> list[str]:
     "children, verified with their q)",
     "sweep_broad": "Continued for 300 more steps on replies to the broad request set too "
     "(from the requests-continued drafter)",
-    "sweep_wide": "Capacity: the broad-continued drafter, 300 more steps on its rows at its "
-    "width (more) and with its MLP 3x wider (wide)",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   }
   for arg, title in titles.items():
@@ -522,8 +535,7 @@ def _sweeps(results_dir) -> list[str]:
     if path.exists():
       record = json.loads(path.read_text())
       out += [f"## {title}", "", sweep.markdown(record)]
-      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests", "sweep_broad",
-                 "sweep_wide"):  # fmt: skip
+      if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests", "sweep_broad"):
         out += _nalpha_table(record["runs"])
   return out
 

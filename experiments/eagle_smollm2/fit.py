@@ -1,0 +1,104 @@
+"""Where the drafter's τ is lost: text it trained on, unseen text of the same kind, new prompts.
+
+    python experiments/eagle_smollm2/fit.py              # after :broad, :more and :wide; ~15 min
+
+Greedy τ replayed by the simulator (``specjax.simulate``: what batch-1 greedy decoding measures,
+no timing) for the drafters continued on the target's replies to templated requests
+(``RUNS``), at two budgets (a 4-chain, and the 16-node tree with prompt lookup's 4-token
+branch, the best greedy budget of ``:sweep_lookup``), on three kinds of text:
+
+- ``trained``: ``ROWS`` replies to each request set (basic, broad) that every run here trained
+  on (the first 64 tokens of each reply; the runs' held-out eval rows left out);
+- ``unseen``: ``ROWS`` replies to requests of the same sets that no run read (each set holds
+  more replies than the runs' quota of 384);
+- ``prompts``: the target's greedy replies to ``:sweep_broad``'s held-out prompts (chat, six
+  more chat prompts, code), as the sweeps decode them.
+
+Unseen near prompts: the new prompts are no harder than more of the training kind (no shift of
+distribution to blame). Trained far above unseen: the drafter memorises rows rather than
+learning the kind. Trained itself low: the drafter does not fit even the text it saw.
+
+Writes ``results/fit.json``.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from experiments.eagle_smollm2 import config as E  # noqa: E402
+from specjax import build, results, simulate  # noqa: E402
+from specjax.tasks import sweep  # noqa: E402
+from specjax.train import data  # noqa: E402
+
+RUNS = ("broad", "more", "wide")  # workdirs results/eagle_smollm2_<run>/draft_final
+BUDGETS = {"chain_4": (1, 4, 4, 0), "tree_16_lookup4": (4, 6, 16, 4)}  # top_k, depth, total, lookup
+ROWS = 16  # replies per request set and split
+NEW_TOKENS = 64  # of each reply: as many as the sweeps decode
+
+
+def request_rows(config) -> dict:
+  """``{"<set>_trained" | "<set>_unseen": [(prompt ids, reply ids)]}`` for the two request
+  sets, chosen as ``config.data`` chose the runs' rows (same sources, quota and seed)."""
+  sources = list(config.data.sources)
+  quota = config.data.max_examples // len(sources)
+  n = quota * len(sources)  # each set gives its full quota: rows of the sources, in order
+  positions = np.arange(n)[:, None]
+  _, held = data.split(data.Dataset(positions, np.ones_like(positions)), config.data.eval_examples)
+  eval_rows = set(held.tokens[:, 0].tolist())
+  out = {}
+  for i, (name, directory) in enumerate((("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA))):
+    _, arrays = data.read_shards(directory, keys=("tokens", "mask"))
+    tokens, mask = arrays["tokens"], arrays["mask"][:, : config.data.seq_len].copy()
+    mask[:, -1] = 0.0
+    chosen = data.shard_selection(directory, mask, quota, config.data.seed)
+    assert sources.index(directory) == i, sources  # positions count the sets in this order
+    trained = [r for j, r in enumerate(chosen) if i * quota + j not in eval_rows]
+    unseen = np.setdiff1d(np.flatnonzero(mask.sum(1) > 0), chosen)
+    for split, rows in (("trained", trained), ("unseen", unseen)):
+      out[f"{name}_{split}"] = [
+        _prompt_and_reply(tokens[r], arrays["mask"][r]) for r in rows[:ROWS]
+      ]
+  return out
+
+
+def _prompt_and_reply(tokens: np.ndarray, mask: np.ndarray) -> tuple[list, list]:
+  """A self-distilled row as (prompt ids, the first ``NEW_TOKENS`` reply ids): ``mask[t]`` is 1
+  where token t + 1 was generated."""
+  first, n = int(np.argmax(mask > 0)), int(mask.sum())
+  reply = tokens[first + 1 : first + 1 + min(n, NEW_TOKENS)]
+  return tokens[: first + 1].tolist(), reply.tolist()
+
+
+def main() -> None:
+  c = E.get_config("sweep_broad")
+  trained_on = E.get_config("more")  # :broad's rows, which :more and :wide read again
+  paths = {run: f"{E.WORKDIR}_{run}/draft_final" for run in RUNS}
+  for run, path in paths.items():
+    if not Path(path).is_dir():
+      sys.exit(f"error: {path} is missing: run --config={E.HERE}/config.py:{run} first.")
+  texts = request_rows(trained_on)
+  target, table = None, []
+  for run, path in paths.items():
+    for budget, (top_k, depth, total, lookup) in BUDGETS.items():
+      vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
+      if target is None:
+        target = build.target(vc)
+        texts |= {cat: rows for (_, _, cat), rows in sweep.ar_rows(c, target).items()}
+      drafter, params = build.drafter(vc, target)
+      row = {"run": run, "budget": budget}
+      for kind, rows in texts.items():
+        row[kind] = round(simulate.replay(target, drafter, params, rows).tau, 3)
+      print(row, flush=True)
+      table.append(row)
+  record = {"runs": RUNS, "budgets": BUDGETS, "rows_per_split": ROWS, "new_tokens": NEW_TOKENS,
+            "texts": {k: len(v) for k, v in texts.items()}, "table": table}  # fmt: skip
+  path = results.write_json(f"{E.RESULTS}/fit.json", record)
+  print(results.markdown_table(table, tuple(table[0])))
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
