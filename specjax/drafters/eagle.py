@@ -167,8 +167,9 @@ def init_params(cfg: EagleConfig, key: jax.Array, target_params, vocab_ids, copy
 def widen(trained: dict, cfg: EagleConfig, key: jax.Array) -> dict:
   """A trained drafter's tensors with its layer's MLP widened to ``cfg.mlp_width``: the new
   hidden units' gate and up rows random (as a fresh layer's), their down-projection columns
-  zero, so the wider drafter computes exactly what the narrower one did and training grows
-  the new units from there. Tensors already that wide are returned as they are."""
+  zero, so the wider drafter computes what the narrower one did (up to the order of float
+  sums) and training grows the new units from there. Tensors already that wide are returned
+  as they are."""
   layer = trained["layer"]
   have, want = layer["w_gate"].shape[0], cfg.mlp_width
   if have > want:
