@@ -51,16 +51,16 @@ def request_rows(config) -> dict:
   out = {}
   for i, (name, directory) in enumerate((("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA))):
     _, arrays = data.read_shards(directory, keys=("tokens", "mask"))
-    tokens, mask = arrays["tokens"], arrays["mask"][:, : config.data.seq_len].copy()
-    mask[:, -1] = 0.0
-    chosen = data.shard_selection(directory, mask, quota, config.data.seed)
+    tokens, mask = arrays["tokens"], arrays["mask"]
+    learnable, chosen = (
+      data.shard_selection(directory, mask, config.data.seq_len, q, config.data.seed)
+      for q in (None, quota)
+    )
     assert sources.index(directory) == i, sources  # positions count the sets in this order
     trained = [r for j, r in enumerate(chosen) if i * quota + j not in eval_rows]
-    unseen = np.setdiff1d(np.flatnonzero(mask.sum(1) > 0), chosen)
+    unseen = np.setdiff1d(learnable, chosen)
     for split, rows in (("trained", trained), ("unseen", unseen)):
-      out[f"{name}_{split}"] = [
-        _prompt_and_reply(tokens[r], arrays["mask"][r]) for r in rows[:ROWS]
-      ]
+      out[f"{name}_{split}"] = [_prompt_and_reply(tokens[r], mask[r]) for r in rows[:ROWS]]
   return out
 
 

@@ -153,7 +153,7 @@ def init_params(cfg: EagleConfig, key: jax.Array, target_params, vocab_ids, copy
   k_layer, k_fc, k_fuse = jax.random.split(key, 3)
   f = cfg.target.dim
   if copy_layer is None:
-    layer = llama.init_params(dataclasses.replace(cfg.layer, vocab_size=1), k_layer)["layers"][0]
+    layer = _fresh_layer(cfg, k_layer)
   else:
     layer = dict(target_params["layers"][copy_layer])
   fc = jax.random.normal(k_fc, (f, 2 * f)) / np.sqrt(2 * f)
@@ -179,13 +179,18 @@ def widen(trained: dict, cfg: EagleConfig, key: jax.Array) -> dict:
     )
   if have == want:
     return trained
-  fresh = llama.init_params(dataclasses.replace(cfg.layer, vocab_size=1), key)["layers"][0]
+  fresh = _fresh_layer(cfg, key)
   grown = dict(layer)
   for name in ("w_gate", "w_up"):  # [ffn, dim]: new rows
     grown[name] = jnp.concatenate([layer[name], fresh[name][have:]], axis=0)
   down = layer["w_down"]  # [dim, ffn]: new columns, zero
   grown["w_down"] = jnp.concatenate([down, jnp.zeros((down.shape[0], want - have), down.dtype)], 1)
   return trained | {"layer": grown}
+
+
+def _fresh_layer(cfg: EagleConfig, key: jax.Array) -> dict:
+  """A randomly initialised layer of the drafter's shapes (``llama.init_params``'s scheme)."""
+  return llama.init_params(dataclasses.replace(cfg.layer, vocab_size=1), key)["layers"][0]
 
 
 def frozen_params(cfg: EagleConfig, target_params, vocab_ids) -> dict:

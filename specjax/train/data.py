@@ -333,15 +333,16 @@ def _shard_rows(directory, tokenizer, seq_len, quota, seed):
     tokens, mask = np.pad(tokens, ((0, 0), (0, pad))), np.pad(mask, ((0, 0), (0, pad)))
   tokens, mask = tokens[:, :seq_len].astype(np.int32), mask[:, :seq_len].astype(np.float32)
   mask[:, -1] = 0.0  # The last position's next token was cut off.
-  order = shard_selection(directory, mask, quota, seed)
+  order = shard_selection(directory, mask, seq_len, quota, seed)
   return tokens[order], mask[order]
 
 
-def shard_selection(directory, mask: np.ndarray, quota: int | None, seed: int) -> np.ndarray:
-  """The examples of a self-distilled ``directory`` (``mask``: its rows' loss masks, cut to
-  the row length) that a dataset with this ``quota`` and ``seed`` reads, in order: a seeded
-  draw among those with any position to learn (a prompt may fill the row)."""
-  keep = np.flatnonzero(mask.sum(axis=1) > 0)
+def shard_selection(directory, mask: np.ndarray, seq_len: int, quota: int | None, seed: int):
+  """The examples of a self-distilled ``directory`` (``mask``: its rows' loss masks as stored)
+  that a dataset of rows of ``seq_len`` with this ``quota`` and ``seed`` reads, in order: a
+  seeded draw among those with a position to learn in the row (a prompt may fill it; the
+  row's last position never counts); ``quota=None``: all of those."""
+  keep = np.flatnonzero(mask[:, : seq_len - 1].sum(axis=1) > 0)
   order = keep[
     np.random.default_rng([seed, zlib.crc32(str(directory).encode())]).permutation(len(keep))
   ]
