@@ -112,6 +112,25 @@ def test_a_different_seed_orders_documents_differently():
   assert not np.array_equal(a.tokens, b.tokens)
 
 
+def test_quotas_of_self_distilled_rows_are_nested_draws():
+  """One seeded order per directory: a smaller quota reads a subset of a larger one's rows, so
+  runs that differ only in their quota differ only in how many distinct rows they see (the
+  data-scaling runs of experiments/eagle_smollm2 rely on it). Rows with nothing to learn before
+  their last position are never drawn."""
+  rng = np.random.default_rng(0)
+  mask = (rng.random((200, 16)) < 0.2).astype(np.float32)
+  mask[::7] = 0
+  mask[::7, 15] = 1  # only the last position: nothing to learn
+  learnable = {i for i in range(200) if mask[i, :15].sum() > 0}
+  every = data.shard_selection("rows", mask, 16, None, seed=0)
+  assert set(every.tolist()) == learnable and len(learnable) < 200
+  draws = [set(data.shard_selection("rows", mask, 16, q, seed=0).tolist()) for q in (5, 40, 120)]
+  assert [len(d) for d in draws] == [5, 40, 120]
+  assert draws[0] < draws[1] < draws[2] < learnable
+  assert set(data.shard_selection("rows", mask, 16, 40, seed=1).tolist()) != draws[1]
+  assert set(data.shard_selection("other", mask, 16, 40, seed=0).tolist()) != draws[1]
+
+
 # -- batches --------------------------------------------------------------------------------------
 
 

@@ -36,7 +36,9 @@
    ``:wide`` continues ``:broad``'s drafter 300 steps on the same rows with its layer's MLP
    widened 3x (``objective.eagle.ffn_dim``; the new units start silent), ``:more`` the same
    at its width (the control); ``fit.py`` replays the three on rows they trained on, unseen
-   rows of the same kind and the held-out prompts.
+   rows of the same kind and the held-out prompts. Data: ``:rows_<n>`` (``SCALE_RUNS``)
+   continue 1.'s drafter 300 steps on n replies to the two request sets (nested draws), and
+   ``scale.py`` replays them against n.
 """
 
 import functools
@@ -71,6 +73,11 @@ CHAT_NEW = (
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 RESULTS = f"{HERE}/results"
 WIDE_FFN = 3 * 1536  # :wide's MLP width, 3x SmolLM2's
+# Data scaling (:rows_<n>): DRAFTER continued 300 steps (:requests' schedule) on n replies to
+# the two request sets, half from each, 8 more per set held out. The draws are nested (a
+# smaller run's rows are among a larger one's), so only the number of distinct replies
+# changes; scale.py replays them.
+SCALE_RUNS = {f"rows_{n}": n for n in (48, 192, 768)}
 FEATURES = "data/features/eagle_smollm2"  # float16 final features of the training rows
 WORKDIR_3 = "results/eagle3_smollm2"
 FEATURES_3 = "data/features/eagle3_smollm2"
@@ -274,6 +281,16 @@ def get_config(arg: str | None = None):
     c.optim.decay_steps = 280
     if arg == "wide":  # its MLP widened 3x (new units start silent: eagle.widen)
       o.ffn_dim = WIDE_FFN
+  elif arg in SCALE_RUNS:  # continue DRAFTER on n replies to requests, half per set
+    c.workdir = f"{WORKDIR}_{arg}"
+    o.init_from = DRAFTER
+    c.data.sources = (BROAD_DATA, REQUESTS_DATA)
+    c.data.eval_examples = 16  # evenly spaced: 8 per set
+    c.data.max_examples = SCALE_RUNS[arg] + 16
+    c.data.feature_cache = f"{FEATURES}_{arg}"
+    c.train.steps = 300
+    c.optim.learning_rate = 1e-3
+    c.optim.decay_steps = 280
   elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
     c.workdir = f"{WORKDIR}_volume"
     o.init_from = DRAFTER
@@ -344,9 +361,10 @@ def get_config(arg: str | None = None):
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
-      f"more, wide, eagle1_300, ttt_300, eagle3, {', '.join(ABLATIONS)}, sweep_b1, sweep_b4, "
-      "sweep_t1, sweep_nalpha, sweep_tasks, sweep_volume, sweep_requests, sweep_requests_t1, "
-      f"sweep_broad, sweep_lookup, {', '.join(ABLATION_SWEEPS)}."
+      f"more, wide, {', '.join(SCALE_RUNS)}, eagle1_300, ttt_300, eagle3, "
+      f"{', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, sweep_tasks, "
+      "sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, sweep_lookup, "
+      f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
 
@@ -376,7 +394,8 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  for run in ("eagle1", "tasks", "volume", "requests", "broad", "more", "wide", "ttt_300"):
+  runs = ("eagle1", "tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS)
+  for run in (*runs, "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -393,6 +412,7 @@ def report(results_dir):
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
   out += _sweeps(results_dir) + _hit_rates(results_dir) + _replay(results_dir) + _fit(results_dir)
+  out += _scale(results_dir)
   return "\n".join(out + _ablation(results_dir))
 
 
@@ -416,6 +436,59 @@ def _fit(results_dir) -> list[str]:
     results.markdown_table(record["table"], tuple(record["table"][0])),
     "",
   ]
+
+
+def _scale(results_dir) -> list[str]:
+  """``scale.py``'s table and figure: greedy τ against the number of distinct replies the
+  drafter was continued on."""
+  import json
+
+  path = results_dir / "scale.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  n = record["texts"]
+  scale_figure(results_dir, record)
+  return [
+    "## τ against the number of distinct replies trained on (`scale.py`)",
+    "",
+    "![greedy tau against the number of request replies](results/scale.png)",
+    "",
+    "The committed drafter (`eagle1`, no request replies) and `:rows_<n>`: it continued 300 "
+    "steps on n replies to the two request sets (nested draws). Greedy τ replayed offline "
+    f"(`{record['budget']}`) on replies per request set that every `:rows_<n>` run trained on "
+    f"(`*_trained`, {n['broad_trained']} and {n['basic_trained']}: the smallest run's rows "
+    f"that no run held out) and that none read (`*_unseen`, {n['broad_unseen']} and "
+    f"{n['basic_unseen']}), each cut to its first {record['new_tokens']} tokens, and on the "
+    "held-out prompts' AR text.",
+    "",
+    results.markdown_table(record["table"], tuple(record["table"][0])),
+    "",
+  ]
+
+
+def scale_figure(results_dir, record: dict) -> None:
+  """results/scale.png: τ per kind of text against n (log axis); the n = 0 drafter dashed."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  table = record["table"]
+  base = next(r for r in table if r["replies"] == 0)
+  runs = [r for r in table if r["replies"] > 0]
+  n = [r["replies"] for r in runs]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for i, kind in enumerate(k for k in table[0] if k not in ("run", "replies")):
+    line = ax.plot(n, [r[kind] for r in runs], "o-", label=kind, color=f"C{i}")
+    ax.axhline(base[kind], ls="--", lw=0.8, color=line[0].get_color())
+  ax.set_xscale("log")
+  ax.set_xticks(n, [str(x) for x in n])
+  ax.minorticks_off()
+  ax.set(xlabel="distinct request replies trained on (dashed: none)", ylabel="greedy tau")
+  ax.set_title(f"EAGLE continued 300 steps: tau vs data ({record['budget']})", fontsize=9)
+  ax.legend(fontsize=7)
+  results.save_figure(fig, results_dir / "scale.png")
 
 
 def _replay(results_dir) -> list[str]:

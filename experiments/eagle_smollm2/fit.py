@@ -39,9 +39,29 @@ ROWS = 16  # replies per request set and split
 NEW_TOKENS = 64  # of each reply: as many as the sweeps decode
 
 
-def request_rows(config) -> dict:
+def request_rows(config, unseen_by=None, rows: int = ROWS) -> dict:
   """``{"<set>_trained" | "<set>_unseen": [(prompt ids, reply ids)]}`` for the two request
-  sets, chosen as ``config.data`` chose the runs' rows (same sources, quota and seed)."""
+  sets, chosen as ``config.data`` chose the runs' rows (same sources, quota and seed): trained
+  rows of ``config`` (each config in ``unseen_by`` too, if given: rows all of them trained
+  on), and unseen rows that neither ``config`` nor ``unseen_by`` read; ``rows`` of each."""
+  configs = [config, *(unseen_by or ())]
+  picks = [selection(c) for c in configs]
+  out = {}
+  for name, directory in (("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA)):
+    _, arrays = data.read_shards(directory, keys=("tokens", "mask"))
+    tokens, mask = arrays["tokens"], arrays["mask"]
+    trained = [r for r in picks[0][name]["trained"] if all(r in p[name]["trained"] for p in picks)]
+    unseen = picks[0][name]["learnable"]
+    for p in picks:
+      unseen = np.setdiff1d(unseen, p[name]["chosen"])
+    for split, chosen in (("trained", trained), ("unseen", unseen)):
+      out[f"{name}_{split}"] = [_prompt_and_reply(tokens[r], mask[r]) for r in chosen[:rows]]
+  return out
+
+
+def selection(config) -> dict:
+  """Per request set (``broad``, ``basic``): its ``learnable`` rows, the rows ``config.data``
+  ``chosen`` from it, and of those the ``trained`` ones (its held-out eval rows left out)."""
   sources = list(config.data.sources)
   quota = config.data.max_examples // len(sources)
   n = quota * len(sources)  # each set gives its full quota: rows of the sources, in order
@@ -50,17 +70,14 @@ def request_rows(config) -> dict:
   eval_rows = set(held.tokens[:, 0].tolist())
   out = {}
   for i, (name, directory) in enumerate((("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA))):
-    _, arrays = data.read_shards(directory, keys=("tokens", "mask"))
-    tokens, mask = arrays["tokens"], arrays["mask"]
+    assert sources.index(directory) == i, sources  # positions count the sets in this order
+    mask = data.read_shards(directory, keys=("mask",))[1]["mask"]
     learnable, chosen = (
       data.shard_selection(directory, mask, config.data.seq_len, q, config.data.seed)
       for q in (None, quota)
     )
-    assert sources.index(directory) == i, sources  # positions count the sets in this order
-    trained = [r for j, r in enumerate(chosen) if i * quota + j not in eval_rows]
-    unseen = np.setdiff1d(learnable, chosen)
-    for split, rows in (("trained", trained), ("unseen", unseen)):
-      out[f"{name}_{split}"] = [_prompt_and_reply(tokens[r], mask[r]) for r in rows[:ROWS]]
+    trained = [int(r) for j, r in enumerate(chosen) if i * quota + j not in eval_rows]
+    out[name] = {"learnable": learnable, "chosen": chosen, "trained": trained}
   return out
 
 

@@ -1,0 +1,69 @@
+"""Does τ grow with the number of distinct replies the drafter trains on?
+
+    for n in 48 192 768; do
+      nice -n 10 python -m specjax.run --config=experiments/eagle_smollm2/config.py:rows_$n
+    done
+    python experiments/eagle_smollm2/scale.py            # ~15 min
+
+The committed drafter (EAGLE-1, ``DRAFTER``: no request replies) and its three continuations
+``:rows_<n>`` (``config.SCALE_RUNS``: 300 steps of one schedule on n replies to the two request
+sets; nested draws, so the runs differ only in how many distinct replies they read). Greedy τ
+replayed by the simulator (16-node tree with prompt lookup's 4-token branch, ``fit.py``'s best
+budget) on:
+
+- ``trained``: up to ``ROWS`` replies per request set that every ``:rows_<n>`` run trained on
+  (the smallest run's rows that no run held out for evaluation);
+- ``unseen``: ``ROWS`` replies per set that no run read;
+- ``chat``, ``chat_new``, ``code``: the target's greedy replies to the held-out prompts.
+
+If the limit of the continued drafters is the number of distinct replies (``fit.py``'s reading),
+unseen and chat τ rise with n while trained τ falls from memorising fewer rows harder. Writes
+``results/scale.json``; ``python -m specjax.report experiments/eagle_smollm2`` draws
+``results/scale.png``.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from experiments.eagle_smollm2 import config as E  # noqa: E402
+from experiments.eagle_smollm2 import fit  # noqa: E402
+from specjax import build, results, simulate  # noqa: E402
+from specjax.tasks import sweep  # noqa: E402
+
+BUDGET = "tree_16_lookup4"
+ROWS = 24  # replies per request set and split
+
+
+def main() -> None:
+  c = E.get_config("sweep_broad")
+  runs = {"eagle1": (0, E.DRAFTER)}
+  runs |= {run: (n, f"{E.WORKDIR}_{run}/draft_final") for run, n in E.SCALE_RUNS.items()}
+  for run, (_, path) in runs.items():
+    if not Path(path).is_dir():
+      sys.exit(f"error: {path} is missing: run --config={E.HERE}/config.py:{run} first.")
+  configs = [E.get_config(run) for run in E.SCALE_RUNS]
+  texts = fit.request_rows(configs[0], unseen_by=configs[1:], rows=ROWS)
+  top_k, depth, total, lookup = fit.BUDGETS[BUDGET]
+  target, table = None, []
+  for run, (n, path) in runs.items():
+    vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
+    if target is None:
+      target = build.target(vc)
+      texts |= {cat: rows for (_, _, cat), rows in sweep.ar_rows(c, target).items()}
+    drafter, params = build.drafter(vc, target)
+    row = {"run": run, "replies": n}
+    for kind, rows in texts.items():
+      row[kind] = round(simulate.replay(target, drafter, params, rows).tau, 3)
+    print(row, flush=True)
+    table.append(row)
+  record = {"budget": BUDGET, "rows_per_split": ROWS, "new_tokens": fit.NEW_TOKENS,
+            "texts": {k: len(v) for k, v in texts.items()}, "table": table}  # fmt: skip
+  path = results.write_json(f"{E.RESULTS}/scale.json", record)
+  print(results.markdown_table(table, tuple(table[0])))
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
