@@ -394,8 +394,8 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  runs = ("eagle1", "tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS)
-  for run in (*runs, "ttt_300"):
+  continued = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS)
+  for run in ("eagle1", *continued, "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue

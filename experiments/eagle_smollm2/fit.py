@@ -92,29 +92,44 @@ def _prompt_and_reply(tokens: np.ndarray, mask: np.ndarray) -> tuple[list, list]
 def main() -> None:
   c = E.get_config("sweep_broad")
   trained_on = E.get_config("more")  # :broad's rows, which :more and :wide read again
-  paths = {run: f"{E.WORKDIR}_{run}/draft_final" for run in RUNS}
-  for run, path in paths.items():
-    if not Path(path).is_dir():
-      sys.exit(f"error: {path} is missing: run --config={E.HERE}/config.py:{run} first.")
+  runs = {run: (f"{E.WORKDIR}_{run}/draft_final", {}) for run in RUNS}
+  check_drafters(runs)
   texts = request_rows(trained_on)
-  target, table = None, []
-  for run, path in paths.items():
-    for budget, (top_k, depth, total, lookup) in BUDGETS.items():
-      vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
-      if target is None:
-        target = build.target(vc)
-        texts |= {cat: rows for (_, _, cat), rows in sweep.ar_rows(c, target).items()}
-      drafter, params = build.drafter(vc, target)
-      row = {"run": run, "budget": budget}
-      for kind, rows in texts.items():
-        row[kind] = round(simulate.replay(target, drafter, params, rows).tau, 3)
-      print(row, flush=True)
-      table.append(row)
+  table = replay_table(c, runs, BUDGETS, texts)
   record = {"runs": RUNS, "budgets": BUDGETS, "rows_per_split": ROWS, "new_tokens": NEW_TOKENS,
             "texts": {k: len(v) for k, v in texts.items()}, "table": table}  # fmt: skip
   path = results.write_json(f"{E.RESULTS}/fit.json", record)
   print(results.markdown_table(table, tuple(table[0])))
   print(f"wrote {path}")
+
+
+def check_drafters(runs: dict) -> None:
+  """One error for a drafter of ``runs`` (``{run: (path, ...)}``) not trained yet."""
+  for run, (path, _) in runs.items():
+    if not Path(path).is_dir():
+      sys.exit(f"error: {path} is missing: run --config={E.HERE}/config.py:{run} first.")
+
+
+def replay_table(c, runs: dict, budgets: dict, texts: dict) -> list[dict]:
+  """Greedy τ of each drafter (``runs``: ``{run: (path, cells)}``, ``cells`` the row's
+  columns after ``run``) at each of ``budgets`` on each of ``texts``, one row per drafter and
+  budget (a ``budget`` column when there are several). ``texts`` gains the target's AR replies
+  to ``c``'s prompt categories."""
+  check_drafters(runs)
+  target, table = None, []
+  for run, (path, cells) in runs.items():
+    for budget, (top_k, depth, total, lookup) in budgets.items():
+      vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
+      if target is None:
+        target = build.target(vc)
+        texts.update({cat: rows for (_, _, cat), rows in sweep.ar_rows(c, target).items()})
+      drafter, params = build.drafter(vc, target)
+      row = {"run": run, **cells} | ({"budget": budget} if len(budgets) > 1 else {})
+      for kind, rows in texts.items():
+        row[kind] = round(simulate.replay(target, drafter, params, rows).tau, 3)
+      print(row, flush=True)
+      table.append(row)
+  return table
 
 
 if __name__ == "__main__":

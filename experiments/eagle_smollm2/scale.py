@@ -29,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.eagle_smollm2 import config as E  # noqa: E402
 from experiments.eagle_smollm2 import fit  # noqa: E402
-from specjax import build, results, simulate  # noqa: E402
-from specjax.tasks import sweep  # noqa: E402
+from specjax import results  # noqa: E402
 
 BUDGET = "tree_16_lookup4"
 ROWS = 24  # replies per request set and split
@@ -38,26 +37,12 @@ ROWS = 24  # replies per request set and split
 
 def main() -> None:
   c = E.get_config("sweep_broad")
-  runs = {"eagle1": (0, E.DRAFTER)}
-  runs |= {run: (n, f"{E.WORKDIR}_{run}/draft_final") for run, n in E.SCALE_RUNS.items()}
-  for run, (_, path) in runs.items():
-    if not Path(path).is_dir():
-      sys.exit(f"error: {path} is missing: run --config={E.HERE}/config.py:{run} first.")
+  runs = {"eagle1": (E.DRAFTER, {"replies": 0})}
+  runs |= {r: (f"{E.WORKDIR}_{r}/draft_final", {"replies": n}) for r, n in E.SCALE_RUNS.items()}
+  fit.check_drafters(runs)
   configs = [E.get_config(run) for run in E.SCALE_RUNS]
   texts = fit.request_rows(configs[0], unseen_by=configs[1:], rows=ROWS)
-  top_k, depth, total, lookup = fit.BUDGETS[BUDGET]
-  target, table = None, []
-  for run, (n, path) in runs.items():
-    vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
-    if target is None:
-      target = build.target(vc)
-      texts |= {cat: rows for (_, _, cat), rows in sweep.ar_rows(c, target).items()}
-    drafter, params = build.drafter(vc, target)
-    row = {"run": run, "replies": n}
-    for kind, rows in texts.items():
-      row[kind] = round(simulate.replay(target, drafter, params, rows).tau, 3)
-    print(row, flush=True)
-    table.append(row)
+  table = fit.replay_table(c, runs, {BUDGET: fit.BUDGETS[BUDGET]}, texts)
   record = {"budget": BUDGET, "rows_per_split": ROWS, "new_tokens": fit.NEW_TOKENS,
             "texts": {k: len(v) for k, v in texts.items()}, "table": table}  # fmt: skip
   path = results.write_json(f"{E.RESULTS}/scale.json", record)
