@@ -37,6 +37,7 @@ RUNS = ("broad", "more", "wide")  # workdirs results/eagle_smollm2_<run>/draft_f
 BUDGETS = {"chain_4": (1, 4, 4, 0), "tree_16_lookup4": (4, 6, 16, 4)}  # top_k, depth, total, lookup
 ROWS = 16  # replies per request set and split
 NEW_TOKENS = 64  # of each reply: as many as the sweeps decode
+REQUEST_SETS = (("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA))  # in the runs' source order
 
 
 def request_rows(config, unseen_by=None, rows: int = ROWS) -> dict:
@@ -44,11 +45,11 @@ def request_rows(config, unseen_by=None, rows: int = ROWS) -> dict:
   sets, chosen as ``config.data`` chose the runs' rows (same sources, quota and seed): trained
   rows of ``config`` (each config in ``unseen_by`` too, if given: rows all of them trained
   on), and unseen rows that neither ``config`` nor ``unseen_by`` read; ``rows`` of each."""
-  configs = [config, *(unseen_by or ())]
-  picks = [selection(c) for c in configs]
+  sets = {name: data.read_shards(d, keys=("tokens", "mask"))[1] for name, d in REQUEST_SETS}
+  masks = {name: arrays["mask"] for name, arrays in sets.items()}
+  picks = [selection(c, masks) for c in (config, *(unseen_by or ()))]
   out = {}
-  for name, directory in (("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA)):
-    _, arrays = data.read_shards(directory, keys=("tokens", "mask"))
+  for name, arrays in sets.items():
     tokens, mask = arrays["tokens"], arrays["mask"]
     trained = [r for r in picks[0][name]["trained"] if all(r in p[name]["trained"] for p in picks)]
     unseen = picks[0][name]["learnable"]
@@ -59,9 +60,10 @@ def request_rows(config, unseen_by=None, rows: int = ROWS) -> dict:
   return out
 
 
-def selection(config) -> dict:
-  """Per request set (``broad``, ``basic``): its ``learnable`` rows, the rows ``config.data``
-  ``chosen`` from it, and of those the ``trained`` ones (its held-out eval rows left out)."""
+def selection(config, masks: dict) -> dict:
+  """Per request set (``broad``, ``basic``; ``masks``: its rows' stored loss masks): its
+  ``learnable`` rows, the rows ``config.data`` ``chosen`` from it, and of those the ``trained``
+  ones (its held-out eval rows left out)."""
   sources = list(config.data.sources)
   quota = config.data.max_examples // len(sources)
   n = quota * len(sources)  # each set gives its full quota: rows of the sources, in order
@@ -69,11 +71,10 @@ def selection(config) -> dict:
   _, held = data.split(data.Dataset(positions, np.ones_like(positions)), config.data.eval_examples)
   eval_rows = set(held.tokens[:, 0].tolist())
   out = {}
-  for i, (name, directory) in enumerate((("broad", E.BROAD_DATA), ("basic", E.REQUESTS_DATA))):
+  for i, (name, directory) in enumerate(REQUEST_SETS):
     assert sources.index(directory) == i, sources  # positions count the sets in this order
-    mask = data.read_shards(directory, keys=("mask",))[1]["mask"]
     learnable, chosen = (
-      data.shard_selection(directory, mask, config.data.seq_len, q, config.data.seed)
+      data.shard_selection(directory, masks[name], config.data.seq_len, q, config.data.seed)
       for q in (None, quota)
     )
     trained = [int(r) for j, r in enumerate(chosen) if i * quota + j not in eval_rows]
@@ -114,8 +115,7 @@ def replay_table(c, runs: dict, budgets: dict, texts: dict) -> list[dict]:
   """Greedy τ of each drafter (``runs``: ``{run: (path, cells)}``, ``cells`` the row's
   columns after ``run``) at each of ``budgets`` on each of ``texts``, one row per drafter and
   budget (a ``budget`` column when there are several). ``texts`` gains the target's AR replies
-  to ``c``'s prompt categories."""
-  check_drafters(runs)
+  to ``c``'s prompt categories. The caller has run ``check_drafters(runs)``."""
   target, table = None, []
   for run, (path, cells) in runs.items():
     for budget, (top_k, depth, total, lookup) in budgets.items():

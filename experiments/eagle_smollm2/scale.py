@@ -3,7 +3,7 @@
     for n in 48 192 768; do
       nice -n 10 python -m specjax.run --config=experiments/eagle_smollm2/config.py:rows_$n
     done
-    python experiments/eagle_smollm2/scale.py            # ~15 min
+    python experiments/eagle_smollm2/scale.py            # ~6 min
 
 The committed drafter (EAGLE-1, ``DRAFTER``: no request replies) and its three continuations
 ``:rows_<n>`` (``config.SCALE_RUNS``: 300 steps of one schedule on n replies to the two request
