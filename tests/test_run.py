@@ -426,6 +426,7 @@ EXPERIMENT_VARIANTS = {
   "eagle_smollm2": [
     *(None, "tasks", "volume", "requests", "broad", "more", "wide", "eagle1_300", "ttt_300"),
     *eagle_smollm2.SCALE_RUNS,
+    eagle_smollm2.LONG_RUN,
     "eagle3",
     *("sweep_b1", "sweep_b4"),
     "sweep_t1",

@@ -37,8 +37,9 @@
    widened 3x (``objective.eagle.ffn_dim``; the new units start silent), ``:more`` the same
    at its width (the control); ``fit.py`` replays the three on rows they trained on, unseen
    rows of the same kind and the held-out prompts. Data: ``:rows_<n>`` (``SCALE_RUNS``)
-   continue 1.'s drafter 300 steps on n replies to the two request sets (nested draws), and
-   ``scale.py`` replays them against n.
+   continue 1.'s drafter 300 steps on n replies to the two request sets (nested draws),
+   ``:rows_768_x3`` (``LONG_RUN``) 900 steps on :rows_768's replies, ``scale.py`` replays them
+   against n, and ``:sweep_scale_t1`` decodes the last two at temperature 1 on the chat prompts.
 """
 
 import functools
@@ -78,6 +79,9 @@ WIDE_FFN = 3 * 1536  # :wide's MLP width, 3x SmolLM2's
 # smaller run's rows are among a larger one's), so only the number of distinct replies
 # changes; scale.py replays them.
 SCALE_RUNS = {f"rows_{n}": n for n in (48, 192, 768)}
+# The same 768 replies read for 3x the steps (900, one cosine): is :rows_768 short of steps
+# rather than of replies? It shares :rows_768's rows and cached features.
+LONG_RUN = "rows_768_x3"
 FEATURES = "data/features/eagle_smollm2"  # float16 final features of the training rows
 WORKDIR_3 = "results/eagle3_smollm2"
 FEATURES_3 = "data/features/eagle3_smollm2"
@@ -195,6 +199,15 @@ def requests_t1_variants() -> dict:
   return {k: v for k, v in both.items() if k.endswith("_lookup4")}
 
 
+def scale_t1_variants() -> dict:
+  """The committed drafter, ``:rows_768`` and ``:rows_768_x3`` as 16-node trees with the lookup
+  branch (children sampled at temperature 1, verified with their q)."""
+  paths = {"eagle1": DRAFTER} | {r: f"{WORKDIR}_{r}/draft_final" for r in ("rows_768", LONG_RUN)}
+  return {
+    f"{r}_tree_4x6_16_lookup4": eagle_variant(p, 4, 6, 16, lookup=4) for r, p in paths.items()
+  }
+
+
 def ablation_variants(sweep: str) -> dict:
   """The sweep's drafters as 6-token chains (tau and acceptance by draft position)."""
   return {
@@ -281,16 +294,17 @@ def get_config(arg: str | None = None):
     c.optim.decay_steps = 280
     if arg == "wide":  # its MLP widened 3x (new units start silent: eagle.widen)
       o.ffn_dim = WIDE_FFN
-  elif arg in SCALE_RUNS:  # continue DRAFTER on n replies to requests, half per set
+  elif arg in SCALE_RUNS or arg == LONG_RUN:  # continue DRAFTER on n replies, half per set
+    rows = "rows_768" if arg == LONG_RUN else arg
     c.workdir = f"{WORKDIR}_{arg}"
     o.init_from = DRAFTER
     c.data.sources = (BROAD_DATA, REQUESTS_DATA)
     c.data.eval_examples = 16  # evenly spaced: 8 per set
-    c.data.max_examples = SCALE_RUNS[arg] + 16
-    c.data.feature_cache = f"{FEATURES}_{arg}"
-    c.train.steps = 300
+    c.data.max_examples = SCALE_RUNS[rows] + 16
+    c.data.feature_cache = f"{FEATURES}_{rows}"
+    c.train.steps = 900 if arg == LONG_RUN else 300
     c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = 280
+    c.optim.decay_steps = c.train.steps - 20
   elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
     c.workdir = f"{WORKDIR}_volume"
     o.init_from = DRAFTER
@@ -324,7 +338,7 @@ def get_config(arg: str | None = None):
     o.rollout = 3
   elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
                "sweep_volume", "sweep_requests", "sweep_requests_t1", "sweep_lookup",
-               "sweep_broad", *ABLATION_SWEEPS):  # fmt: skip
+               "sweep_broad", "sweep_scale_t1", *ABLATION_SWEEPS):  # fmt: skip
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
@@ -333,14 +347,14 @@ def get_config(arg: str | None = None):
     c.max_len = 384
     c.sweep = sweep.default_config()
     c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
-    if arg in ("sweep_t1", "sweep_requests_t1"):  # children sampled, verified with their q
+    if arg in ("sweep_t1", "sweep_requests_t1", "sweep_scale_t1"):  # sampled, verified with q
       c.temperature = 1.0
     if arg == "sweep_lookup":  # greedy, then temperature 1, in one process
       c.sweep.temperatures = (0.0, 1.0)
     c.sweep.categories = training_free.CATEGORIES
     if arg == "sweep_requests":
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
-    if arg == "sweep_requests_t1":  # the chat prompts only
+    if arg in ("sweep_requests_t1", "sweep_scale_t1"):  # the chat prompts only
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW}
     if arg == "sweep_broad":  # both chat sets, and code (the Python rows' share fell)
       c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW,
@@ -356,14 +370,15 @@ def get_config(arg: str | None = None):
               "sweep_requests": functools.partial(continued_variants, "requests",
                                                   lookup=True),
               "sweep_requests_t1": requests_t1_variants,
+              "sweep_scale_t1": scale_t1_variants,
               "sweep_broad": broad_variants}  # fmt: skip
       c.sweep.variants = pick.get(arg, variants)()
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
-      f"more, wide, {', '.join(SCALE_RUNS)}, eagle1_300, ttt_300, eagle3, "
+      f"more, wide, {', '.join(SCALE_RUNS)}, {LONG_RUN}, eagle1_300, ttt_300, eagle3, "
       f"{', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, sweep_tasks, "
-      "sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, sweep_lookup, "
+      "sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, sweep_lookup, sweep_scale_t1, "
       f"{', '.join(ABLATION_SWEEPS)}."
     )
   return c
@@ -394,7 +409,7 @@ def report(results_dir):
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  continued = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS)
+  continued = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS, LONG_RUN)
   for run in ("eagle1", *continued, "ttt_300"):
     path = results_dir / run / "train.json"
     if not path.exists():
@@ -460,9 +475,23 @@ def _scale(results_dir) -> list[str]:
     f"(`*_trained`, {n['broad_trained']} and {n['basic_trained']}: the smallest run's rows "
     f"that no run held out) and that none read (`*_unseen`, {n['broad_unseen']} and "
     f"{n['basic_unseen']}), each cut to its first {record['new_tokens']} tokens, and on the "
-    "held-out prompts' AR text.",
+    f"held-out prompts' AR text. `{LONG_RUN}` read the 768 replies for 900 steps (one cosine) "
+    "instead of 300.",
     "",
     results.markdown_table(record["table"], tuple(record["table"][0])),
+    "",
+  ] + _scale_wide(record)
+
+
+def _scale_wide(record: dict) -> list[str]:
+  """The most-data runs replayed as a wider tree (none in a scale.json written before it)."""
+  if "wide" not in record:
+    return []
+  ((name, budget),) = record["wide_budget"].items()
+  return [
+    f"The same two runs as `{name}` (top_k, depth, total, lookup = {tuple(budget)}):",
+    "",
+    results.markdown_table(record["wide"], tuple(record["wide"][0])),
     "",
   ]
 
@@ -476,17 +505,22 @@ def scale_figure(results_dir, record: dict) -> None:
 
   table = record["table"]
   base = next(r for r in table if r["replies"] == 0)
-  runs = [r for r in table if r["replies"] > 0]
+  runs = [r for r in table if r["replies"] > 0 and r["run"] != LONG_RUN]
+  longer = [r for r in table if r["run"] == LONG_RUN]
   n = [r["replies"] for r in runs]
   fig, ax = plt.subplots(figsize=(6, 4))
-  for i, kind in enumerate(k for k in table[0] if k not in ("run", "replies")):
-    line = ax.plot(n, [r[kind] for r in runs], "o-", label=kind, color=f"C{i}")
-    ax.axhline(base[kind], ls="--", lw=0.8, color=line[0].get_color())
+  for i, kind in enumerate(k for k in table[0] if k not in ("run", "replies", "steps")):
+    ax.plot(n, [r[kind] for r in runs], "o-", label=kind, color=f"C{i}")
+    ax.axhline(base[kind], ls="--", lw=0.8, color=f"C{i}")
+    for r in longer:
+      ax.plot([r["replies"]], [r[kind]], "*", ms=10, color=f"C{i}")
+  for r in longer:
+    ax.plot([], [], "*", ms=10, color="grey", label=f"{r['run']}: {r['steps']} steps")
   ax.set_xscale("log")
   ax.set_xticks(n, [str(x) for x in n])
   ax.minorticks_off()
   ax.set(xlabel="distinct request replies trained on (dashed: none)", ylabel="greedy tau")
-  ax.set_title(f"EAGLE continued 300 steps: tau vs data ({record['budget']})", fontsize=9)
+  ax.set_title(f"EAGLE continued 300 steps on n replies ({record['budget']})", fontsize=9)
   ax.legend(fontsize=7)
   results.save_figure(fig, results_dir / "scale.png")
 
@@ -602,6 +636,8 @@ def _sweeps(results_dir) -> list[str]:
     "sweep_broad": "Continued for 300 more steps on replies to the broad request set too "
     "(from the requests-continued drafter)",
     "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
+    "sweep_scale_t1": "The most-data drafters (768 request replies; 300 and 900 steps) at "
+    "temperature 1, chat prompts (sampled children, verified with their q)",
   }
   for arg, title in titles.items():
     path = results_dir / arg / "sweep.json"
