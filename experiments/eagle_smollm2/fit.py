@@ -115,13 +115,15 @@ def replay_table(c, runs: dict, budgets: dict, texts: dict) -> list[dict]:
   """Greedy τ of each drafter (``runs``: ``{run: (path, cells)}``, ``cells`` the row's
   columns after ``run``) at each of ``budgets`` on each of ``texts``, one row per drafter and
   budget (a ``budget`` column when there are several). ``texts`` gains the target's AR replies
-  to ``c``'s prompt categories. The caller has run ``check_drafters(runs)``."""
+  to ``c``'s prompt categories (decoded once: a later call with the same ``texts`` reuses
+  them). The caller has run ``check_drafters(runs)``."""
   target, table = None, []
   for run, (path, cells) in runs.items():
     for budget, (top_k, depth, total, lookup) in budgets.items():
       vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
       if target is None:
         target = build.target(vc)
+      if not set(c.sweep.categories) <= set(texts):
         texts.update({cat: rows for (_, _, cat), rows in sweep.ar_rows(c, target).items()})
       drafter, params = build.drafter(vc, target)
       row = {"run": run, **cells} | ({"budget": budget} if len(budgets) > 1 else {})

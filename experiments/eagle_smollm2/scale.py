@@ -3,7 +3,7 @@
     for run in rows_48 rows_192 rows_768 rows_768_x3; do
       nice -n 10 python -m specjax.run --config=experiments/eagle_smollm2/config.py:$run
     done
-    python experiments/eagle_smollm2/scale.py            # ~10 min
+    python experiments/eagle_smollm2/scale.py            # ~13 min
 
 The committed drafter (EAGLE-1, ``DRAFTER``: no request replies) and its three continuations
 ``:rows_<n>`` (``config.SCALE_RUNS``: 300 steps of one schedule on n replies to the two request
