@@ -57,15 +57,34 @@ def check(config: ml_collections.ConfigDict) -> None:
     ) from None
 
 
-def _hf_model(name: str, num_layers: int | None = None):
+def _hf_model(name: str):
   import torch
   import transformers
 
   path = registry.resolve(name)
-  extra = {} if num_layers is None else {"num_hidden_layers": num_layers}
   return transformers.AutoModelForCausalLM.from_pretrained(
-    path.parent, gguf_file=path.name, dtype=torch.float32, **extra
+    path.parent, gguf_file=path.name, dtype=torch.float32
   ).eval()
+
+
+def _hf_truncated(model, num_layers: int):
+  """``model``'s first ``num_layers`` layers with its embedding, final norm and head: the same
+  weights HF would read from the GGUF with ``num_hidden_layers=num_layers``, without parsing it
+  again."""
+  import copy
+
+  import torch
+  import transformers
+
+  cfg = copy.deepcopy(model.config)
+  cfg.num_hidden_layers = num_layers
+  if getattr(cfg, "layer_types", None):
+    cfg.layer_types = cfg.layer_types[:num_layers]
+  small = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+  missing, _ = small.load_state_dict(model.state_dict(), strict=False)  # later layers unread
+  if missing:
+    raise RuntimeError(f"truncating the HF model left weights unset: {missing}")
+  return small.eval()
 
 
 def _hf_mode(model, eos, max_new: int, **kw):
@@ -117,10 +136,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   t0 = time.perf_counter()
   hf = _hf_model(config.target.name)
   d = config.drafter.draft_model
-  if d.source == "truncate":
-    assistant = _hf_model(config.target.name, d.num_layers)
-  else:
-    assistant = _hf_model(d.model.name)
+  truncated = d.source == "truncate"
+  assistant = _hf_truncated(hf, d.num_layers) if truncated else _hf_model(d.model.name)
   print(f"loaded the HF models in {time.perf_counter() - t0:.0f} s")
   # HF reads the drafting knobs from the assistant's own generation config: exactly K drafts
   # per step (no growing schedule, no early stop on low draft confidence), as specjax drafts.
