@@ -53,7 +53,7 @@ def node_tree(drafter) -> Tree | None:
   """The static tree a drafter verifies (a chain unless it says otherwise); None for EAGLE-2's
   dynamic trees (one per step)."""
   if isinstance(drafter, medusa.Medusa):
-    return drafter.tree
+    return drafter.nodes
   if isinstance(drafter, eagle.Eagle):
     return Tree.chain(drafter.depth) if _eagle_is_chain(drafter) else None
   return getattr(drafter, "tree", None) or Tree.chain(drafter.num_draft)
@@ -123,10 +123,15 @@ def _drafts(tparams, dparams, x_1xS, roots_R, row_len, *, cfg, drafter):
     )
   if isinstance(drafter, medusa.Medusa):
     _, (f,) = llama.logits_of(tparams, cfg, x_1xS, (llama.FINAL,))
-    rank_N = np.asarray(medusa._ranks(tree))
+    heads = drafter.tree  # the heads' nodes (the lookup branch, if any, comes after them)
+    head_N, rank_N = np.asarray(heads.depth[1:]) - 1, np.asarray(medusa._ranks(heads))
     logits_RxHxW = medusa.head_logits(dparams, f[0][roots_R - 1])
     _, top = jax.lax.top_k(logits_RxHxW, int(rank_N.max()) + 1)
-    return dparams["vocab_ids"][top[:, depth_N - 1, rank_N]], None, no_abstain
+    tokens = dparams["vocab_ids"][top[:, head_N, rank_N]]
+    if drafter.lookup is not None:  # its guess at every root, after the heads' nodes
+      guess, _, _ = _stateless(drafter.lookup, None, x_1xS, roots_R, cfg.vocab_size)
+      tokens = jnp.concatenate([tokens, guess], axis=1)
+    return tokens, None, no_abstain
   if isinstance(drafter, eagle.Eagle):
     return _eagle_chain(target, drafter, dparams, x_1xS, roots_R), None, no_abstain
   return _stateless(drafter, dparams, x_1xS, roots_R, cfg.vocab_size)

@@ -227,17 +227,19 @@ def children_as_deterministic(key, draft, p_BxN1xV, sp):
 
 def medusa_drafter(
   target_cfg, tree, num_heads: int, vocab_ids=None, sampled: bool = True, seed: int = 0,
-  scale: float = 1.0,
+  scale: float = 1.0, lookup: int = 0,
 ):  # fmt: skip
   """A Medusa drafter with random heads (their own random projections) over ``target_cfg``
-  (``vocab_ids``: a reduced draft vocabulary), and its params."""
+  (``vocab_ids``: a reduced draft vocabulary; ``lookup``: a lookup branch of that many tokens),
+  and its params."""
   from specjax.drafters import medusa
 
   v = target_cfg.vocab_size
   ids = jnp.arange(v, dtype=jnp.int32) if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
   heads = medusa.HeadsConfig(target_cfg.dim, num_heads, len(ids), v, own_proj=True)
   params = medusa.random_heads(heads, jax.random.key(seed), scale) | {"vocab_ids": ids}
-  return medusa.Medusa(heads, tree, sampled), params
+  branch = PromptLookup(lookup, abstain=False) if lookup else None
+  return medusa.Medusa(heads, tree, sampled, branch), params
 
 
 def eagle_drafter(
@@ -275,18 +277,18 @@ def rerank_by_own_q(drafter, params):
 
 
 def lookup_first(drafter, params):
-  """Wrong: EAGLE's sampled tree with its lookup branch moved in front of the sampled
-  children. The verifier removes a rejected child's token from the next siblings' q, which is
-  right for children drawn without replacement from that q, but the lookup guess was not drawn
-  from it: after a rejected guess the children are verified against a q they were not drawn
-  from."""
-  from specjax.drafters import eagle
+  """Wrong: a sampled tree (EAGLE's or Medusa's) with its lookup branch moved in front of the
+  sampled children. The verifier removes a rejected child's token from the next siblings' q,
+  which is right for children drawn without replacement from that q, but the lookup guess was
+  not drawn from it: after a rejected guess the children are verified against a q they were not
+  drawn from."""
 
   @dataclasses.dataclass(frozen=True)
-  class LookupFirst(eagle.Eagle):
+  class LookupFirst(type(drafter)):
     def _with_lookup(self, draft, ctx):
       d = super()._with_lookup(draft, ctx)
-      n, k = self.total, self.num_lookup
+      k = self.lookup.num_draft
+      n = d.tokens.shape[1] - k
       order = np.concatenate([n + np.arange(k), np.arange(n)])  # new node i <- old order[i]
       new_id = np.zeros(n + k + 1, np.int32)
       new_id[order + 1] = np.arange(1, n + k + 1)
@@ -294,5 +296,5 @@ def lookup_first(drafter, params):
       probs = None if d.probs is None else d.probs[:, order]
       return Draft(tokens=d.tokens[:, order], probs=probs, parents=parents)
 
-  d = drafter
-  return LookupFirst(d.cfg, d.top_k, d.depth, d.total, d.sampled, d.lookup), params
+  fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
+  return LookupFirst(**fields), params

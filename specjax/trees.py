@@ -112,6 +112,10 @@ class Tree:
   def chain(cls, k: int) -> "Tree":
     return cls(tuple(range(k)))
 
+  def with_branch(self, k: int) -> "Tree":
+    """This tree, then a chain of ``k`` more nodes from the root (the root's last child)."""
+    return Tree(self.parents + tuple(int(p) for p in branch_parents(self.num_nodes, k)))
+
   @classmethod
   def from_paths(cls, paths: Sequence[Sequence[int]]) -> "Tree":
     """Builds the tree holding every path of child choices (each path's prefixes included).
@@ -185,6 +189,12 @@ class Tree:
 
 
 # --- Array form: what the decode loop computes from parents[B, N] -----------------------------
+
+
+def branch_parents(n: int, k: int) -> np.ndarray:
+  """``[k]`` parents of a chain of ``k`` nodes appended to an ``n``-node tree as one more branch
+  from the root: node n + 1 is the root's child, each next node the child of the one before."""
+  return np.concatenate([[0], n + np.arange(1, k)]).astype(np.int32)
 
 
 def full_parents(parents_BxN: jax.Array) -> jax.Array:

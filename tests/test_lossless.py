@@ -112,6 +112,8 @@ STATEFUL = {
   "medusa_sampled_2x1": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2),
   "medusa_top_k_2x1": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, sampled=False),
   "medusa_reduced_vocab": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, (0, 2, 4)),
+  # ... with prompt lookup's 2-token guess as the root's last child (one-hot q).
+  "medusa_sampled_lookup": lambda d: testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, lookup=2),
   # EAGLE reads the target's features of the accepted tokens and keeps its own cache; its
   # dynamic tree (2 children per expanded node, 3 of the 6 offered nodes kept) differs per row.
   "eagle_sampled_2x2_3": lambda d: testing.eagle_drafter(V5_TARGET, 2, 2, 3),
@@ -154,6 +156,10 @@ BROKEN_ACROSS_STEPS = {
   # The lookup guess tried before the sampled children: their q loses its token.
   "eagle_lookup_first": (
     lambda d: testing.lookup_first(*STATEFUL["eagle_sampled_lookup"](d)),
+    None,
+  ),
+  "medusa_lookup_first": (
+    lambda d: testing.lookup_first(*STATEFUL["medusa_sampled_lookup"](d)),
     None,
   ),
   # The best 1 of 2 sampled children by its own q, verified with q.
@@ -210,12 +216,15 @@ MEDUSA_KNOBS = {"top_k_3": dict(temperature=0.7, top_k=3), "top_p_0.8": dict(top
 
 @pytest.mark.slow
 @pytest.mark.parametrize("knobs", MEDUSA_KNOBS.values(), ids=MEDUSA_KNOBS)
-@pytest.mark.parametrize("vocab_ids", [None, (0, 2, 4)], ids=["full_vocab", "reduced_vocab"])
-def test_medusa_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids):
+@pytest.mark.parametrize(
+  "vocab_ids, lookup", [(None, 0), ((0, 2, 4), 2)], ids=["full_vocab", "reduced_vocab_lookup"]
+)
+def test_medusa_exact_with_top_k_and_top_p(v5_pair, knobs, vocab_ids, lookup):
   """Children drawn from the heads' filtered q (zero outside top-k / top-p and the draft
-  vocabulary) and verified with it: still exactly the target's filtered distribution."""
+  vocabulary) and verified with it: still exactly the target's filtered distribution; with a
+  reduced vocabulary, also with a lookup branch (whose guesses may lie outside it)."""
   target, _ = v5_pair
-  drafter, params = testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, vocab_ids, seed=1)
+  drafter, params = testing.medusa_drafter(V5_CFG, MEDUSA_TREE, 2, vocab_ids, seed=1, lookup=lookup)
   pvalues = _v5_pvalues(target, drafter, params, knobs=dict(temperature=1.0) | knobs)
   assert min(pvalues) > P_PASS / len(pvalues), pvalues
 

@@ -18,8 +18,9 @@ from configs import train_tiny
 from specjax import build, metrics, testing
 from specjax.decode import generate
 from specjax.drafters import medusa
-from specjax.drafters.base import Verdict
+from specjax.drafters.base import DraftContext, Verdict
 from specjax.models import source, tiny
+from specjax.sampling import SamplingParams
 from specjax.tasks import medusa_tree, train
 from specjax.train import losses, objectives
 from specjax.trees import Tree
@@ -57,6 +58,41 @@ def test_heads_draft_from_the_newest_feature_by_depth_and_rank(small_target):
   verdict = Verdict(n, jnp.zeros((2, TREE.max_depth), jnp.int32), n, features)
   kept = drafter.commit(h_BxF, verdict, None)
   np.testing.assert_array_equal(kept, features[jnp.arange(2), n])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["top_k", "sampled"])
+def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sampled):
+  """The lookup guess follows the heads' nodes as a chain from the root (longer than the heads'
+  tree, so it sets the step's depth); batch 4, ragged prompts, a stop id: the tokens are AR's,
+  and on prompts that repeat themselves the branch is accepted."""
+  cfg, params = small_target
+  tree = Tree.from_spec((2, 1))
+  drafter, dparams = testing.medusa_drafter(cfg, tree, 2, sampled=sampled, scale=0.3, lookup=4)
+  assert (drafter.num_nodes, drafter.num_draft) == (8, 4)
+  assert drafter.nodes.parents == (0, 0, 1, 2, 0, 5, 6, 7)
+  prompt = [7, 8, 9, 10, 11, 7, 8, 9]  # a 3-gram match: lookup guesses 10, 11, 7, 8
+  ctx = DraftContext(
+    tokens=jnp.asarray([prompt + [0] * 8]), lengths=jnp.asarray([len(prompt) - 1]),
+    key=jax.random.key(0), sampling=SamplingParams.create(temperature=1.0),
+    vocab_size=cfg.vocab_size,
+  )  # fmt: skip
+  h_BxF = jax.random.normal(jax.random.key(2), (1, cfg.dim))
+  draft, _ = drafter.propose(dparams, h_BxF, ctx)
+  heads_only, _ = dataclasses.replace(drafter, lookup=None).propose(dparams, h_BxF, ctx)
+  np.testing.assert_array_equal(draft.tokens[:, :4], heads_only.tokens)
+  assert draft.tokens[0, 4:].tolist() == [10, 11, 7, 8]
+  assert draft.parents[0].tolist() == list(drafter.nodes.parents)
+  if sampled:  # the heads' q as before; the guesses' q is one-hot
+    np.testing.assert_array_equal(draft.probs[:, :4], heads_only.probs)
+    np.testing.assert_array_equal(draft.probs[0, 4:], jax.nn.one_hot([10, 11, 7, 8], 64))
+  kw = dict(max_new_tokens=24, max_len=48, eos_id=[5])
+  prompts = PROMPTS + [prompt * 2]
+  ar = generate(params, cfg, prompts, **kw)
+  out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
+  assert out.tokens == ar.tokens
+  plain = dataclasses.replace(drafter, lookup=None)
+  without = generate(params, cfg, prompts, drafter=plain, drafter_params=dparams, **kw)
+  assert out.metrics["target_calls"] < without.metrics["target_calls"]
 
 
 def test_untrained_heads_are_the_targets_head(small_target):
@@ -105,10 +141,12 @@ def test_saved_heads_load_and_decode_the_same(tmp_path):
   assert not list(tmp_path.glob(".*tmp"))  # written atomically
 
 
-def _medusa_config(**drafter):
+def _medusa_config(max_nodes=None, **drafter):
   c = train_tiny.get_config()
   c.drafter.name = "medusa"
   c.drafter.medusa.update(drafter)
+  if max_nodes is not None:
+    c.drafter.max_nodes = max_nodes
   return c
 
 
@@ -137,6 +175,14 @@ def _bad_inputs(tmp_path):
       "drafter.medusa.candidates",
       lambda: build.check(_medusa_config(candidates="beam")),
     ),
+    "negative lookup branch": (
+      "drafter.medusa.lookup must be an integer >= 0",
+      lambda: build.check(_medusa_config(lookup=-1)),
+    ),
+    "lookup branch over the node budget": (
+      "max_nodes",
+      lambda: build.check(_medusa_config(tree_spec=(2, 1), lookup=4, max_nodes=7)),
+    ),
     "heads of another hidden size": ("hidden size", lambda: medusa.load(tmp_path / "heads", wide)),
     "heads of another target": ("fingerprint", lambda: medusa.load(tmp_path / "heads", other)),
     "no heads there": ("medusa.json", lambda: medusa.load(tmp_path, target)),
@@ -149,7 +195,8 @@ def _bad_inputs(tmp_path):
 
 @pytest.mark.parametrize(
   "case", ["tree deeper than the heads", "tree deeper than the heads (constructor)",
-           "malformed paths", "unknown candidates", "heads of another hidden size",
+           "malformed paths", "unknown candidates", "negative lookup branch",
+           "lookup branch over the node budget", "heads of another hidden size",
            "heads of another target", "no heads there", "vocabulary without EOS"],
 )  # fmt: skip
 def test_bad_input_is_one_clear_error(tmp_path, case):

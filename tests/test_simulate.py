@@ -34,11 +34,13 @@ def drafters(m):
   ed, ep = testing.eagle_drafter((m.cfg, m.params), top_k=1, depth=4, total=4, sampled=False)
   et, tp = testing.eagle_drafter((m.cfg, m.params), top_k=2, depth=3, total=5, sampled=False)
   el, lp = testing.eagle_drafter((m.cfg, m.params), 1, 2, 2, sampled=False, lookup=3)
+  ml, mlp = testing.medusa_drafter(m.cfg, trees.Tree.from_spec((2, 1)), 2, sampled=False, lookup=3)
   return {
     "lookup": (PromptLookup(4), None),
     "lookup_tree": (PromptLookup(3, num_branches=2), None),
     "draft_model": (DraftModel(dcfg, 3), dparams),
     "medusa": (md, mp),
+    "medusa_lookup": (ml, mlp),  # a (2, 1) tree with lookup's 3-token guess beside it
     "eagle_chain": (ed, ep),
     "eagle_tree": (et, tp),  # EAGLE-2: a tree of its own at every root
     "eagle_lookup": (el, lp),  # a 2-chain with lookup's 3-token guess beside it

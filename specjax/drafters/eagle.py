@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import config_dict
 
 from specjax import sampling
-from specjax.drafters import artifact
+from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.base import (
   Chain,
   Draft,
@@ -304,8 +304,7 @@ class Eagle(Chain):
     check_shape(self.top_k, self.depth, self.total)
     if self.top_k > self.cfg.draft_vocab:
       raise ValueError(f"{FIELD}.top_k={self.top_k} exceeds the draft vocabulary.")
-    if self.lookup is not None and (self.lookup.num_branches != 1 or self.lookup.abstain):
-      raise ValueError(f"{FIELD}.lookup is one chain that always proposes (abstain=False).")
+    prompt_lookup.check_branch(self.lookup, FIELD)
 
   @property
   def feature_layers(self) -> tuple:
@@ -365,8 +364,7 @@ class Eagle(Chain):
     c.total = config_dict.FieldReference(12, field_type=object)
     c.auto_from = ""  # total = "auto": a cost_model.json with this drafter's eagle_grid
     c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
-    c.lookup = 0  # K > 0: prompt lookup's K-token guess as one more branch from the root
-    c.lookup_min_ngram = 1  # the shortest suffix match (of up to 3 tokens) it guesses from
+    prompt_lookup.add_branch_fields(c)
     return c
 
   @classmethod
@@ -375,12 +373,7 @@ class Eagle(Chain):
       raise ValueError(
         f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
       )
-    if int(c.lookup) != c.lookup or c.lookup < 0:
-      raise ValueError(f"{FIELD}.lookup must be an integer >= 0 (0 = no lookup branch).")
-    if c.lookup and not 1 <= c.lookup_min_ngram <= LOOKUP_MAX_NGRAM:
-      raise ValueError(
-        f"{FIELD}.lookup_min_ngram={c.lookup_min_ngram} must be in [1, {LOOKUP_MAX_NGRAM}]."
-      )
+    prompt_lookup.check_branch_fields(c, FIELD)
     if c.total == "auto" and c.lookup:
       raise ValueError(
         f"{FIELD}.total='auto' prices EAGLE trees without a lookup branch: set lookup = 0 or "
@@ -404,7 +397,7 @@ class Eagle(Chain):
     if not c.path:  # task=train decodes with the drafter it trains
       return None
     cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
-    d = cls(cfg, *_budget(c), lookup=lookup_branch(c))
+    d = cls(cfg, *_budget(c), lookup=prompt_lookup.branch(c))
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
     if target is not None:
       d.check_target(target.cfg)
@@ -419,7 +412,8 @@ class Eagle(Chain):
       )
     cfg, params, _ = load(c.path, target)
     sampled = sampled_candidates(c, config)
-    d = cls(cfg, *_budget(c), sampled, lookup_branch(c))  # total = "auto": set by build.drafter
+    # total = "auto": set by build.drafter
+    d = cls(cfg, *_budget(c), sampled, prompt_lookup.branch(c))
     d.check_target(target.cfg)
     return d, params
 
@@ -507,17 +501,8 @@ class Eagle(Chain):
     return draft, state.replace(cache=cache)
 
   def _with_lookup(self, draft: Draft, ctx: DraftContext) -> Draft:
-    """The lookup chain appended after EAGLE's nodes: its first node a child of the root, each
-    next one the child of the one before (node ids ``total + 1 ..``)."""
-    guess, _ = self.lookup.propose(None, None, ctx)
-    b, k = guess.tokens.shape
-    chain = np.concatenate([[0], self.total + np.arange(1, k)]).astype(np.int32)
-    parents = jnp.concatenate([draft.parents, jnp.broadcast_to(chain, (b, k))], axis=1)
-    tokens = jnp.concatenate([draft.tokens, guess.tokens], axis=1)
-    if draft.probs is None:
-      return Draft(tokens=tokens, parents=parents)
-    one_hot = jax.nn.one_hot(guess.tokens, draft.probs.shape[-1], dtype=draft.probs.dtype)
-    return Draft(tokens=tokens, probs=jnp.concatenate([draft.probs, one_hot], 1), parents=parents)
+    """The lookup chain after EAGLE's nodes (node ids ``total + 1 ..``)."""
+    return prompt_lookup.with_branch(draft, self.lookup, ctx)
 
   def _expand(self, params, cache, ctx: DraftContext, pool: "Pool", expanded: "Expanded"):
     """One read-only forward of every expanded node (pair: its parent's output, its token)
@@ -552,16 +537,6 @@ class Eagle(Chain):
       q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.cfg.target.vocab_size,), q_BxNxW.dtype)
       q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
     return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents_BxN)
-
-
-LOOKUP_MAX_NGRAM = 3
-
-
-def lookup_branch(c) -> PromptLookup | None:
-  """The lookup chain of ``config.drafter.eagle`` (None when ``lookup`` is 0)."""
-  if not c.lookup:
-    return None
-  return PromptLookup(c.lookup, LOOKUP_MAX_NGRAM, c.lookup_min_ngram, abstain=False)
 
 
 def _budget(c) -> tuple[int, int, int]:

@@ -21,9 +21,15 @@ by recursive rejection sampling, so the output is exactly the target's at any te
 top-k or top-p; at temperature 0 the draw is the top-k and the verifier is greedy. ``"auto"``
 (the config default) samples iff the run's temperature is above 0.
 
+A lookup branch (``lookup``: a ``PromptLookup`` chain of K tokens, as EAGLE's) adds the
+continuation of the longest n-gram match in the committed text as the root's last child: the
+copies of the prompt that heads reading one hidden state rarely predict. Its nodes are
+deterministic (one-hot q), tried after the heads' own children, so sampled mode stays exact.
+
 The drafter's state is h for every row: ``init`` takes the prompt's last feature, ``commit``
-the verdict's. Heads, their tree and the target fingerprint they were trained against are
-saved together (``save`` / ``load``); loading heads onto another target is an error.
+the verdict's (along the heads' tree or the lookup branch alike). Heads, their tree and the
+target fingerprint they were trained against are saved together (``save`` / ``load``); loading
+heads onto another target is an error.
 """
 
 import dataclasses
@@ -34,9 +40,10 @@ import ml_collections
 import numpy as np
 
 from specjax import sampling
-from specjax.drafters import artifact
+from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.artifact import target_head
 from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict, sampled_candidates
+from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import schema
 from specjax.models.config import ModelConfig
 from specjax.models.schema import Param
@@ -149,6 +156,7 @@ class Medusa(Chain):
   heads: HeadsConfig
   tree: Tree
   sampled: bool = False  # children drawn from the heads (lossless via q) vs top-k picks
+  lookup: PromptLookup | None = None  # a chain of prompt-lookup guesses, the root's last child
   name: str = "medusa"
   feature_layers: tuple = ("final",)
 
@@ -163,14 +171,20 @@ class Medusa(Chain):
       )
     if max(_ranks(self.tree)) + 1 > self.heads.vocab_size:
       raise ValueError(f"{FIELD}: a node has more siblings than the draft vocabulary has tokens.")
+    prompt_lookup.check_branch(self.lookup, FIELD)
+
+  @property
+  def nodes(self) -> Tree:
+    """The tree verified each step: the heads' tree, then the lookup branch if there is one."""
+    return self.tree if self.lookup is None else self.tree.with_branch(self.lookup.num_draft)
 
   @property
   def num_draft(self) -> int:
-    return self.tree.max_depth
+    return self.nodes.max_depth
 
   @property
   def num_nodes(self) -> int:
-    return self.tree.num_nodes
+    return self.nodes.num_nodes
 
   @staticmethod
   def config() -> ml_collections.ConfigDict:
@@ -181,6 +195,7 @@ class Medusa(Chain):
     c.tree_paths = ()  # Medusa's path list, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
     c.saved_tree = True  # with path: use the tree saved with the heads, if any
     c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
+    prompt_lookup.add_branch_fields(c)
     return c
 
   @classmethod
@@ -189,6 +204,7 @@ class Medusa(Chain):
       raise ValueError(
         f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
       )
+    prompt_lookup.check_branch_fields(c, FIELD)
     tree = parse_tree(c)
     if c.path:
       meta = read_meta(c.path)
@@ -202,6 +218,8 @@ class Medusa(Chain):
         f"{FIELD}: the tree is {tree.max_depth} deep but the heads number {num_heads} (head k "
         "drafts depth k): use a shallower tree_spec/tree_paths or more heads."
       )
+    if c.lookup:
+      tree = tree.with_branch(c.lookup)
     tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
 
   @classmethod
@@ -217,7 +235,7 @@ class Medusa(Chain):
       vocab_ids = np.arange(target.cfg.vocab_size, dtype=np.int32)
       params = init_heads(heads, target.params, target.cfg, vocab_ids)
       params["vocab_ids"] = jnp.asarray(vocab_ids)
-    d = cls(heads, tree, sampled)
+    d = cls(heads, tree, sampled, prompt_lookup.branch(c))
     d.check_target(target.cfg)
     return d, params
 
@@ -250,6 +268,16 @@ class Medusa(Chain):
     return jnp.take_along_axis(verdict.features, n, axis=1)[:, 0]
 
   def propose(self, params, state, ctx: DraftContext):
+    draft = self._heads_draft(params, state, ctx)
+    if self.lookup is not None:
+      draft = self._with_lookup(draft, ctx)
+    return draft, state
+
+  def _with_lookup(self, draft: Draft, ctx: DraftContext) -> Draft:
+    """The lookup chain after the heads' nodes (node ids ``tree.num_nodes + 1 ..``)."""
+    return prompt_lookup.with_branch(draft, self.lookup, ctx)
+
+  def _heads_draft(self, params, state, ctx: DraftContext) -> Draft:
     logits_BxHxW = head_logits(params, state)
     depth_N = np.asarray(self.tree.depth[1:]) - 1  # the head of every node
     rank_N = np.asarray(_ranks(self.tree))
@@ -258,7 +286,7 @@ class Medusa(Chain):
     if not self.sampled:
       _, top_BxHxC = jax.lax.top_k(logits_BxHxW, width)
       tokens_BxN = vocab_ids[top_BxHxC[:, depth_N, rank_N]]
-      return Draft(tokens=tokens_BxN, parents=self._parents(state)), state
+      return Draft(tokens=tokens_BxN, parents=self._parents(state))
     # Gumbel-top-k under every parent: its children are a draw without replacement from q_d.
     q_BxHxW = sampling.probs(logits_BxHxW, ctx.sampling)
     parents = np.asarray(self.tree.parents)
@@ -277,7 +305,7 @@ class Medusa(Chain):
     if self.heads.reduced:  # q is zero outside the draft vocabulary
       q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.heads.target_vocab_size,), q_BxNxW.dtype)
       q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
-    return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=self._parents(state)), state
+    return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=self._parents(state))
 
   def _parents(self, state) -> jax.Array:
     parents_N = jnp.asarray(self.tree.parents, jnp.int32)

@@ -167,3 +167,55 @@ class PromptLookup(Stateless):
     if g > 1:
       parents = jnp.broadcast_to(jnp.asarray(np.asarray(self.tree.parents), jnp.int32), (b, g * k))
     return Draft(tokens_BxN, parents=parents, abstain=abstain_B), state
+
+
+# --- A lookup branch inside another drafter's tree (EAGLE, Medusa) ------------------------------
+
+BRANCH_MAX_NGRAM = 3  # the longest suffix a branch's guess matches
+
+
+def add_branch_fields(c: ml_collections.ConfigDict) -> None:
+  """A tree drafter's config fields for a lookup branch (``branch`` reads them)."""
+  c.lookup = 0  # K > 0: prompt lookup's K-token guess as one more branch from the root
+  c.lookup_min_ngram = 1  # the shortest suffix match (of up to 3 tokens) it guesses from
+
+
+def check_branch_fields(c: ml_collections.ConfigDict, field: str) -> None:
+  if int(c.lookup) != c.lookup or c.lookup < 0:
+    raise ValueError(f"{field}.lookup must be an integer >= 0 (0 = no lookup branch).")
+  if c.lookup and not 1 <= c.lookup_min_ngram <= BRANCH_MAX_NGRAM:
+    raise ValueError(
+      f"{field}.lookup_min_ngram={c.lookup_min_ngram} must be in [1, {BRANCH_MAX_NGRAM}]."
+    )
+
+
+def branch(c: ml_collections.ConfigDict) -> PromptLookup | None:
+  """The lookup branch a config subsection asks for (None when ``lookup`` is 0)."""
+  if not c.lookup:
+    return None
+  return PromptLookup(c.lookup, BRANCH_MAX_NGRAM, c.lookup_min_ngram, abstain=False)
+
+
+def check_branch(lookup: PromptLookup | None, field: str) -> None:
+  if lookup is not None and (lookup.num_branches != 1 or lookup.abstain):
+    raise ValueError(f"{field}.lookup is one chain that always proposes (abstain=False).")
+
+
+def with_branch(draft: Draft, lookup: PromptLookup, ctx: DraftContext) -> Draft:
+  """``draft``'s N nodes, then ``lookup``'s guess as one more chain from the root: its first
+  node the root's last child, each next one the child of the one before (node ids N + 1 ..).
+
+  The guess is deterministic (one-hot q). It goes after the drafter's own children: the
+  verifier removes a rejected child's token from the next siblings' q, which is right for
+  children drawn without replacement from that q, and a one-hot guess last takes nothing from
+  them."""
+  guess, _ = lookup.propose(None, None, ctx)
+  (b, n), k = draft.tokens.shape, lookup.num_draft
+  own = draft.parents if draft.parents is not None else jnp.broadcast_to(np.arange(n), (b, n))
+  chain = jnp.broadcast_to(trees.branch_parents(n, k), (b, k))
+  parents = jnp.concatenate([own.astype(jnp.int32), chain], axis=1)
+  tokens = jnp.concatenate([draft.tokens, guess.tokens], axis=1)
+  if draft.probs is None:
+    return Draft(tokens=tokens, parents=parents)
+  one_hot = jax.nn.one_hot(guess.tokens, draft.probs.shape[-1], dtype=draft.probs.dtype)
+  return Draft(tokens=tokens, probs=jnp.concatenate([draft.probs, one_hot], 1), parents=parents)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from specjax import parallel
-from specjax.drafters import artifact, eagle, medusa
+from specjax.drafters import artifact, eagle, medusa, prompt_lookup
 from specjax.drafters.base import sampled_candidates
 from specjax.drafters.draft_model import DraftModel
 from specjax.models import llama
@@ -339,7 +339,7 @@ class MedusaHeads:
   def drafter(self, config: ml_collections.ConfigDict) -> medusa.Medusa:
     c = config.drafter.medusa
     sampled = sampled_candidates(c, config)
-    return medusa.Medusa(self.heads, medusa.parse_tree(c), sampled)
+    return medusa.Medusa(self.heads, medusa.parse_tree(c), sampled, prompt_lookup.branch(c))
 
   def export(self, directory: Path, params: Params, target) -> Path:
     """Heads that ``drafter.medusa.path`` loads (with the target's fingerprint)."""
@@ -560,7 +560,7 @@ class EagleFeatures:
   def drafter(self, config: ml_collections.ConfigDict) -> eagle.Eagle:
     c = config.drafter.eagle
     sampled = sampled_candidates(c, config)
-    return eagle.Eagle(self.eagle, c.top_k, c.depth, c.total, sampled, eagle.lookup_branch(c))
+    return eagle.Eagle(self.eagle, c.top_k, c.depth, c.total, sampled, prompt_lookup.branch(c))
 
   def export(self, directory: Path, params: Params, target) -> Path:
     """The drafter that ``drafter.eagle.path`` loads (with the target's fingerprint)."""
