@@ -43,6 +43,8 @@
    assistant requests made from templates (``distill.REQUEST_SETS["basic"]``) and 512 Python
    rows; ``:sweep_requests`` decodes both heads on step 3's 4- and 16-node trees, on the four
    categories and six more chat prompts (``eagle_smollm2``'s ``CHAT_NEW``).
+8. ``:sweep_lookup``: ``:requests``' heads on the same trees, each also with prompt lookup's
+   4-token guess as one more branch from the root (``drafter.medusa.lookup``), same prompts.
 """
 
 import json
@@ -70,7 +72,8 @@ HEADS_REQUESTS = f"{HERE}/heads_requests"  # committed copy of WORKDIR_REQUESTS/
 RESULTS = f"{HERE}/results"
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
 # task=sweep variants of get_config
-SWEEPS = ("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests")
+SWEEPS = ("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests", "sweep_lookup")
+LOOKUP = 4  # :sweep_lookup's branch: prompt lookup's 4-token guess beside the heads' tree
 
 
 def variants() -> dict:
@@ -109,6 +112,17 @@ def requests_variants() -> dict:
       tree = {"path": path, "saved_tree": False, "tree_paths": grown_paths(nodes)}
       out[f"{name}_sparse_{nodes}"] = {"name": "medusa", "medusa": tree}
   return out
+
+
+def lookup_variants() -> dict:
+  """``HEADS_REQUESTS`` on step 3's 4- and 16-node trees, each without and with a lookup branch
+  (``drafter.medusa.lookup``), and prompt lookup alone for reference."""
+  out = {}
+  for key, v in requests_variants().items():
+    if key.startswith("requests"):
+      out[key] = v
+      out[f"{key}_lookup{LOOKUP}"] = {"name": "medusa", "medusa": v["medusa"] | {"lookup": LOOKUP}}
+  return out | {"lookup_k4": variants()["lookup_k4"]}
 
 
 TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.3)  # Medusa's default is 0.09 (with delta 0.3)
@@ -214,9 +228,9 @@ def get_config(arg: str | None = None):
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
     c.sweep.variants = variants()
-    if arg == "sweep_requests":  # HEADS vs HEADS_REQUESTS; the held-out categories + CHAT_NEW
+    if arg in ("sweep_requests", "sweep_lookup"):  # the held-out categories + CHAT_NEW
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": eagle.CHAT_NEW}
-      c.sweep.variants = requests_variants()
+      c.sweep.variants = requests_variants() if arg == "sweep_requests" else lookup_variants()
     if arg == "sweep_t1":  # lossless; the dense tree (slowest greedy) is left out
       c.temperature = 1.0
       c.sweep.variants = {k: v for k, v in variants().items() if k != "medusa_dense_16"}
@@ -294,6 +308,7 @@ SWEEP_TITLES = {
   "sweep_t1": "Temperature 1, batch 1 and 4 (lossless: sampled children verified with their q)",
   "sweep_requests": "The heads continued on replies to assistant requests (step 7), greedy, "
   "batch 1 (chat_new is six more chat prompts)",
+  "sweep_lookup": "With prompt lookup's 4-token guess as one more branch (step 8), greedy, batch 1",
 }
 PAPER_TOP1_TOP5 = ((0.56, 0.78), (0.32, 0.56), (0.20, 0.42), (0.15, 0.34))  # Vicuna-7B, heads 1-4
 
