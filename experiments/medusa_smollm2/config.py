@@ -45,6 +45,8 @@
    categories and six more chat prompts (``eagle_smollm2``'s ``CHAT_NEW``).
 8. ``:sweep_lookup``: ``:requests``' heads on the same trees, each also with prompt lookup's
    4-token guess as one more branch from the root (``drafter.medusa.lookup``), same prompts.
+9. ``replay.py`` (a script): greedy τ of those heads on every grown tree up to 64 nodes, with
+   and without the branch, replayed offline on step 8's AR text.
 """
 
 import json
@@ -298,6 +300,17 @@ def report(results_dir):
     if arg == "typical" and typical_figure(results_dir):
       out += ["![tau against the target's log-likelihood](results/typical.png)", ""]
     out += [sweep.markdown(json.loads(path.read_text()))]
+  replay = results_dir / "replay.json"
+  if replay.exists():
+    record = json.loads(replay.read_text())
+    out += ["## Wider grown trees, with and without the lookup branch (greedy τ replayed)", ""]
+    out += [
+      "`replay.py`: the continued heads on each tree step 3 grew, greedy τ replayed by the "
+      "simulator on the AR text of step 8's prompts (the 4- and 16-node rows equal the decoded "
+      "τ, which the script checks).",
+      "",
+    ]
+    out += [results.markdown_table(record["rows"], tuple(record["rows"][0])), ""]
   return "\n".join(out)
 
 
