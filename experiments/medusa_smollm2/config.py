@@ -44,7 +44,8 @@
    rows; ``:sweep_requests`` decodes both heads on step 3's 4- and 16-node trees, on the four
    categories and six more chat prompts (``eagle_smollm2``'s ``CHAT_NEW``).
 8. ``:sweep_lookup``: ``:requests``' heads on the same trees, each also with prompt lookup's
-   4-token guess as one more branch from the root (``drafter.medusa.lookup``), same prompts.
+   4-token guess as one more branch from the root (``drafter.medusa.lookup``), same prompts;
+   ``:sweep_lookup_t1`` the same at temperature 1.
 9. ``replay.py`` (a script): greedy τ of those heads on every grown tree up to 64 nodes, with
    and without the branch, replayed offline on step 8's AR text.
 """
@@ -74,7 +75,10 @@ HEADS_REQUESTS = f"{HERE}/heads_requests"  # committed copy of WORKDIR_REQUESTS/
 RESULTS = f"{HERE}/results"
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
 # task=sweep variants of get_config
-SWEEPS = ("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests", "sweep_lookup")
+SWEEPS = (
+  *("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests"),
+  *("sweep_lookup", "sweep_lookup_t1"),
+)
 LOOKUP = 4  # :sweep_lookup's branch: prompt lookup's 4-token guess beside the heads' tree
 
 
@@ -230,9 +234,11 @@ def get_config(arg: str | None = None):
     c.sweep.categories = training_free.CATEGORIES
     c.sweep.verify_sizes = ()
     c.sweep.variants = variants()
-    if arg in ("sweep_requests", "sweep_lookup"):  # the held-out categories + CHAT_NEW
+    if arg in ("sweep_requests", "sweep_lookup", "sweep_lookup_t1"):  # + CHAT_NEW
       c.sweep.categories = {**training_free.CATEGORIES, "chat_new": eagle.CHAT_NEW}
       c.sweep.variants = requests_variants() if arg == "sweep_requests" else lookup_variants()
+    if arg == "sweep_lookup_t1":  # lossless: children sampled from the heads, guesses one-hot
+      c.temperature = 1.0
     if arg == "sweep_t1":  # lossless; the dense tree (slowest greedy) is left out
       c.temperature = 1.0
       c.sweep.variants = {k: v for k, v in variants().items() if k != "medusa_dense_16"}
@@ -322,6 +328,7 @@ SWEEP_TITLES = {
   "sweep_requests": "The heads continued on replies to assistant requests (step 7), greedy, "
   "batch 1 (chat_new is six more chat prompts)",
   "sweep_lookup": "With prompt lookup's 4-token guess as one more branch (step 8), greedy, batch 1",
+  "sweep_lookup_t1": "The same at temperature 1 (sampled children verified with their q)",
 }
 PAPER_TOP1_TOP5 = ((0.56, 0.78), (0.32, 0.56), (0.20, 0.42), (0.15, 0.34))  # Vicuna-7B, heads 1-4
 
