@@ -317,7 +317,38 @@ def report(results_dir):
       "",
     ]
     out += [results.markdown_table(record["rows"], tuple(record["rows"][0])), ""]
+    replay_figure(results_dir, record)
+    out += ["![replayed tau against tree size](results/replay.png)", ""]
   return "\n".join(out)
+
+
+def replay_figure(results_dir, record: dict) -> None:
+  """results/replay.png: ``replay.py``'s greedy τ against the grown tree's node count, per
+  category and their mean, without (solid) and with (dashed) the lookup branch."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rows = record["rows"]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for i, cat in enumerate([*record["categories"], "mean"]):
+    style = dict(color="black", lw=2) if cat == "mean" else dict(color=f"C{i}", lw=1)
+    for lookup, ls in ((0, "-"), (max(r["lookup"] for r in rows), "--")):
+      mine = [r for r in rows if r["lookup"] == lookup]
+      label = cat if lookup == 0 else None
+      ax.plot([r["nodes"] for r in mine], [r[cat] for r in mine], ls, marker="o", ms=3,
+              label=label, **style)  # fmt: skip
+  nodes = sorted({r["nodes"] for r in rows})
+  ax.set_xscale("log")
+  ax.set_xticks(nodes, [str(n) for n in nodes])
+  ax.minorticks_off()
+  ax.set(xlabel="grown tree nodes (dashed: + lookup branch)", ylabel="greedy tau (replayed)")
+  ax.set_title("Medusa heads: tau levels off with the tree size (issue bar: 2.5)", fontsize=9)
+  ax.axhline(2.5, color="grey", lw=0.8, ls=":")
+  ax.set_ylim(top=2.75)
+  ax.legend(fontsize=7, loc="upper left", ncol=3)
+  results.save_figure(fig, results_dir / "replay.png")
 
 
 SWEEP_TITLES = {

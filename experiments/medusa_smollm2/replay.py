@@ -48,9 +48,9 @@ def main() -> None:
     for lookup in (0, M.LOOKUP):
       drafter, params = build.drafter(sweep._variant_config(c, variant(nodes, lookup)), target)
       row = {"nodes": nodes, "lookup": lookup, "depth": drafter.tree.max_depth}
+      name = f"requests_sparse_{nodes}" + (f"_lookup{lookup}" if lookup else "")  # the sweep's
       for cat, rows in texts.items():
         row[cat] = round(simulate.replay(target, drafter, params, rows).tau, 3)
-        name = f"requests_sparse_{nodes}" + (f"_lookup{lookup}" if lookup else "")
         if (name, cat) in decoded and abs(decoded[name, cat] - row[cat]) > 0.005:
           raise SystemExit(f"{name} on {cat}: replayed τ {row[cat]}, decoded {decoded[name, cat]}")
       row["mean"] = round(sum(row[cat] for cat in texts) / len(texts), 3)
