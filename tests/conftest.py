@@ -8,6 +8,7 @@ runs one thread per worker. Compiled programs go to a persistent XLA cache under
 of the suite skips most compiles.
 """
 
+import functools
 import os
 from pathlib import Path
 
@@ -15,7 +16,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "xla")
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # XLA's backend (LLVM) optimisation is most of a compile here, and tests compile far more than
 # they run: without it a compile-bound test took 0.6x the time, and a real-model decode test
 # 0.9x (cold cache, measured); the suite passes with and without it. Benchmarks and
@@ -27,20 +28,90 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from jax import monitoring  # noqa: E402
 
-from specjax.models import tiny  # noqa: E402
+from specjax.models import registry, tiny  # noqa: E402
+
+# --- where a test's time goes: JAX's own compile events, per test ------------------------------
+
+_JAX_EVENTS = {
+  "/jax/core/compile/backend_compile_duration": "xla_compile_s",
+  "/jax/core/compile/jaxpr_trace_duration": "trace_s",
+  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+}
+_spent = dict.fromkeys(_JAX_EVENTS.values(), 0.0) | {"xla_compiles": 0}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _drop_compiled_programs():
-  """Frees every compiled program after each test module.
+def _on_duration(event: str, seconds: float, **_) -> None:
+  if (key := _JAX_EVENTS.get(event)) is not None:
+    _spent[key] += seconds
+    _spent["xla_compiles"] += key == "xla_compile_s"
+
+
+monitoring.register_event_duration_secs_listener(_on_duration)
+_SPENT_BEFORE = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  item.stash[_SPENT_BEFORE] = dict(_spent)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Adds to the test's report (and so to ``--junitxml``) the seconds this process spent
+  tracing, lowering and XLA-compiling over its setup, call and teardown: what
+  ``scripts/test_durations.py`` groups by cause. A test's subprocesses are not counted here."""
+  if call.when == "teardown" and _SPENT_BEFORE in item.stash:
+    before = item.stash[_SPENT_BEFORE]
+    for key, value in _spent.items():
+      item.user_properties.append((key, round(value - before[key], 3)))
+    marks = sorted({m.name for m in item.iter_markers()} & {"slow", "real_model", "multiprocess"})
+    item.user_properties.append(("marks", ",".join(marks)))
+  yield
+
+
+# Linux's default vm.max_map_count is 65,530 regions per process. Programs are dropped past a
+# third of it, checked after every test, so one more test (no test file has come near the
+# other two thirds) stays under the limit.
+_MAX_REGIONS = 20_000
+
+
+def _mapped_regions() -> int | None:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:  # not Linux: clear every time
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _drop_compiled_programs(request):
+  """Frees every compiled program once the process maps many memory regions.
 
   XLA's CPU backend maps each program's machine code in ~1,500-2,000 memory regions (a SmolLM2
   generate), and Linux allows 65,530 per process (vm.max_map_count): kept for the whole suite,
-  they ran out and the process crashed inside XLA. Programs a later module needs come back from
-  the persistent cache."""
+  they ran out and the process crashed inside XLA. Clearing after every test file instead cost
+  the next file its traces and small compiles again (the persistent cache keeps compiles
+  only), so programs are dropped only past ``_MAX_REGIONS``, and after any test that
+  monkeypatches (what it traced with a patched function must not serve a later test)."""
   yield
-  jax.clear_caches()
+  regions = _mapped_regions()
+  if regions is None or regions > _MAX_REGIONS or "monkeypatch" in request.fixturenames:
+    jax.clear_caches()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_real_model_load_per_worker():
+  """``registry.load`` keeps the last model it loaded: the test files and the tasks they run
+  (peers, distill, device_bench, the committed drafters) share one SmolLM2 parse per worker
+  instead of one each (4-5 s apiece here). One model at most, so a worker holds no more than
+  the largest one. What loading returns is still checked: test_checkpoint.py compares it with
+  HF transformers' own reading of the same file."""
+  load = registry.load
+  registry.load = functools.lru_cache(maxsize=1)(load)
+  yield
+  registry.load = load
 
 
 @pytest.fixture(scope="session")

@@ -84,7 +84,7 @@ def main(args: dict) -> dict:
       out["tokens"][f"{drafter_name}/{name}"] = got.tokens
       out["tokens"][f"{drafter_name}/{name}/tau"] = got.metrics["tau"]
     out["weight_gathers"][name] = weight_gathers(*cases()["draft_model"], mesh)
-  if args.get("layouts"):  # the check's teeth: weights split over fsdp are gathered every step
+  if args.get("fsdp_check"):  # the check's teeth: weights split over fsdp are gathered every step
     fsdp = parallel.make_mesh(parallel.MeshConfig(data=1, fsdp=8))
     out["weight_gathers"]["fsdp"] = weight_gathers(*cases()["draft_model"], fsdp)
   if args.get("exact"):

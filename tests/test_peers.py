@@ -10,6 +10,7 @@ from specjax.models import registry
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_peers_side_by_side_on_smollm2(tmp_path):
   pytest.importorskip("transformers")  # the oracle extra, which README's test command installs
   registry.resolve("smollm2-135m-instruct")  # installed by scripts/install_models.sh

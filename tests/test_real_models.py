@@ -52,7 +52,8 @@ REGISTRY_DRAFTERS = {  # fixture key -> config.drafter overrides
 }
 
 
-def test_registry_drafters_reproduce_their_outputs_and_ar(smol):
+@pytest.mark.parametrize("name", REGISTRY_DRAFTERS)
+def test_registry_drafters_reproduce_their_outputs_and_ar(smol, name):
   """Every drafter, built by name through the registry, gives the greedy tokens and target
   calls it gave before the registry (batch 4, ragged prompts, stop ids), and AR's tokens."""
   from configs import demo
@@ -62,17 +63,15 @@ def test_registry_drafters_reproduce_their_outputs_and_ar(smol):
   prompts = _chat(tok, before["prompts"])
   kw = dict(max_new_tokens=before["max_new_tokens"], max_len=before["max_len"])
   kw["eos_id"] = sorted(tok.stop_ids)
-  target = build.Model(cfg, params, tok)
-  for name, overrides in REGISTRY_DRAFTERS.items():
-    c = demo.base()
-    c.drafter.update(overrides)
-    build.check(c)
-    drafter, dparams = build.drafter(c, target)
-    out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
-    want = before["runs"][name]
-    assert out.tokens == want["tokens"] == before["runs"]["none"]["tokens"], name
-    assert out.metrics["target_calls"] == want["target_calls"], name
-    assert out.metrics["row_calls"] == want["row_calls"], name
+  c = demo.base()
+  c.drafter.update(REGISTRY_DRAFTERS[name])
+  build.check(c)
+  drafter, dparams = build.drafter(c, build.Model(cfg, params, tok))
+  out = generate(params, cfg, prompts, drafter=drafter, drafter_params=dparams, **kw)
+  want = before["runs"][name]
+  assert out.tokens == want["tokens"] == before["runs"]["none"]["tokens"]
+  assert out.metrics["target_calls"] == want["target_calls"]
+  assert out.metrics["row_calls"] == want["row_calls"]
 
 
 def test_tokenizer_mismatch_is_refused():

@@ -29,29 +29,38 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_eight_device_layouts_match_one_device():
+@pytest.mark.parametrize("layout", decode_worker.LAYOUTS)
+def test_eight_device_layouts_match_one_device(layout):
   """Data, tensor and mixed layouts; a draft model and three tree drafters (all in the mixed
   layout): greedy tokens identical to one device, the weights really split, and no weight
-  gathered whole."""
-  layouts = decode_worker.LAYOUTS
-  args = {"layouts": layouts, "exact": True}
+  gathered whole (with the data layout: weights split over fsdp instead are seen gathered)."""
+  args = {"layouts": {layout: decode_worker.LAYOUTS[layout]}, "fsdp_check": layout == "data"}
   got = train_worker.run_subprocess(args, devices=8, timeout=600, script="decode_worker.py")
-  assert len([k for k in got["tokens"] if not k.endswith("/tau")]) == 2 + 2 + 4
+  decoded = 0
   for name, (drafter, dparams) in decode_worker.cases().items():
+    if name not in decode_worker.LAYOUT_DRAFTERS.get(layout, (name,)):
+      continue
     want = decode_worker.run(drafter, dparams)
-    for layout in layouts:
-      if name not in decode_worker.LAYOUT_DRAFTERS.get(layout, (name,)):
-        continue
-      assert got["tokens"][f"{name}/{layout}"] == want.tokens, (name, layout)
-      assert got["tokens"][f"{name}/{layout}/tau"] == pytest.approx(want.metrics["tau"])
+    assert got["tokens"][f"{name}/{layout}"] == want.tokens, name
+    assert got["tokens"][f"{name}/{layout}/tau"] == pytest.approx(want.metrics["tau"])
+    decoded += 1
+  assert decoded == {"mixed": 4}.get(layout, 2)
   # wq is [32, 32] (8 heads x 4): tensor splits its rows, data leaves it whole.
-  assert got["shards"] == {"data": [32, 32], "tensor": [4, 32], "mixed": [8, 32]}
-  gathers = got["weight_gathers"]
-  assert {k: gathers[k] for k in layouts} == {"data": [], "tensor": [], "mixed": []}
-  assert gathers["fsdp"], gathers  # weights split over fsdp: the check sees them gathered
-  # The exact-distribution test, multi-step form, on a 4 x 2 mesh: an EAGLE sampled tree at
-  # temperature 1 with top-k passes for each of three ragged prompts (Bonferroni); the
-  # verifier that keeps a rejected candidate fails it.
+  assert got["shards"] == {layout: {"data": [32, 32], "tensor": [4, 32], "mixed": [8, 32]}[layout]}
+  assert got["weight_gathers"][layout] == []
+  if layout == "data":
+    assert got["weight_gathers"]["fsdp"], got["weight_gathers"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_exact_distribution_on_a_mesh():
+  """The exact-distribution test, multi-step form, on a 4 x 2 mesh: an EAGLE sampled tree at
+  temperature 1 with top-k passes for each of three ragged prompts (Bonferroni); the verifier
+  that keeps a rejected candidate fails it."""
+  got = train_worker.run_subprocess(
+    {"exact": True}, devices=8, timeout=600, script="decode_worker.py"
+  )
   assert min(got["exact"]) > 1e-3 / 3, got["exact"]
   assert min(got["exact_broken"]) < 1e-6, got["exact_broken"]
 

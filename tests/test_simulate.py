@@ -58,43 +58,63 @@ def simulated_calls(m, d, dp, rows, first_root=lambda prompt: len(prompt)):
   return calls
 
 
-@pytest.mark.slow
-def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model, monkeypatch):
-  """Each row decoded alone (batch 1: an abstaining row is an AR step, as replayed)."""
-  ar = generate(model.params, model.cfg, PROMPTS, max_new_tokens=NEW, max_len=128)
-  rows = list(zip(PROMPTS, ar.tokens, strict=True))
-  wrong_root = 0
-  every = drafters(model)
-  for name, (d, dp) in every.items():
-    outs = [
-      generate(model.params, model.cfg, [p], drafter=d, drafter_params=dp, max_new_tokens=NEW,
-               max_len=128, pad_to=16)
-      for p in PROMPTS
-    ]  # fmt: skip
-    assert [o.tokens[0] for o in outs] == ar.tokens, name
-    decoded = [int(o.counts["row_calls"][0]) for o in outs]
-    assert simulated_calls(model, d, dp, rows) == decoded, name
-    if name.startswith("lookup"):  # abstentions (no n-gram match) replayed row by row too
-      replays = [simulate.replay(model, d, dp, [r]) for r in rows]
-      assert [r.abstained for r in replays] == [int(o.counts["row_abstained"][0]) for o in outs]
-      assert sum(r.abstained for r in replays) > 0
-    assert sum(decoded) < len(PROMPTS) * NEW, f"{name}: nothing accepted, the check is empty"
-    # Broken: drafts taken at the prompt's last token as if the prefill had drafted too.
-    wrong_root += simulated_calls(model, d, dp, rows, lambda p: len(p) - 1) != decoded
-  assert wrong_root >= 3
+DRAFTERS = (
+  "lookup", "lookup_tree", "draft_model", "medusa", "medusa_lookup", "eagle_chain", "eagle_tree",
+  "eagle_lookup",
+)  # fmt: skip
 
-  # Broken: every EAGLE-2 root drafts from the feature of the pair before its own.
+
+def _rows(model):
+  ar = generate(model.params, model.cfg, PROMPTS, max_new_tokens=NEW, max_len=128)
+  return list(zip(PROMPTS, ar.tokens, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model, name):
+  """Each row decoded alone (batch 1: an abstaining row is an AR step, as replayed)."""
+  assert set(DRAFTERS) == set(drafters(model))
+  rows = _rows(model)
+  d, dp = drafters(model)[name]
+  outs = [
+    generate(model.params, model.cfg, [p], drafter=d, drafter_params=dp, max_new_tokens=NEW,
+             max_len=128, pad_to=16)
+    for p in PROMPTS
+  ]  # fmt: skip
+  assert [o.tokens[0] for o in outs] == [new for _, new in rows]
+  decoded = [int(o.counts["row_calls"][0]) for o in outs]
+  assert simulated_calls(model, d, dp, rows) == decoded
+  if name.startswith("lookup"):  # abstentions (no n-gram match) replayed row by row too
+    replays = [simulate.replay(model, d, dp, [r]) for r in rows]
+    assert [r.abstained for r in replays] == [int(o.counts["row_abstained"][0]) for o in outs]
+    assert sum(r.abstained for r in replays) > 0
+  assert sum(decoded) < len(PROMPTS) * NEW, "nothing accepted, the check is empty"
+
+
+def test_broken_replays_differ_from_the_replay_that_equals_decoding(model, monkeypatch):
+  """The row-by-row test's teeth. Its replays equal decoding; these broken ones differ from
+  them: drafts taken at the prompt's last token as if the prefill had drafted too (for at
+  least three drafters), and every EAGLE-2 root drafting from the feature of the pair before
+  its own."""
+  rows = _rows(model)
+  every = drafters(model)
+  right = {name: simulated_calls(model, d, dp, rows) for name, (d, dp) in every.items()}
+  wrong_root = [
+    name for name, (d, dp) in every.items()
+    if simulated_calls(model, d, dp, rows, lambda p: len(p) - 1) != right[name]
+  ]  # fmt: skip
+  assert len(wrong_root) >= 3, wrong_root
+
   state = simulate.eagle.EagleState
 
   def previous_pair(**kw):
     return state(**kw | {"pending_BxD1xF": jnp.roll(kw["pending_BxD1xF"], 1, axis=0)})
 
   d, dp = every["eagle_tree"]
-  right = simulated_calls(model, d, dp, rows)
   monkeypatch.setattr(simulate.eagle, "EagleState", previous_pair)
   simulate._drafts.clear_cache()  # traced again with the broken state, then dropped
   try:
-    assert simulated_calls(model, d, dp, rows) != right
+    assert simulated_calls(model, d, dp, rows) != right["eagle_tree"]
   finally:
     simulate._drafts.clear_cache()
 

@@ -1,0 +1,119 @@
+"""Where the test suite's time goes, from pytest's JUnit XML: per file, per cause, slowest tests.
+
+    python -m pytest -q --junitxml=results/tests.xml
+    python scripts/test_durations.py results/tests.xml [--before OLD.xml] [--top 30]
+
+Each test's time is its setup + call + teardown in its xdist worker (the sum over tests is
+worker time; the wall time is about that over the number of workers). tests/conftest.py adds
+to every test the seconds its own process spent tracing, lowering and XLA-compiling, and its
+markers; a test's subprocesses are counted in its time but not in those columns. Causes, first
+that applies: ``multiprocess`` marker (CLI runs, jax.distributed, emulated meshes), ``real_model``
+marker, training (a ``train``/``resume`` test or test_train*), statistical sampling (an
+exact-distribution test or its broken variant), else XLA compiles and tiny-model runs.
+Prints markdown tables (docs/testing.md quotes them).
+"""
+
+import argparse
+import collections
+import re
+import xml.etree.ElementTree as ET
+
+CAUSES = (
+  "subprocesses (CLI, two processes, 8-device meshes)",
+  "real models (GGUF loads, HF parity, real decodes)",
+  "training runs",
+  "statistical sampling (exact-distribution tests)",
+  "tiny-model compiles and runs",
+)
+_SAMPLING = re.compile(r"exact|broken|fails|lossy|stays_exact")
+_TRAINING = re.compile(r"train|resume|distil")
+
+
+def read(path: str) -> list[dict]:
+  tests = []
+  for case in ET.parse(path).getroot().iter("testcase"):
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    t = {
+      "file": case.get("classname").removeprefix("tests."),
+      "name": case.get("name"),
+      "s": float(case.get("time")),
+      "marks": set(filter(None, props.get("marks", "").split(","))),
+      "failed": case.find("failure") is not None or case.find("error") is not None,
+    }
+    for key in ("xla_compile_s", "trace_s", "lower_s", "xla_compiles"):
+      t[key] = float(props.get(key, 0))
+    tests.append(t)
+  return tests
+
+
+def _base(name: str) -> str:
+  return name.split("[")[0]
+
+
+def with_causes(tests: list[dict], marks_from: list[dict] = ()) -> list[dict]:
+  """Each test's cause; a run recorded without markers takes them from ``marks_from`` (the same
+  test, or a test of the same function when it has been parametrized since)."""
+  known = {(t["file"], t["name"]): t["marks"] for t in marks_from}
+  known |= {(t["file"], _base(t["name"])): t["marks"] for t in marks_from}
+  for t in tests:
+    if not t["marks"]:
+      same, base = (t["file"], t["name"]), (t["file"], _base(t["name"]))
+      t["marks"] = known.get(same) or known.get(base, set())
+    t["cause"] = cause(t)
+  return tests
+
+
+def cause(t: dict) -> str:
+  if "multiprocess" in t["marks"]:
+    return CAUSES[0]
+  if "real_model" in t["marks"]:
+    return CAUSES[1]
+  if _TRAINING.search(t["name"]) or t["file"].startswith("test_train"):
+    return CAUSES[2]
+  if _SAMPLING.search(t["name"]) or t["file"] == "test_lossless":
+    return CAUSES[3]
+  return CAUSES[4]
+
+
+def _by(tests, key) -> dict:
+  out = collections.defaultdict(lambda: {"n": 0, "s": 0.0, "jax_s": 0.0})
+  for t in tests:
+    row = out[key(t)]
+    row["n"] += 1
+    row["s"] += t["s"]
+    row["jax_s"] += t["xla_compile_s"] + t["trace_s"] + t["lower_s"]
+  return out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("xml")
+  ap.add_argument("--before", help="an earlier run's XML: its seconds beside this run's")
+  ap.add_argument("--top", type=int, default=30)
+  a = ap.parse_args()
+  now = with_causes(read(a.xml))
+  old = with_causes(read(a.before), now) if a.before else []
+  total = sum(t["s"] for t in now)
+  jax_s = sum(t["xla_compile_s"] + t["trace_s"] + t["lower_s"] for t in now)
+  print(
+    f"{len(now)} tests, {total:.0f} s of worker time, {jax_s:.0f} s of it tracing, lowering "
+    f"and XLA-compiling in the test processes ({100 * jax_s / total:.0f}%)\n"
+  )
+  for title, key in (("cause", lambda t: t["cause"]), ("file", lambda t: t["file"])):
+    rows, before = _by(now, key), _by(old, key)
+    head = f"| {title} | tests |" + (" s before |" if old else "") + " s | of which JAX compiles |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["s"]):
+      prev = f" {before[k]['s']:.0f} |" if old else ""
+      print(f"| {k} | {r['n']} |{prev} {r['s']:.0f} | {r['jax_s']:.0f} |")
+    print()
+  print("| slowest tests | s | JAX compiles s | XLA compiles | cause |\n|---|---|---|---|---|")
+  for t in sorted(now, key=lambda t: -t["s"])[: a.top]:
+    js = t["xla_compile_s"] + t["trace_s"] + t["lower_s"]
+    n = int(t["xla_compiles"])
+    print(f"| `{t['file']}::{t['name']}` | {t['s']:.1f} | {js:.1f} | {n} | {t['cause']} |")
+
+
+if __name__ == "__main__":
+  main()
