@@ -64,18 +64,20 @@ DRAFTERS = (
 )  # fmt: skip
 
 
-def _rows(model):
+@pytest.fixture(scope="module")
+def rows(model):
+  """(prompt, AR's greedy continuation) per prompt: what the replays teacher-force."""
   ar = generate(model.params, model.cfg, PROMPTS, max_new_tokens=NEW, max_len=128)
   return list(zip(PROMPTS, ar.tokens, strict=True))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model, name):
+def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model, rows, name):
   """Each row decoded alone (batch 1: an abstaining row is an AR step, as replayed)."""
-  assert set(DRAFTERS) == set(drafters(model))
-  rows = _rows(model)
-  d, dp = drafters(model)[name]
+  every = drafters(model)
+  assert set(DRAFTERS) == set(every)
+  d, dp = every[name]
   outs = [
     generate(model.params, model.cfg, [p], drafter=d, drafter_params=dp, max_new_tokens=NEW,
              max_len=128, pad_to=16)
@@ -91,12 +93,11 @@ def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model, name):
   assert sum(decoded) < len(PROMPTS) * NEW, "nothing accepted, the check is empty"
 
 
-def test_broken_replays_differ_from_the_replay_that_equals_decoding(model, monkeypatch):
+def test_broken_replays_differ_from_the_replay_that_equals_decoding(model, rows, monkeypatch):
   """The row-by-row test's teeth. Its replays equal decoding; these broken ones differ from
   them: drafts taken at the prompt's last token as if the prefill had drafted too (for at
   least three drafters), and every EAGLE-2 root drafting from the feature of the pair before
   its own."""
-  rows = _rows(model)
   every = drafters(model)
   right = {name: simulated_calls(model, d, dp, rows) for name, (d, dp) in every.items()}
   wrong_root = [
