@@ -19,9 +19,15 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # XLA's backend (LLVM) optimisation is most of a compile here, and tests compile far more than
 # they run: without it a compile-bound test took 0.6x the time, and a real-model decode test
-# 0.9x (cold cache, measured); the suite passes with and without it. Benchmarks and
-# experiments run outside the tests, with XLA's defaults.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# 0.9x (cold cache, measured). XLA's MLIR fusion emitters compile each of a program's ~600
+# fusions through its own pass pipeline; the classic emitters compile a tiny model's decode loop
+# in 0.65x the time (test_decode + test_medusa, cold: 171 s -> 117 s wall), though a SmolLM2
+# program in 1.4x. The suite passes either way. Benchmarks and experiments run outside the
+# tests, with XLA's defaults.
+# tests/train_worker.py passes these flags on to the processes it starts.
+os.environ.setdefault(
+  "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+)
 # One intra-op thread for torch (the HF oracle): the xdist workers already fill the cores, and
 # torch's threads spinning on a busy core made HF generate ~4x slower here (measured).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -112,6 +118,42 @@ def _one_real_model_load_per_worker():
   registry.load = functools.lru_cache(maxsize=1)(load)
   yield
   registry.load = load
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_hf_gguf_parse_per_worker():
+  """HF transformers (the oracle) builds a ``gguf.GGUFReader`` for every read of a GGUF: one for
+  the config and one for the weights of each model, another for a tokenizer. Each parses the
+  whole vocabulary and merges in Python: ~7 s for SmolLM2, ~25 s for Qwen2.5-Coder's 151,936
+  tokens. Here one reader per file (same path, size and mtime; two files at most) serves them
+  all; what HF does with it is unchanged. Readers of other classes (specjax's own) pass
+  through."""
+  import gguf
+
+  plain = gguf.GGUFReader
+  readers = {}
+
+  class SharedReader(plain):
+    def __new__(cls, path, mode="r"):
+      if cls is not SharedReader:
+        return super().__new__(cls)
+      stat = os.stat(path)
+      key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, mode)
+      if key not in readers:
+        reader = super().__new__(cls)
+        plain.__init__(reader, path, mode)
+        if len(readers) == 2:
+          readers.pop(next(iter(readers)))
+        readers[key] = reader
+      return readers[key]
+
+    def __init__(self, path, mode="r"):
+      if type(self) is not SharedReader:
+        plain.__init__(self, path, mode)
+
+  gguf.GGUFReader = SharedReader
+  yield
+  gguf.GGUFReader = plain
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ def test_peers_side_by_side_on_smollm2(tmp_path):
 
   c = peers_config.get_config()
   c.prompts = demo.base().prompts[:2]  # a text to copy: lookup drafts get accepted
-  c.max_new_tokens = 24
+  c.max_new_tokens = 16
   c.output_dir = str(tmp_path)
   record = peers.run(c)
   saved = json.loads((tmp_path / "peers.json").read_text())

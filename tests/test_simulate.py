@@ -172,7 +172,9 @@ def test_step_work_and_roofline(model):
 
 def test_verifies_tree_matches_the_drafts_each_drafter_proposes(model):
   """The cost model prices a tree mask where ``propose`` returns ``parents``: checked against
-  the drafts themselves, for every drafter family."""
+  the drafts themselves, for every drafter family. Whether a draft has parents is a matter of
+  structure, so the drafts are traced (``jax.eval_shape``, as the jitted loop traces them), not
+  computed."""
   from specjax import sampling
   from specjax.drafters.base import DraftContext, Prefill
 
@@ -180,11 +182,15 @@ def test_verifies_tree_matches_the_drafts_each_drafter_proposes(model):
   lengths = jnp.asarray([8], jnp.int32)
   ctx = DraftContext(tokens, lengths, jax.random.key(0), sampling.SamplingParams.create(0.0),
                      model.cfg.vocab_size)  # fmt: skip
-  for name, (d, dp) in drafters(model).items():
+
+  def draft_of(d, dp):
     _, feats = llama.logits_of(model.params, model.cfg, tokens, d.feature_layers)
     features = jnp.concatenate(feats, axis=-1) if d.feature_layers else None
     state = d.init(dp, Prefill(tokens, lengths, features, 24))
-    draft, _ = d.propose(dp, state, ctx)
+    return d.propose(dp, state, ctx)[0]
+
+  for name, (d, dp) in drafters(model).items():
+    draft = jax.eval_shape(lambda dp, d=d: draft_of(d, dp), dp)
     assert costmodel.verifies_tree(d) == (draft.parents is not None), name
 
 

@@ -32,9 +32,6 @@ from specjax.train import data, loop, objectives, step
 
 OPTIM = step.OptimConfig(learning_rate=1e-2, decay_steps=20)
 ROOT = Path(__file__).resolve().parents[1]
-# XLA's backend optimisation dominates a tiny model's compile time on a 2-core CPU; it does not
-# change what the sharded program computes.
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,7 +45,9 @@ def _compilation_cache() -> str:
 def env(devices: int = 1) -> dict:
   """Environment of a worker process with ``devices`` CPU devices."""
   return os.environ | {
-    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
+    # The suite's compile flags (tests/conftest.py), and the device count.
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+    + os.environ.get("XLA_FLAGS", ""),
     "JAX_PLATFORMS": "cpu",
     "PYTHONPATH": str(ROOT),
     "JAX_COMPILATION_CACHE_DIR": _compilation_cache(),
