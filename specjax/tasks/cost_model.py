@@ -10,6 +10,7 @@
    tokens, each drafter's own forwards, and the per-step overhead (AR step minus one target
    forward), all timed here; the predicted speedup is τ_predicted x AR step / drafter step.
 4. The same τ priced on named chips (roofline, ``cost_model.chips``).
+   Every forward is timed ``cost_model.repeats`` times (default 15), the median kept.
 5. For chain drafters, τ for every chain length K = 1..``cost_model.max_k`` from one offline
    pass of the longest chain (``tau_by_k``): what ``num_draft = "auto"`` picks K from.
 6. With any prompt-lookup variant: every (K, min_ngram) replayed (``lookup_grid``: τ, the share
@@ -151,12 +152,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
   sizes = sorted(sizes | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
                           if f.model.startswith("target")})  # fmt: skip
   slots = config.max_len + max(sizes)  # the decode's cache: its attention window
-  target_s = costmodel.target_seconds(target, sizes, cm.context, slots, 15)
+  repeats = cm.get("repeats", 15)  # timed rounds per forward (the median is kept)
+  target_s = costmodel.target_seconds(target, sizes, cm.context, slots, repeats)
   ar_step = _ar_step(record)
   overhead = max(ar_step - target_s["target"][1], 0.0)
   parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
   for name, (d, dp) in drafters.items():
-    parts[name] = costmodel.drafter_seconds(d, dp, target.cfg, cm.context, 15)
+    parts[name] = costmodel.drafter_seconds(d, dp, target.cfg, cm.context, repeats)
     here[name] = costmodel.measured("this machine", target_s, parts[name], overhead)
   sizes_by_model = {}
   for d, dp in drafters.values():
@@ -165,7 +167,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
   if grid:  # every (K, min_ngram) priced here and on the chips
     base = PromptLookup(1)
     lookup_here = costmodel.measured(
-      "this machine", target_s, costmodel.drafter_seconds(base, None, target.cfg, cm.context),
+      "this machine",
+      target_s,
+      costmodel.drafter_seconds(base, None, target.cfg, cm.context, repeats),
       overhead,
     )  # fmt: skip
     for g in grid:
@@ -176,7 +180,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
 
   for path, (d, dp) in eagles.items():  # every tree budget priced here and on the chips
     profiles = costmodel.eagle_profiles(target_s, overhead, d, dp, target.cfg, budgets,
-                                        cm.context, 15)  # fmt: skip
+                                        cm.context, repeats)  # fmt: skip
     for g in (g for g in eagle_grid if g["path"] == path):
       shaped = dataclasses.replace(d, top_k=g["top_k"], depth=g["depth"], total=g["total"])
       g["predicted_speedup"] = profiles[g["top_k"]].speedup(shaped, g["tau"])
