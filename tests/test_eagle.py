@@ -5,6 +5,7 @@ their broken variants are in test_lossless.py with every other drafter's.
 """
 
 import dataclasses
+import functools
 import json
 
 import jax
@@ -28,20 +29,34 @@ GREEDY = sampling.SamplingParams.create(temperature=0.0)
 def _reference_children(drafter, params, target, tokens, s_seq=None):
   """Draft scores over the vocabulary after running the pairs of ``tokens`` (t_0 .. t_L, the
   newest last) through the layer with no cache: pair j = (f_j, t_{j+1}); with ``s_seq``, extra
-  pairs (s, x) continue the sequence. Returns the last pair's (log-softmax, output)."""
+  pairs (s, x) continue the sequence. Returns the last pair's (log-softmax, output).
+
+  One jitted program per shape (the same ops run op by op compiled each op apart, hundreds of
+  compiles per test)."""
   tcfg, tparams = target
-  seq = jnp.asarray([tokens])
+  extra_s = tuple(s_x for s_x, _ in s_seq or ())
+  extra_x = jnp.asarray([x for _, x in s_seq or ()], jnp.int32)
+  return _reference_jit(drafter, tcfg, params, tparams, jnp.asarray([tokens]), extra_s, extra_x)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _reference_jit(drafter, tcfg, params, tparams, seq, extra_s, extra_x):
   _, (f,) = llama.logits_of(tparams, tcfg, seq, ("final",))
   s = f[:, :-1]
   nxt = seq[:, 1:]
-  for s_x, x in s_seq or ():
+  for s_x in extra_s:
     s = jnp.concatenate([s, s_x[None, None]], axis=1)
-    nxt = jnp.concatenate([nxt, jnp.asarray([[x]])], axis=1)
+  nxt = jnp.concatenate([nxt, extra_x[None]], axis=1)
   t = s.shape[1]
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
   x = eagle.inputs(params, drafter.cfg, nxt, s)
   out, _, _ = eagle.layer(params, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
   return jax.nn.log_softmax(eagle.logits(params, out[0, -1])), out[0, -1]
+
+
+def _propose(drafter, *args):
+  """``drafter.propose`` jitted, as the decode loop runs it (op by op it is ~100 compiles)."""
+  return jax.jit(drafter.propose)(*args)
 
 
 def _state_after_prompt(drafter, params, target, prompt, newest, slots=32):
@@ -62,7 +77,7 @@ def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
   drafter, params = testing.eagle_drafter(small_target, top_k=2, depth=2, total=6, sampled=False)
   prompt, newest = [3, 9, 4, 17, 5], 22
   state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
-  draft, _ = drafter.propose(params, state, ctx)
+  draft, _ = _propose(drafter, params, state, ctx)
   lp1, out1 = _reference_children(drafter, params, small_target, prompt + [newest])
   top1 = np.argsort(-np.asarray(lp1))[:2]
   tokens, parents = np.asarray(draft.tokens[0]), np.asarray(draft.parents[0])
@@ -87,7 +102,7 @@ def test_chain_is_the_drafters_own_rollout(small_target, slots, vocab_ids):
   )
   prompt, newest = [3, 9, 4, 17, 5, 8, 30, 2], 22
   state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest, slots)
-  draft, _ = drafter.propose(params, state, ctx)
+  draft, _ = _propose(drafter, params, state, ctx)
   chain, outs = [], []
   for _ in range(5):
     own = list(zip(outs, chain, strict=True)) or None
@@ -104,7 +119,7 @@ def test_commit_then_propose_equals_a_fresh_start(small_target):
   drafter, params = testing.eagle_drafter(small_target, top_k=2, depth=3, total=5, sampled=False)
   prompt, newest = [3, 9, 4, 17, 5], 22
   state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
-  _, state = drafter.propose(params, state, ctx)
+  _, state = _propose(drafter, params, state, ctx)
   accepted, nxt = [30, 31], 40  # n = 2 accepted, then the target's token
   seq = prompt + [newest] + accepted + [nxt]
   _, (f,) = llama.logits_of(tparams, tcfg, jnp.asarray([seq]), ("final",))
@@ -114,9 +129,9 @@ def test_commit_then_propose_equals_a_fresh_start(small_target):
   state = drafter.commit(state, verdict, ctx)
   buf = jnp.zeros((1, 32), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq))
   ctx2 = ctx.replace(tokens=buf, lengths=jnp.asarray([len(seq) - 1]))
-  got, _ = drafter.propose(params, state, ctx2)
+  got, _ = _propose(drafter, params, state, ctx2)
   fresh_state, fresh_ctx = _state_after_prompt(drafter, params, small_target, seq[:-1], nxt)
-  want, _ = drafter.propose(params, fresh_state, fresh_ctx)
+  want, _ = _propose(drafter, params, fresh_state, fresh_ctx)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_array_equal(got.parents, want.parents)
 
@@ -133,7 +148,7 @@ def test_input_ablation_drops_one_half_of_the_pair(small_target, inputs):
   def tree(newest, scale=1.0):
     state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
     state = state.replace(pending_BxD1xF=state.pending_BxD1xF * scale)
-    draft, _ = drafter.propose(params, state, ctx)
+    draft, _ = _propose(drafter, params, state, ctx)
     return np.asarray(draft.tokens)
 
   base = tree(newest)
@@ -197,7 +212,7 @@ def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sa
   assert (drafter.num_nodes, drafter.num_draft) == (7, 4)
   prompt = [7, 8, 9, 10, 11, 7, 8, 9]  # a 3-gram match: lookup guesses 10, 11, 7, 8
   state, ctx = _state_after_prompt(drafter, dparams, small_target, prompt[:-1], prompt[-1])
-  draft, _ = drafter.propose(dparams, state, ctx)
+  draft, _ = _propose(drafter, dparams, state, ctx)
   assert draft.tokens[0, 3:].tolist() == [10, 11, 7, 8]
   assert draft.parents[0].tolist()[3:] == [0, 4, 5, 6]
   assert max(draft.parents[0].tolist()[:3]) <= 3  # EAGLE's own nodes stay among themselves
