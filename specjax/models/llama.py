@@ -121,8 +121,8 @@ def linear(x_xI: jax.Array, w_OxI: jax.Array) -> jax.Array:
   returning float32: XLA's fast bfloat16 product. Promoting the weights to float32 instead
   converts every weight on every call (a bfloat16 forward ran at 2.5-4.4x its matrices that
   way; experiments/verify_cost). A single row takes the transposed form, which XLA's CPU backend
-  runs as a matrix-vector product: 7.6x faster than the row form for SmolLM2's 30 layers and
-  head (25 vs 190 ms), while from two rows on the row form is 4-5x the faster (measured on a
+  runs as a matrix-vector product: 7x faster than the row form for SmolLM2's 30 layers and
+  head (24 vs 178 ms), while from two rows on the row form is 2-4x the faster (measured on a
   2-core AVX2 CPU; float32 products are the same either way).
   """
   if w_OxI.dtype == x_xI.dtype == jnp.float32:
