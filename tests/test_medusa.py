@@ -134,6 +134,10 @@ def test_saved_heads_load_and_decode_the_same(tmp_path):
   medusa.save(tmp_path / "heads", drafter.heads, params, target, TREE)
   heads, loaded, meta = medusa.load(tmp_path / "heads", target)
   assert heads == drafter.heads and meta["tree"] == list(TREE.parents)
+  # Heads saved beside a float32 target load beside the same target in bfloat16 (the dtype
+  # on an accelerator): the fingerprint does not depend on the dtype.
+  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), target.params)
+  medusa.load(tmp_path / "heads", dataclasses.replace(target, params=bf16))
   kw = dict(max_new_tokens=12, max_len=32)
   a = generate(target.params, target.cfg, PROMPTS, drafter=drafter, drafter_params=params, **kw)
   b = generate(target.params, target.cfg, PROMPTS, drafter=drafter, drafter_params=loaded, **kw)

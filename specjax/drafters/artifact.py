@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
@@ -27,8 +28,14 @@ def target_head(target_params, target_cfg: ModelConfig) -> jax.Array:
 
 
 def fingerprint(target) -> str:
-  """A short id of a target's weights: its config, its tokenizer and a hash of its head."""
-  head = np.asarray(jax.device_get(target_head(target.params, target.cfg)), np.float32)
+  """A short id of a target's weights: its config, its tokenizer and a hash of its head.
+
+  The head is hashed rounded to bfloat16, the narrowest dtype specjax computes in, so one
+  target loaded as float32 or as bfloat16 has one fingerprint: a drafter trained in one dtype
+  decodes in the other (float32 on a CPU, bfloat16 on an accelerator).
+  """
+  head = np.asarray(jax.device_get(target_head(target.params, target.cfg)))
+  head = head.astype(jnp.bfloat16).astype(np.float32)
   h = hashlib.sha256()
   cfg = dataclasses.asdict(target.cfg) | {"name": None}
   h.update(json.dumps(cfg, sort_keys=True).encode())
