@@ -32,7 +32,15 @@ from jax.sharding import PartitionSpec as P
 
 from specjax import metrics as metrics_lib
 from specjax import placement, sampling, trees, verify
-from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
+from specjax.drafters.base import (
+  Draft,
+  DraftContext,
+  Drafter,
+  NoDraft,
+  Prefill,
+  Verdict,
+  at_temperature,
+)
 from specjax.metrics import Metrics
 from specjax.models import llama
 from specjax.models.cache import KVCache, gather_rows, write_rows
@@ -498,6 +506,7 @@ def _arguments(
 ):  # fmt: skip
   """Checks ``generate``'s arguments (before anything compiles) and makes the jitted call's."""
   sp = SamplingParams.create(temperature, top_k, top_p)
+  drafter = at_temperature(drafter, temperature)
   llama.check_params(target_cfg, target_params)
   drafter.check_target(target_cfg)
   if hasattr(drafter, "check_params"):

@@ -12,15 +12,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ml_collections import config_dict
 
 from configs import train_tiny
 from specjax import build, metrics, sampling, testing
 from specjax.decode import generate
 from specjax.drafters import eagle
-from specjax.drafters.base import DraftContext, Prefill, Verdict
+from specjax.drafters.base import (
+  DraftContext,
+  Prefill,
+  Verdict,
+  WithFeatures,
+  at_temperature,
+  sampled_candidates,
+)
 from specjax.models import llama, source, tiny
 from specjax.tasks import train
 from specjax.train import objectives
+from specjax.trees import Tree
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13]]
 GREEDY = sampling.SamplingParams.create(temperature=0.0)
@@ -226,6 +235,31 @@ def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sa
   plain, _ = testing.eagle_drafter(small_target, 2, 2, 3, sampled=sampled)
   without = generate(params, cfg, prompts, drafter=plain, drafter_params=dparams, **kw)
   assert out.metrics["target_calls"] < without.metrics["target_calls"]
+
+
+def test_auto_candidates_follow_each_runs_temperature(small_target):
+  """``candidates = "auto"`` is decided by the temperature a run decodes at, not by the config
+  the drafter was built from: one drafter swept over temperatures 0 and 1 (task=sweep) takes
+  the top-k at 0 and draws sampled candidates at 1, for EAGLE, Medusa and a wrapped drafter."""
+  cfg, params = small_target
+  auto_c = config_dict.ConfigDict({"candidates": "auto"})
+  made = {
+    "eagle": lambda s: testing.eagle_drafter(small_target, 2, 2, 3, sampled=s),
+    "medusa": lambda s: testing.medusa_drafter(cfg, Tree.from_spec((2, 1)), 2, sampled=s),
+  }
+  for make in made.values():
+    auto = make(sampled_candidates(auto_c))[0]
+    assert auto.sampled is None
+    for t, sampled in ((0.0, False), (1.0, True)):
+      assert at_temperature(auto, t) == make(sampled)[0]
+      assert at_temperature(WithFeatures(auto, ("final",)), t).inner == make(sampled)[0]
+  auto, dparams = made["eagle"](None)
+  kw = dict(max_new_tokens=12, max_len=32, temperature=1.0, seed=3)
+  out = generate(params, cfg, PROMPTS, drafter=auto, drafter_params=dparams, **kw)
+  want = generate(
+    params, cfg, PROMPTS, drafter=made["eagle"](True)[0], drafter_params=dparams, **kw
+  )
+  assert out.tokens == want.tokens and out.metrics == want.metrics
 
 
 def _tiny_target(seed=0, dim=32):

@@ -212,10 +212,23 @@ class WithFeatures:
     return getattr(self.inner, attr)
 
 
-def sampled_candidates(c: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> bool:
-  """``c.candidates``: ``sampled`` (drawn from the draft, verified with q), ``top_k``
-  (deterministic), or ``auto`` (sampled iff the run's temperature is above 0)."""
-  return c.candidates == "sampled" or (c.candidates == "auto" and config.temperature > 0)
+def sampled_candidates(c: ml_collections.ConfigDict) -> bool | None:
+  """``c.candidates`` as a drafter's ``sampled`` field: ``sampled`` (drawn from the draft,
+  verified with q) True, ``top_k`` (deterministic) False, ``auto`` None: decided by each run's
+  temperature (``at_temperature``), not when the drafter is built, so one drafter serves a
+  sweep over temperatures."""
+  return {"sampled": True, "top_k": False, "auto": None}[c.candidates]
+
+
+def at_temperature(drafter, temperature: float):
+  """The drafter as it decodes at ``temperature``: one whose candidates are ``auto``
+  (``sampled=None``) draws them (sampled) above temperature 0 and takes the top-k at 0. Other
+  drafters are returned as they are. ``decode.generate`` calls it for every run."""
+  if isinstance(drafter, WithFeatures):
+    return dataclasses.replace(drafter, inner=at_temperature(drafter.inner, temperature))
+  if dataclasses.is_dataclass(drafter) and getattr(drafter, "sampled", False) is None:
+    return dataclasses.replace(drafter, sampled=temperature > 0)
+  return drafter
 
 
 def check_auto_from(c, field: str, holds: str, config, knob: str = "num_draft") -> str:

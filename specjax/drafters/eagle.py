@@ -296,7 +296,7 @@ class Eagle(Chain):
   top_k: int = 4
   depth: int = 4
   total: int = 12
-  sampled: bool = False
+  sampled: bool | None = False  # None: candidates "auto", set per run (base.at_temperature)
   lookup: PromptLookup | None = None  # a chain of prompt-lookup guesses, the root's last child
   name: str = "eagle"
 
@@ -411,7 +411,7 @@ class Eagle(Chain):
         "objective.name=eagle writes one into workdir/draft_final)."
       )
     cfg, params, _ = load(c.path, target)
-    sampled = sampled_candidates(c, config)
+    sampled = sampled_candidates(c)
     # total = "auto": set by build.drafter
     d = cls(cfg, *_budget(c), sampled, prompt_lookup.branch(c))
     d.check_target(target.cfg)

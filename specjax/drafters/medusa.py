@@ -155,7 +155,9 @@ class Medusa(Chain):
 
   heads: HeadsConfig
   tree: Tree
-  sampled: bool = False  # children drawn from the heads (lossless via q) vs top-k picks
+  # Children drawn from the heads (lossless via q) vs top-k picks; None: candidates "auto",
+  # set per run (base.at_temperature).
+  sampled: bool | None = False
   lookup: PromptLookup | None = None  # a chain of prompt-lookup guesses, the root's last child
   name: str = "medusa"
   feature_layers: tuple = ("final",)
@@ -224,7 +226,7 @@ class Medusa(Chain):
 
   @classmethod
   def build(cls, c, config, target):
-    sampled = sampled_candidates(c, config)
+    sampled = sampled_candidates(c)
     tree = parse_tree(c)
     if c.path:
       heads, params, meta = load(c.path, target)
