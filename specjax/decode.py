@@ -561,8 +561,9 @@ def _arguments(
 def footprint(
   target_cfg, target_params, drafter, drafter_params, batch, num_slots, mesh_shape, rules=()
 ) -> placement.Footprint:
-  """Bytes one device holds: weights by their partition rules, the target's KV cache (and a
-  draft model's), rows over data and kv heads over tensor."""
+  """Bytes one device holds: weights by their partition rules, the target's KV cache and the
+  drafter's own (``drafter.cache_model``: a draft model's, EAGLE's layer's), rows over data
+  and kv heads over tensor."""
   parts = {
     "target weights": placement.bytes_per_device(target_params, llama.RULES, mesh_shape),
     "target KV cache": placement.cache_bytes(
@@ -571,10 +572,11 @@ def footprint(
   }
   if drafter_params is not None:
     parts["drafter weights"] = placement.bytes_per_device(drafter_params, rules, mesh_shape)
-  if isinstance(getattr(drafter, "cfg", None), ModelConfig):
+  cache_model = getattr(drafter, "cache_model", None)
+  if cache_model is not None:  # a draft model's cache, or EAGLE's layer's
     itemsize = np.dtype(llama.param_dtype(drafter_params)).itemsize
     parts["draft KV cache"] = placement.cache_bytes(
-      drafter.cfg, batch, num_slots, mesh_shape, itemsize
+      cache_model, batch, num_slots, mesh_shape, itemsize
     )
   return placement.footprint(parts, mesh_shape)
 

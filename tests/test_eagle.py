@@ -16,7 +16,7 @@ from ml_collections import config_dict
 
 from configs import train_tiny
 from specjax import build, metrics, sampling, testing
-from specjax.decode import generate
+from specjax.decode import footprint, generate
 from specjax.drafters import eagle
 from specjax.drafters.base import (
   DraftContext,
@@ -260,6 +260,14 @@ def test_auto_candidates_follow_each_runs_temperature(small_target):
     params, cfg, PROMPTS, drafter=made["eagle"](True)[0], drafter_params=dparams, **kw
   )
   assert out.tokens == want.tokens and out.metrics == want.metrics
+
+
+def test_footprint_counts_the_drafters_own_cache(small_target):
+  """EAGLE keeps one layer's KV cache beside the target's; the footprint counts it."""
+  cfg, params = small_target
+  drafter, dparams = testing.eagle_drafter(small_target, 2, 2, 3)
+  parts = footprint(cfg, params, drafter, dparams, 4, 64, {"data": 1, "fsdp": 1, "tensor": 1}).parts
+  assert parts["draft KV cache"] * cfg.num_layers == parts["target KV cache"]
 
 
 def _tiny_target(seed=0, dim=32):

@@ -110,6 +110,9 @@ class Drafter(Protocol):
 
   def check_context(self, max_len: int) -> None: ...
 
+  @property
+  def cache_model(self) -> ModelConfig | None: ...
+
   def draft_calls_per_step(self) -> int: ...
 
   def init(self, params: Any, prefill: Prefill) -> Any: ...
@@ -135,6 +138,12 @@ class Chain:
   def check_context(self, max_len: int) -> None:
     """Raises a ValueError if the drafter cannot work within ``max_len`` tokens per row."""
     del max_len
+
+  @property
+  def cache_model(self) -> ModelConfig | None:
+    """The decoder whose KV cache the drafter keeps beside the target's (one row per target
+    row, as many slots), or None: what ``decode.footprint`` counts."""
+    return None
 
   @staticmethod
   def config() -> ml_collections.ConfigDict:

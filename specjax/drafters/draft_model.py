@@ -56,6 +56,10 @@ class DraftModel(Chain):
     """On a decoding mesh the draft model is split like the target (placement.py)."""
     return llama.RULES
 
+  @property
+  def cache_model(self) -> ModelConfig:
+    return self.cfg
+
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()

@@ -311,6 +311,10 @@ class Eagle(Chain):
     return self.cfg.feature_layers
 
   @property
+  def cache_model(self) -> ModelConfig:
+    return self.cfg.layer
+
+  @property
   def partition_rules(self):
     """On a decoding mesh: the layer and embedding like the target's, the head by rows."""
     return (*llama.RULES, (r"(^|/)proj$", P("tensor", None)))
