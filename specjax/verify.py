@@ -7,7 +7,9 @@ token is drawn from ``p_K``. The emitted tokens are then distributed exactly as 
 
 Greedy decoding is the same rule on one-hot distributions (``sampling.probs`` at temperature
 0): a draft token survives iff it is the target's argmax, and the residual is the target's
-argmax. No separate greedy code path exists, so greedy and sampling cannot drift apart.
+argmax. The decode loop computes that outcome from the argmax alone at temperature 0
+(``greedy``: the longest path of argmax tokens, chosen with ``lax.cond``, so no V-wide softmax
+or residual is built); the tests check it against these verifiers on one-hot p.
 
 Trees (``rejection_sample_tree``) use recursive rejection sampling: walking down from the
 root, the children of the current node are tried in order; child x is accepted with
