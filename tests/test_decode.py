@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import decode, sampling, testing
+from specjax import decode, loop, sampling, testing
 from specjax.decode import generate
 from specjax.drafters import DraftModel, Lookahead, PromptLookup
 from specjax.models import tiny
@@ -87,7 +87,7 @@ def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
   drafter = DraftModel(dcfg, 2)
   common = dict(drafter=drafter, drafter_params=dparams, max_len=48)
   generate(params, cfg, [[1, 2], [3, 4, 5]], max_new_tokens=8, **common)
-  before = decode.TRACES["generate"]
+  before = loop.TRACES["generate"]
   generate(
     params,
     cfg,
@@ -101,7 +101,7 @@ def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
     **common,
   )
   generate(params, cfg, [[2], [5, 6]], max_new_tokens=8, temperature=1.3, seed=9, **common)
-  assert decode.TRACES["generate"] == before
+  assert loop.TRACES["generate"] == before
 
 
 @pytest.mark.slow
@@ -161,10 +161,10 @@ def _bad_calls(small_target, drafts):
 )  # fmt: skip
 def test_bad_input_raises_before_compiling(small_target, drafts, field):
   call = _bad_calls(small_target, drafts)[field]
-  before = decode.TRACES["generate"]
+  before = loop.TRACES["generate"]
   with pytest.raises(ValueError, match=field):
     call()
-  assert decode.TRACES["generate"] == before
+  assert loop.TRACES["generate"] == before
 
 
 def test_next_token_probs_is_what_generate_samples(small_target):
@@ -220,9 +220,9 @@ def test_pad_to_shares_one_program_across_prompt_lengths(small_target, ar_tokens
   cfg, params = small_target
   kw = dict(GEN, pad_to=20)
   first = generate(params, cfg, PROMPTS[:1], **kw)
-  before = decode.TRACES["generate"]
+  before = loop.TRACES["generate"]
   second = generate(params, cfg, PROMPTS[1:2], **kw)
-  assert decode.TRACES["generate"] == before
+  assert loop.TRACES["generate"] == before
   assert [first.tokens[0], second.tokens[0]] == ar_tokens[:2]
 
 

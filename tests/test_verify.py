@@ -68,12 +68,12 @@ def test_greedy_is_rejection_sampling_on_one_hot():
 
 
 def test_greedy_fast_path_equals_the_verifiers_at_temperature_0():
-  """Decoding at temperature 0 skips the V-wide distributions (``decode._greedy_verdict``):
+  """Decoding at temperature 0 skips the V-wide distributions (``loop._greedy_verdict``):
   its verdict (end, next token, overlap) equals the lossless verifier's and typical
   acceptance's on one-hot distributions, for chains (one-hot and soft q) and trees. Drafts
   hit the argmax often, so paths of every length occur."""
-  from specjax.decode import _greedy_verdict, _verdict
   from specjax.drafters.base import Draft
+  from specjax.loop import _greedy_verdict, _verdict
 
   sp = sampling.SamplingParams.create(0.0)
   b, n, v = 64, 4, 6

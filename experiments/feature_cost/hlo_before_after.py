@@ -22,17 +22,22 @@ from specjax import decode, sampling, verify
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import registry
 
+try:
+  from specjax import loop  # the decode loop's own module
+except ImportError:  # older checkouts: the loop lived in decode.py
+  loop = decode
+
 
 def cost(cfg, params, drafter, max_len):
-  st = decode._Static(cfg, drafter, max_len, verify.verify)
+  st = (getattr(loop, "Static", None) or loop._Static)(cfg, drafter, max_len, verify.verify)
   prompt, lengths = jnp.zeros((1, 128), jnp.int32), jnp.asarray([100], jnp.int32)
   sp, key = sampling.SamplingParams.create(0.0), jax.random.key(0)
   budget, stops = jnp.asarray([96], jnp.int32), decode._stop_ids(None)
-  if "limits" in inspect.signature(decode._generate).parameters:  # after the refit
-    args = (params, None, prompt, lengths, sp, decode.Limits(budget, stops), key)
+  if "limits" in inspect.signature(loop._generate).parameters:  # after the refit
+    args = (params, None, prompt, lengths, sp, loop.Limits(budget, stops), key)
   else:
     args = (params, None, prompt, lengths, budget, sp, stops, key)
-  compiled = decode._generate_jit.lower(*args, st=st).compile()
+  compiled = loop._generate_jit.lower(*args, st=st).compile()
   c = compiled.cost_analysis()
   c = c[0] if isinstance(c, list) else c
   ops = sum(" = " in line for line in compiled.as_text().splitlines())

@@ -6,7 +6,7 @@ A config's ``drafter`` section holds ``name`` (a key of ``REGISTRY``), the step 
 ``max_depth`` and ``max_nodes``, and one subsection per registered drafter with that drafter's
 own fields (``drafter.prompt_lookup.num_draft``, ``drafter.lookahead.window``, ...): see
 ``default_config``. Adding a drafter is one module with ``config``/``check``/``build`` (see
-``base.Chain``) and one line in ``REGISTRY``; decode.py never changes.
+``base.Chain``) and one line in ``REGISTRY``; the decode loop (loop.py) never changes.
 """
 
 import ml_collections

@@ -44,7 +44,7 @@ def write_rows(buf: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 0
   ``[B, G, T, Dh]`` (axis 1 of each row). One scatter with in-bounds indices promised: a
   vmapped ``dynamic_update_slice`` lowers to a bounds-checked scatter whose select kept XLA
   from updating a loop-carried cache in place (it copied every layer's cache every step).
-  Callers keep ``offsets[b] + T`` within the row (decode.py sizes buffers so it always is).
+  Callers keep ``offsets[b] + T`` within the row (loop.Static sizes buffers so it always is).
   """
   b, t = new.shape[0], new.shape[axis + 1]
   index = [jnp.arange(b).reshape((b,) + (1,) * (axis + 1))]

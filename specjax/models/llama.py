@@ -19,7 +19,7 @@ The prefix is read through a window of the cache: the smallest of a few static s
 two from 128 up to half the cache, then the whole cache) that holds every row's prefix, chosen
 per call with ``lax.switch``. A short prompt in a cache sized for 4096 tokens then attends over
 128 or 256 slots, not 4096, and the compiled code has one small attention branch per size.
-Because the forward never writes the cache, a ``lax.cond`` between two forwards (decode.py's
+Because the forward never writes the cache, a ``lax.cond`` between two forwards (loop.py's
 one-token step for abstaining drafters) passes the cache in read-only and XLA does not copy it.
 
 Parameters are described once in ``SCHEMA`` (shapes, random init, partition specs, GGUF and HF
