@@ -8,8 +8,10 @@ specjax ships none). The first 5 questions of each of its 13 categories, first t
 tokens, greedy, batch 1: each decoded with AR and with prompt lookup (K = 4) in one process, the
 outputs checked equal. Prints Spec-Bench's table (speedup per column, mean accepted tokens) and
 writes results/specbench/: specbench.json, specbench.md and the two answer files in
-model_answer/ (Spec-Bench's layout). About 20 min on a 2-core CPU; an interrupted run resumes
-at the next question. The whole benchmark as Spec-Bench runs it:
+model_answer/ (Spec-Bench's layout). Not timed whole here: 65 questions x 256 tokens per method
+at SmolLM2's ~25 AR tokens/s on a quiet 2-core CPU, plus a compile per method and prompt width,
+is about half an hour; an interrupted run resumes at the next question. The whole benchmark
+as Spec-Bench runs it:
 ``--config.specbench.per_category=None --config.specbench.turns=2 --config.max_new_tokens=1024
 --config.max_len=3072``.
 

@@ -3,6 +3,7 @@
 import json
 import statistics
 
+import numpy as np
 import pytest
 
 from configs import specbench as specbench_config
@@ -44,6 +45,17 @@ def config(tmp_path):
 
 def _answers(path):
   return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_specbench_samples_without_the_equality_check(config):
+  """At temperature > 0 the two methods draw their own samples: no equality check, and the
+  record says so. (First in the file: it compiles the first-turn programs the next test
+  reuses, temperature being traced; tests that monkeypatch drop the compiled programs.)"""
+  config.temperature = 1.0
+  config.specbench.categories = ("translation",)
+  record = specbench.run(config)
+  assert record["greedy_outputs_identical"] is None and record["questions"] == 2
+  assert all(m["model_id"].endswith("-temp-1.0") for m in record["methods"].values())
 
 
 def test_specbench_writes_answers_json_and_table_and_resumes(config, tmp_path, monkeypatch):
@@ -134,6 +146,15 @@ def test_specbench_writes_answers_json_and_table_and_resumes(config, tmp_path, m
   monkeypatch.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
   with pytest.raises(ValueError, match=r"specbench.resume: .*config.max_new_tokens"):
     specbench.run(c)
+
+
+def test_accept_lengths_number_the_forwards_and_sum_to_the_tokens():
+  """Prefill 1, then n + 1 per step that accepted n (grouped by n); a step cut short by the
+  budget trims the largest."""
+  counts = lambda hist, tokens: {"accept_hist": hist, "tokens": np.asarray([tokens])}  # noqa: E731
+  assert specbench.accept_lengths(counts([2, 0, 1], 6)) == [1, 1, 1, 3]
+  assert specbench.accept_lengths(counts([2, 0, 1], 4)) == [1, 1, 1, 1]
+  assert specbench.accept_lengths(counts([5], 6)) == [1] * 6  # AR
 
 
 def _spy(fn, calls):
