@@ -20,12 +20,12 @@ Writes under ``output_dir``: ``model_answer/<model_id>.jsonl`` per method in Spe
 answer layout (its ``evaluation/speed.py`` reads them unchanged), appended after every
 question: a rerun skips the questions both files hold (``specbench.resume``); then
 ``specbench.json`` (per category, per Spec-Bench column and overall: mean accepted tokens τ,
-tokens/s and speedup, computed from the answer files as speed.py computes them) and
-``specbench.md`` (the table in Spec-Bench's leaderboard layout). See docs/specbench.md.
+tokens/s and speedup, computed from the answer files as speed.py computes them:
+``specbench_report.py``) and ``specbench.md`` (the table in Spec-Bench's leaderboard layout).
+See docs/specbench.md.
 """
 
 import json
-import statistics
 import time
 import uuid
 from pathlib import Path
@@ -37,22 +37,10 @@ from tqdm.auto import tqdm
 from specjax import build, decode, results
 from specjax.decode import generate
 from specjax.models import source
-from specjax.tasks import sweep
+from specjax.tasks import specbench_report, sweep
 from specjax.tasks.benchmark import machine
+from specjax.tasks.specbench_report import AR
 
-# Spec-Bench's columns, in its leaderboard's order and words; speed.py groups MT-bench's eight
-# categories as one. A category outside Spec-Bench's is a column of its own, after these.
-MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
-            "humanities")  # fmt: skip
-COLUMNS = {
-  "mt_bench": ("Multi-turn Conversation", MT_BENCH),
-  "translation": ("Translation", ("translation",)),
-  "summarization": ("Summa-rization", ("summarization",)),
-  "qa": ("Question Answering", ("qa",)),
-  "math_reasoning": ("Mathematical Reasoning", ("math_reasoning",)),
-  "rag": ("Retrieval-aug. Generation", ("rag",)),
-}
-AR = "vanilla"  # Spec-Bench's name for the autoregressive answers
 FIELDS = ("question_id", "category", "turns")
 
 
@@ -300,9 +288,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
   if pending:
     _decode(config, pending, methods, files, len(questions))
   answers = {m: _read_answers(files[m]) for m in methods}
-  record |= summarize(questions, answers)
+  record |= specbench_report.summarize(questions, answers)
   record["greedy_outputs_identical"] = True if config.temperature == 0 else None
-  table = markdown(record, config)
+  table = specbench_report.markdown(record, config)
   print(table)
   results.write_text(out_dir / "specbench.md", table + "\n")
   print(f"wrote {results.write_json(record_path, record)} and {out_dir / 'specbench.md'}")
@@ -349,17 +337,12 @@ def _decode(config, pending: list[dict], methods: dict, files: dict, total: int)
   kw = {"max_new_tokens": config.max_new_tokens, "max_len": config.max_len,
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
         "seed": config.seed, "eos_id": stop, "mesh": mesh}  # fmt: skip
+  verifier = build.verifier(config)
   fns = {
     AR: lambda p: generate(tparams, target.cfg, p, **kw),
     config.drafter.name: lambda p: generate(
-      tparams,
-      target.cfg,
-      p,
-      drafter=drafter,
-      drafter_params=dparams,
-      verifier=build.verifier(config),
-      **kw,
-    ),  # fmt: skip
+      tparams, target.cfg, p, drafter=drafter, drafter_params=dparams, verifier=verifier, **kw
+    ),
   }
   encoder = Encoder(target, target.cfg.vocab_size)
   files[AR].parent.mkdir(parents=True, exist_ok=True)
@@ -386,79 +369,3 @@ def _check_equal(question: dict, ar: list, spec: list, name: str) -> None:
         f"question {question['question_id']}, turn {j + 1}: {name}'s greedy tokens differ from "
         f"AR's at new token {at} (lossless decoding must reproduce them): a bug, please report."
       )
-
-
-def _stats(lines: dict, ar_lines: dict) -> dict:
-  """What speed.py reports for one group of questions: mean accepted tokens over every step,
-  the mean over questions of tokens/s, its ratio to AR's."""
-  speeds = [sum(a["choices"][0]["new_tokens"]) / sum(a["choices"][0]["wall_time"])
-            for a in lines.values()]  # fmt: skip
-  ar = [sum(a["choices"][0]["new_tokens"]) / sum(a["choices"][0]["wall_time"])
-        for a in ar_lines.values()]  # fmt: skip
-  lengths = [n for a in lines.values() for n in a["choices"][0]["accept_lengths"]]
-  return {
-    "questions": len(lines),
-    "tokens": sum(lengths),
-    "tau": float(statistics.mean(lengths)),
-    "tokens_per_s": statistics.mean(speeds),
-    "speedup": statistics.mean(speeds) / statistics.mean(ar),
-  }
-
-
-def columns(categories) -> dict:
-  """Spec-Bench's columns the run's categories fill, then those outside Spec-Bench's, each
-  ``key -> (title, categories)``; ``overall`` last."""
-  out = {k: (title, tuple(c for c in cats if c in categories))
-         for k, (title, cats) in COLUMNS.items()}  # fmt: skip
-  out = {k: v for k, v in out.items() if v[1]}
-  known = {c for _, cats in COLUMNS.values() for c in cats}
-  out |= {c: (c, (c,)) for c in categories if c not in known}
-  return out | {"overall": ("Overall", tuple(categories))}
-
-
-def summarize(questions: list[dict], answers: dict) -> dict:
-  """Per category, per Spec-Bench column and overall, per method: ``_stats`` of the answer
-  lines of ``questions``."""
-  by_cat = {}
-  for q in questions:
-    by_cat.setdefault(q["category"], []).append(q["question_id"])
-  group = lambda m, cats: {i: answers[m][i] for c in cats for i in by_cat[c]}  # noqa: E731
-  stats = lambda cats: {m: _stats(group(m, cats), group(AR, cats)) for m in answers}  # noqa: E731
-  return {
-    "questions": len(questions),
-    "categories": {c: stats((c,)) for c in by_cat},
-    "columns": {k: {"title": t} | stats(cats) for k, (t, cats) in columns(by_cat).items()},
-  }
-
-
-def markdown(record: dict, config) -> str:
-  """Spec-Bench's leaderboard table (rows: methods; columns: its categories, mean accepted
-  tokens, overall speedup), then τ and tokens/s per column."""
-  cols = record["columns"]
-  keys = [k for k in cols if k != "overall"]
-  titles = [cols[k]["title"] for k in keys]
-  head = ["Method", *titles, "#Mean Accepted Tokens", "Overall"]
-  rows = []
-  for m in record["methods"]:
-    rows.append({"Method": "vanilla (AR)" if m == AR else m,
-                 **{cols[k]["title"]: f"{cols[k][m]['speedup']:.2f}x" for k in keys},
-                 "#Mean Accepted Tokens": f"{cols['overall'][m]['tau']:.2f}",
-                 "Overall": f"{cols['overall'][m]['speedup']:.2f}x"})  # fmt: skip
-  measures = (("τ", "tau", 2), ("tokens/s", "tokens_per_s", 1))
-  detail = [
-    {"Method": "vanilla (AR)" if m == AR else m, "measure": what,
-     **{cols[k]["title"]: f"{cols[k][m][key]:.{p}f}" for k in [*keys, "overall"]}}
-    for m in record["methods"] for what, key, p in measures
-  ]  # fmt: skip
-  turns = "first turns" if config.specbench.turns == 1 else "both turns"
-  about = (
-    f"Spec-Bench, {record['questions']} questions ({turns}), target "
-    f"{record['target']}, temperature "
-    f"{config.temperature:g}, max_new_tokens {config.max_new_tokens}, batch 1, "
-    f"{record['machine']['device']} ({record['machine']['platform']}). Speedup over AR:"
-  )
-  return "\n".join([
-    about, "", results.markdown_table(rows, head), "",
-    "Mean accepted tokens τ and tokens/s per column:", "",
-    results.markdown_table(detail, ["Method", "measure", *titles, "Overall"]),
-  ])  # fmt: skip
