@@ -215,3 +215,21 @@ def test_specbench_bad_input_fails_before_the_model_loads(config, tmp_path, monk
   monkeypatch.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
   with pytest.raises(ValueError, match=message):
     specbench.run(config)
+
+
+@pytest.mark.real_model
+def test_second_turn_is_asked_after_the_first_answer_in_the_chat_template():
+  """SmolLM2's template: the answer cut at its stop token and stripped, as Spec-Bench writes
+  it, stands as the assistant's message before the second question (the header alone)."""
+  from specjax.models import source
+
+  model = source.peek(source.config("smollm2-135m-instruct"))
+  tok, encoder = model.tokenizer, specbench.Encoder(model, model.cfg.vocab_size)
+  answer = tok.encode(" Paris. ") + [tok.eos_id] + tok.encode("more")
+  assert encoder.text(answer) == "Paris."
+  text = tok.decode(encoder.prompt(["Capital of France?", "And of Spain?"], [answer]))
+  assert text.startswith(tok.decode(encoder.prompt(["Capital of France?"], [])))
+  assert text.endswith(
+    "<|im_start|>assistant\nParis.<|im_end|>\n<|im_start|>user\nAnd of Spain?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+  )
