@@ -157,6 +157,14 @@ def test_accept_lengths_number_the_forwards_and_sum_to_the_tokens():
   assert specbench.accept_lengths(counts([5], 6)) == [1] * 6  # AR
 
 
+def test_greedy_answers_that_differ_from_ar_stop_the_run():
+  """The check every greedy question passes: the first differing turn and token, named."""
+  q = QUESTIONS[0]
+  specbench._check_equal(q, [[1, 2], [3]], [[1, 2], [3]], "lookup")
+  with pytest.raises(RuntimeError, match=r"question 81, turn 2: lookup's .* at new token 1 "):
+    specbench._check_equal(q, [[1, 2], [3, 4]], [[1, 2], [3, 5]], "lookup")
+
+
 def _spy(fn, calls):
   def wrapped(question, *a, **kw):
     calls.append(question["question_id"])
