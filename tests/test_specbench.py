@@ -12,11 +12,12 @@ from specjax import build
 from specjax.tasks import specbench
 
 # Six questions in Spec-Bench's layout: two MT-bench ones with two turns, two translation, two
-# summarization. Short turns: every first-turn prompt fits one padded width, every second-turn
-# prompt another, so the run compiles AR and the drafter at two widths only.
+# summarization. Short turns (a random model's prompt is its bytes): every prompt, second turns
+# included (4 + 8 answer tokens + 4), fits the narrowest padded width (16), so the tests compile
+# AR and the drafter once each.
 QUESTIONS = [
-  {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
-  {"question_id": 82, "category": "writing", "turns": ["Tell a joke.", "Another."]},
+  {"question_id": 81, "category": "writing", "turns": ["Poem", "More"]},
+  {"question_id": 82, "category": "writing", "turns": ["Joke", "Redo"]},
   {"question_id": 201, "category": "translation", "turns": ["Hallo Welt!"]},
   {"question_id": 202, "category": "translation", "turns": ["Guten Tag."]},
   {"question_id": 281, "category": "summarization", "turns": ["a b a b a b"]},
@@ -37,7 +38,7 @@ def config(tmp_path):
   c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
   c.drafter.draft_model.num_draft = 2
   c.update(task="specbench", output_dir=str(tmp_path / "out"), batch_size=1)
-  c.update(max_new_tokens=8, max_len=64)
+  c.update(max_new_tokens=8, max_len=24)
   c.specbench = specbench.default_config()
   c.specbench.question_file = _write(tmp_path / "question.jsonl", QUESTIONS)
   return c
@@ -200,7 +201,7 @@ def test_specbench_config_tiny_variant_passes_its_checks(config):
     ("category", r"specbench.categories has 'poetry', which .* lacks; its categories are"),
     ("per_category", r"specbench.per_category=0 must be an integer >= 1"),
     ("turns", r"specbench.turns=3 must be 1"),
-    ("max_len", r"question 81 \(writing\) is 13 prompt tokens .* raise config.max_len to at least"),
+    ("max_len", r"question 201 \(translation\) is 11 prompt tokens .*max_len to at least 19"),
   ],
 )
 def test_specbench_bad_input_fails_before_the_model_loads(config, tmp_path, monkeypatch, case,
@@ -219,7 +220,7 @@ def test_specbench_bad_input_fails_before_the_model_loads(config, tmp_path, monk
   elif case == "turns":
     s.turns = 3
   else:
-    config.max_len = 16
+    config.max_len = 18
   monkeypatch.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
   with pytest.raises(ValueError, match=message):
     specbench.run(config)
