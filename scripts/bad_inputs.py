@@ -1,6 +1,7 @@
 """Runs bad inputs through the CLI and writes what each gives: message, exit code, time.
 
     python scripts/bad_inputs.py > docs/bad-inputs.md
+    python scripts/bad_inputs.py specbench      # only the cases whose name contains a word
 
 Every case is a real ``python -m specjax.run`` process on this machine (the time includes
 Python and JAX start-up, about 3 s here); the message is the last line the process printed.
@@ -28,6 +29,11 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "sweep").mkdir()
   measured = ROOT / "experiments/eagle_smollm2/results/sweep_b1/sweep.json"
   (tmp / "sweep" / "sweep.json").write_text(measured.read_text())
+  bench = "--config=configs/specbench.py"
+  q = lambda i, cat, turn: f'{{"question_id": {i}, "category": "{cat}", "turns": ["{turn}"]}}\n'
+  (tmp / "question.jsonl").write_text(q(1, "qa", "Why?") + q(2, "rag", "Tell me. " * 200))
+  (tmp / "no_turns.jsonl").write_text(q(1, "qa", "Why?") + '{"question_id": 2, "category": "qa"}')
+  questions = f"--config.specbench.question_file={tmp}/question.jsonl"
   return [
     ("no --config", []),
     ("config file without get_config", [f"--config={tmp}/noget.py"]),
@@ -94,13 +100,22 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("sweep resumed over another config's sweep.json",
      ["--config=experiments/eagle_smollm2/config.py:sweep_b1", "--config.sweep.resume=True",
       "--config.max_new_tokens=32", f"--config.output_dir={tmp}/sweep"]),
+    ("specbench: no question file", [bench]),
+    ("specbench: question file missing", [bench, "--config.specbench.question_file=/no/q.jsonl"]),
+    ("specbench: a line without turns",
+     [bench, f"--config.specbench.question_file={tmp}/no_turns.jsonl"]),
+    ("specbench: unknown category", [bench, questions, "--config.specbench.categories=poetry"]),
+    ("specbench: per_category=0", [bench, questions, "--config.specbench.per_category=0"]),
+    ("specbench: question + max_new_tokens > max_len", [bench, questions, "--config.max_len=512"]),
   ]  # fmt: skip
 
 
 def main() -> None:
-  rows = []
+  rows, only = [], sys.argv[1] if len(sys.argv) > 1 else ""
   with tempfile.TemporaryDirectory() as d:
     for name, args in cases(Path(d)):
+      if only not in name:
+        continue
       t0 = time.perf_counter()
       proc = subprocess.run(
         [sys.executable, "-m", "specjax.run", *args], cwd=ROOT, capture_output=True, text=True,

@@ -86,7 +86,7 @@ def check(config: ml_collections.ConfigDict) -> None:
     results.check_writable(config[out], f"config.{out}")
 
 
-OWN_PROMPTS = ("self_distill",)  # tasks that cut their prompts from corpora, not config.prompts
+OWN_PROMPTS = ("self_distill", "specbench")  # tasks with prompts of their own, not config.prompts
 
 
 def check_request(config: ml_collections.ConfigDict) -> None:

@@ -33,6 +33,7 @@ TASKS = {
   "losslessness": "losslessness",
   "cost_model": "cost_model",
   "peers": "peers",
+  "specbench": "specbench",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

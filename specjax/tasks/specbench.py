@@ -1,0 +1,371 @@
+"""task=specbench: Spec-Bench's questions, autoregressive and with the drafter, per category.
+
+    python -m specjax.run --config=configs/specbench.py \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl
+
+Spec-Bench (github.com/hemingkx/Spec-Bench, ``data/spec_bench/question.jsonl``; nothing of it
+ships here) holds 480 questions in 13 categories: MT-bench's 80 (eight categories, two turns
+each) and 80 each of translation, summarization, qa, math_reasoning and rag. Each line has
+``question_id``, ``category`` and ``turns`` (a list of strings).
+
+Every question is decoded batch 1, in the target's chat template, once autoregressively and
+once with ``config.drafter``, in this process, one after the other: first turns only
+(``specbench.turns = 1``, the default) or every turn (``2``: the second is asked after the
+method's own first answer, as Spec-Bench does). ``specbench.categories`` and
+``specbench.per_category`` (the first N of each) take a subset. At temperature 0 every turn's
+tokens must equal AR's, or the run stops with an error. A call that compiled (a prompt width
+not seen before) is run again and only the second run is timed.
+
+Writes under ``output_dir``: ``model_answer/<model_id>.jsonl`` per method in Spec-Bench's own
+answer layout (its ``evaluation/speed.py`` reads them unchanged), appended after every
+question: a rerun skips the questions both files hold (``specbench.resume``); then
+``specbench.json`` (per category, per Spec-Bench column and overall: mean accepted tokens τ,
+tokens/s and speedup, computed from the answer files as speed.py computes them:
+``specbench_report.py``) and ``specbench.md`` (the table in Spec-Bench's leaderboard layout).
+See docs/specbench.md.
+"""
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import ml_collections
+from ml_collections import config_dict
+from tqdm.auto import tqdm
+
+from specjax import build, decode, results
+from specjax.decode import generate
+from specjax.models import source
+from specjax.tasks import specbench_report, sweep
+from specjax.tasks.benchmark import machine
+from specjax.tasks.specbench_report import AR
+
+FIELDS = ("question_id", "category", "turns")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The ``specbench`` config section's defaults."""
+  c = ml_collections.ConfigDict()
+  c.question_file = ""  # Spec-Bench's data/spec_bench/question.jsonl (hemingkx/Spec-Bench)
+  c.turns = 1  # 1: first turns only; 2: second turns too, after the method's own first answer
+  c.categories = ()  # categories to run; () = every category in the file
+  c.per_category = config_dict.placeholder(int)  # the first N of each category; None = all
+  c.resume = True  # skip the questions the answer files hold; False: start afresh
+  return c
+
+
+def read_questions(path: str) -> list[dict]:
+  """The questions of a Spec-Bench ``question.jsonl``, every line checked."""
+  field = "config.specbench.question_file"
+  if not path:
+    raise ValueError(
+      f"{field} is empty: point it at Spec-Bench's data/spec_bench/question.jsonl (from "
+      "github.com/hemingkx/Spec-Bench; specjax ships no questions)."
+    )
+  if not Path(path).is_file():
+    raise ValueError(
+      f"{field}={path!r} does not exist: download Spec-Bench's data/spec_bench/question.jsonl "
+      "(github.com/hemingkx/Spec-Bench) and give its path."
+    )
+  out, seen = [], set()
+  for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    if not line.strip():
+      continue
+    where = f"{field}={path!r}, line {i}"
+    try:
+      q = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where} is not JSON ({e.msg}): fix or remove the line.") from None
+    missing = [k for k in FIELDS if not isinstance(q, dict) or k not in q]
+    if missing:
+      raise ValueError(
+        f"{where} has no {', '.join(map(repr, missing))}: every line needs question_id, "
+        "category and turns (a list of strings), as Spec-Bench's question.jsonl has."
+      )
+    turns = q["turns"]
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)):
+      raise ValueError(f"{where}: 'turns' must be a non-empty list of non-empty strings.")
+    if q["question_id"] in seen:
+      raise ValueError(f"{where} repeats question_id {q['question_id']!r}: ids must be unique.")
+    seen.add(q["question_id"])
+    out.append(q)
+  if not out:
+    raise ValueError(f"{field}={path!r} holds no questions.")
+  return out
+
+
+def select(config: ml_collections.ConfigDict, questions: list[dict]) -> list[dict]:
+  """The questions ``specbench.categories`` and ``specbench.per_category`` ask for."""
+  s = config.specbench
+  known = list(dict.fromkeys(q["category"] for q in questions))
+  wanted = (s.categories,) if isinstance(s.categories, str) else tuple(s.categories)
+  unknown = [c for c in wanted if c not in known]
+  if unknown:
+    raise ValueError(
+      f"config.specbench.categories has {', '.join(map(repr, unknown))}, which "
+      f"{s.question_file} lacks; its categories are {', '.join(known)}."
+    )
+  n = s.per_category
+  if n is not None and not (isinstance(n, int) and n >= 1):
+    raise ValueError(
+      f"config.specbench.per_category={n!r} must be an integer >= 1 (the first N questions of "
+      "each category), or None for all of them."
+    )
+  out, taken = [], {}
+  for q in questions:
+    c = q["category"]
+    if (not wanted or c in wanted) and (n is None or taken.get(c, 0) < n):
+      taken[c] = taken.get(c, 0) + 1
+      out.append(q)
+  return out
+
+
+def check(config: ml_collections.ConfigDict) -> list[dict]:
+  """Every field checked and the questions read, before any model loads; returns the
+  questions to run."""
+  if "specbench" not in config:
+    raise ValueError(
+      "task=specbench needs a config.specbench section: c.specbench = "
+      "specjax.tasks.specbench.default_config() (see configs/specbench.py)."
+    )
+  s = config.specbench
+  if s.turns not in (1, 2):
+    raise ValueError(
+      f"config.specbench.turns={s.turns!r} must be 1 (first turns) or 2 (both turns)."
+    )
+  if config.batch_size != 1:
+    raise ValueError(
+      f"task=specbench decodes one question at a time, as Spec-Bench does: set "
+      f"config.batch_size = 1 (got {config.batch_size})."
+    )
+  if not (isinstance(config.max_new_tokens, int) and config.max_new_tokens >= 1):
+    raise ValueError(f"config.max_new_tokens must be >= 1, got {config.max_new_tokens!r}.")
+  questions = select(config, read_questions(s.question_file))
+  build.check(config)
+  encoder = Encoder(source.peek(config.target), build.header_config(config.target).vocab_size)
+  longest = max(questions, key=lambda q: len(encoder.prompt(q["turns"][:1], [])))
+  encoder.check_fits(longest, encoder.prompt(longest["turns"][:1], []), config)
+  return questions
+
+
+class Encoder:
+  """Turns of a conversation -> prompt ids: the target's chat template, or (a random model,
+  which has no tokenizer) each turn's UTF-8 bytes modulo the vocabulary, answers as ids."""
+
+  def __init__(self, model, vocab_size: int):
+    self.tokenizer = None if model is None else model.tokenizer
+    self.vocab_size = vocab_size
+
+  def prompt(self, turns: list[str], answers: list[list[int]]) -> list[int]:
+    """``turns`` asked so far, each after the previous one's answer (``answers``: new ids)."""
+    if self.tokenizer is None:
+      ids = []
+      for j, turn in enumerate(turns):
+        ids += [b % self.vocab_size for b in turn.encode("utf-8")]
+        ids += answers[j] if j < len(answers) else []
+      return ids
+    messages = []
+    for j, turn in enumerate(turns):
+      messages.append({"role": "user", "content": turn})
+      if j < len(answers):
+        messages.append({"role": "assistant", "content": self.text(answers[j])})
+    return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages))
+
+  def text(self, ids: list[int]) -> str:
+    """An answer as Spec-Bench writes it: cut at the first stop token, special tokens dropped,
+    stripped (a random model's: its ids)."""
+    if self.tokenizer is None:
+      return " ".join(map(str, ids))
+    stops = self.tokenizer.stop_ids
+    end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+    return self.tokenizer.decode(ids[:end], skip_special_tokens=True).strip()
+
+  @staticmethod
+  def check_fits(question: dict, prompt: list[int], config) -> None:
+    if len(prompt) + config.max_new_tokens > config.max_len:
+      raise ValueError(
+        f"question {question['question_id']} ({question['category']}) is {len(prompt)} prompt "
+        f"tokens + max_new_tokens {config.max_new_tokens} > max_len {config.max_len}: raise "
+        f"config.max_len to at least {len(prompt) + config.max_new_tokens} (or lower "
+        "config.max_new_tokens, or leave the question out)."
+      )
+
+
+def accept_lengths(counts: dict) -> list[int]:
+  """Tokens each target forward of a batch-1 run emitted, as Spec-Bench's ``accept_lengths``:
+  1 for the prefill, n + 1 for a step that accepted n draft tokens. The loop counts steps per
+  n (its histogram), so they come grouped by n, not in step order; the largest are trimmed
+  where a budget or stop token cut a step short. They number the target forwards and sum to
+  the tokens generated, so their mean is τ."""
+  out = [1] + [n + 1 for n, k in enumerate(counts["accept_hist"]) for _ in range(int(k))]
+  excess = sum(out) - int(counts["tokens"].sum())
+  for i in reversed(range(len(out))):
+    cut = min(excess, out[i] - 1)
+    out[i], excess = out[i] - cut, excess - cut
+  return out
+
+
+def _timed(fn, prompt: list[int]):
+  """``(fn's Generation for [prompt], seconds)``; a call that traced (compiled) is run again
+  and only the second run is timed, as Spec-Bench warms up before it times."""
+  for _ in range(2):
+    traces = decode.TRACES["generate"]
+    t0 = time.perf_counter()
+    out = fn([prompt])
+    seconds = time.perf_counter() - t0
+    if decode.TRACES["generate"] == traces:
+      break
+  return out, seconds
+
+
+def answer(question: dict, fn, encoder: Encoder, config, model_id: str) -> tuple[dict, list]:
+  """One method's answer to every turn asked of ``question``, as a Spec-Bench answer line,
+  and the new ids of each turn."""
+  turns = question["turns"][: config.specbench.turns]
+  ids, choice = [], {"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [],
+                     "wall_time": [], "accept_lengths": []}  # fmt: skip
+  for j in range(len(turns)):
+    prompt = encoder.prompt(turns[: j + 1], ids)
+    encoder.check_fits(question, prompt, config)
+    out, seconds = _timed(fn, prompt)
+    ids.append(out.tokens[0])
+    lengths = accept_lengths(out.counts)
+    choice["turns"].append(encoder.text(out.tokens[0]))
+    choice["decoding_steps"].append(len(lengths))
+    choice["new_tokens"].append(len(out.tokens[0]))
+    choice["wall_time"].append(seconds)
+    choice["accept_lengths"] += lengths
+  line = {"question_id": question["question_id"], "category": question["category"],
+          "answer_id": uuid.uuid4().hex, "model_id": model_id, "choices": [choice],
+          "tstamp": time.time()}  # fmt: skip
+  return line, ids
+
+
+def _read_answers(path: Path) -> dict:
+  """question_id -> answer line, of an answer file (none: empty); a last line cut short by a
+  kill is left out (its question is answered again)."""
+  if not path.is_file():
+    return {}
+  out = {}
+  lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+  for i, ln in enumerate(lines):
+    try:
+      a = json.loads(ln)
+    except json.JSONDecodeError:
+      if i == len(lines) - 1:
+        break
+      raise ValueError(f"{path}, line {i + 1} is not JSON: fix it or remove the file.") from None
+    out[a["question_id"]] = a
+  return out
+
+
+def _write_answers(path: Path, answers: list[dict]) -> None:
+  results.write_text(path, "".join(json.dumps(a) + "\n" for a in answers))
+
+
+def _append(path: Path, line: dict) -> None:
+  with path.open("a", encoding="utf-8") as f:
+    f.write(json.dumps(line) + "\n")
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  questions = check(config)
+  out_dir = Path(config.output_dir)
+  record_path = out_dir / "specbench.json"
+  name = build.header_config(config.target).name
+  methods = {
+    m: f"{name}-{m}-{build.dtype(config)}-temp-{float(config.temperature):.1f}"
+    for m in (AR, config.drafter.name)
+  }
+  files = {m: out_dir / "model_answer" / f"{model_id}.jsonl" for m, model_id in methods.items()}
+  done = _resumed(config, record_path, files, questions)
+  record = {"config": config.to_dict(), "machine": machine(), "target": name, "question_file":
+            config.specbench.question_file, "methods": {m: {"model_id": methods[m],
+            "answer_file": str(files[m])} for m in methods}}  # fmt: skip
+  results.write_json(record_path, record)  # the config the answer files are made with
+  pending = [q for q in questions if q["question_id"] not in done]
+  if pending:
+    _decode(config, pending, methods, files, len(questions))
+  answers = {m: _read_answers(files[m]) for m in methods}
+  record |= specbench_report.summarize(questions, answers)
+  record["greedy_outputs_identical"] = True if config.temperature == 0 else None
+  table = specbench_report.markdown(record, config)
+  print(table)
+  results.write_text(out_dir / "specbench.md", table + "\n")
+  print(f"wrote {results.write_json(record_path, record)} and {out_dir / 'specbench.md'}")
+  return record
+
+
+def _resumed(config, record_path: Path, files: dict, questions: list[dict]) -> set:
+  """The question ids every answer file holds already (``specbench.resume``); each file is
+  cut to those, so an answer written just before an interrupt is made again with its pair. An
+  earlier run of another config is an error, raised before any model loads."""
+  if not config.specbench.resume:
+    for f in files.values():
+      f.unlink(missing_ok=True)
+    return set()
+  answers = {m: _read_answers(f) for m, f in files.items()}
+  if not any(answers.values()):
+    return set()
+  differ = []
+  if record_path.is_file():
+    then = json.loads(record_path.read_text())
+    differ = sweep.differing_fields(then, config)
+    if then["config"].get("specbench", {}).get("turns") != config.specbench.turns:
+      differ.append("specbench.turns")
+  if differ or not record_path.is_file():
+    what = f"other config.{', config.'.join(differ)}" if differ else "no specbench.json beside"
+    raise ValueError(
+      f"config.specbench.resume: the answers in {files[AR].parent} were made with {what}: "
+      "set config.specbench.resume=False to start afresh (or config.output_dir elsewhere)."
+    )
+  both = set.intersection(*(set(a) for a in answers.values()))
+  for m, f in files.items():
+    _write_answers(f, [a for qid, a in answers[m].items() if qid in both])
+  return both & {q["question_id"] for q in questions}
+
+
+def _decode(config, pending: list[dict], methods: dict, files: dict, total: int) -> None:
+  """Decodes ``pending`` with AR and the drafter, appending each question's answers."""
+  target = build.target(config)
+  drafter, dparams = build.drafter(config, target)
+  mesh, tparams, dparams = build.placed(config, target, drafter, dparams)
+  stop = None
+  if target.tokenizer is not None and config.stop_at_eos:
+    stop = tuple(sorted(target.tokenizer.stop_ids))
+  kw = {"max_new_tokens": config.max_new_tokens, "max_len": config.max_len,
+        "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+        "seed": config.seed, "eos_id": stop, "mesh": mesh}  # fmt: skip
+  verifier = build.verifier(config)
+  fns = {
+    AR: lambda p: generate(tparams, target.cfg, p, **kw),
+    config.drafter.name: lambda p: generate(
+      tparams, target.cfg, p, drafter=drafter, drafter_params=dparams, verifier=verifier, **kw
+    ),
+  }
+  encoder = Encoder(target, target.cfg.vocab_size)
+  files[AR].parent.mkdir(parents=True, exist_ok=True)
+  bar = tqdm(pending, desc="specbench", unit="question", initial=total - len(pending), total=total)
+  steps = tokens = 0  # the drafter's, over this run's questions: the running τ
+  for q in bar:
+    lines, ids = {}, {}
+    for m, fn in fns.items():
+      lines[m], ids[m] = answer(q, fn, encoder, config, methods[m])
+    if config.temperature == 0:
+      _check_equal(q, ids[AR], ids[config.drafter.name], config.drafter.name)
+    for m in methods:
+      _append(files[m], lines[m])
+    lengths = lines[config.drafter.name]["choices"][0]["accept_lengths"]
+    steps, tokens = steps + len(lengths), tokens + sum(lengths)
+    bar.set_postfix(tau=f"{tokens / steps:.2f}", refresh=False)
+
+
+def _check_equal(question: dict, ar: list, spec: list, name: str) -> None:
+  for j, (a, s) in enumerate(zip(ar, spec, strict=True)):
+    if a != s:
+      at = next((i for i, (x, y) in enumerate(zip(a, s, strict=False)) if x != y), len(a))
+      raise RuntimeError(
+        f"question {question['question_id']}, turn {j + 1}: {name}'s greedy tokens differ from "
+        f"AR's at new token {at} (lossless decoding must reproduce them): a bug, please report."
+      )
