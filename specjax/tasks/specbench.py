@@ -34,7 +34,7 @@ import ml_collections
 from ml_collections import config_dict
 from tqdm.auto import tqdm
 
-from specjax import build, decode, results
+from specjax import build, loop, results
 from specjax.decode import generate
 from specjax.models import source
 from specjax.tasks import specbench_report, sweep
@@ -210,11 +210,11 @@ def _timed(fn, prompt: list[int]):
   """``(fn's Generation for [prompt], seconds)``; a call that traced (compiled) is run again
   and only the second run is timed, as Spec-Bench warms up before it times."""
   for _ in range(2):
-    traces = decode.TRACES["generate"]
+    traces = loop.TRACES["generate"]
     t0 = time.perf_counter()
     out = fn([prompt])
     seconds = time.perf_counter() - t0
-    if decode.TRACES["generate"] == traces:
+    if loop.TRACES["generate"] == traces:
       break
   return out, seconds
 
