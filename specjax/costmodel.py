@@ -28,7 +28,6 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +36,7 @@ import numpy as np
 from specjax import sampling, trees
 from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
 from specjax.drafters.base import DraftContext
+from specjax.drafters.curves import eagle_grid, lookup_curve, tau_curve
 from specjax.models import llama
 from specjax.models.config import ModelConfig
 
@@ -286,50 +286,6 @@ def measured(name: str, target_parts: dict, drafter_parts: dict, overhead: float
 # --- num_draft = "auto" -----------------------------------------------------------------------
 
 
-def _draft_fields(drafter_config: dict) -> dict:
-  """What identifies a draft model in a config: its source, truncation depth or model."""
-  c = drafter_config.get("draft_model", {})
-  fields = {"source": c.get("source")}
-  if c.get("source") == "truncate":
-    fields["num_layers"] = c.get("num_layers")
-  else:
-    m = c.get("model", {})
-    fields["model"] = {k: m.get(k) for k in ("source", "name", "path")}
-  return fields
-
-
-def _record_for(path, field: str, target_name: str) -> dict:
-  """A ``cost_model.json``; a clear error (naming ``field``) if another target was measured."""
-  import json
-
-  record = json.loads(Path(path).read_text())
-  if record.get("target") != target_name:
-    raise ValueError(
-      f"{field}={path!r} was measured for target {record.get('target')!r}, not "
-      f"{target_name!r}: run task=cost_model with this target."
-    )
-  return record
-
-
-def tau_curve(path, config, target_name: str) -> dict[int, float]:
-  """``{K: τ}`` for this config's draft model from a ``cost_model.json``; a clear error if the
-  file holds none for this target and draft model."""
-  field = "config.drafter.draft_model.auto_from"
-  record = _record_for(path, field, target_name)
-  base = record["config"]["drafter"]
-  want = _draft_fields(config.drafter.to_dict())
-  for row in record["rows"]:
-    merged = {**base, "draft_model": {**base.get("draft_model", {}),
-                                      **row["drafter"].get("draft_model", {})}}  # fmt: skip
-    is_draft = row["drafter"].get("name") == "draft_model" and row.get("tau_by_k")
-    if is_draft and _draft_fields(merged) == want:
-      return {int(k): v for k, v in row["tau_by_k"].items()}
-  raise ValueError(
-    f"{field}={path!r} has no tau_by_k for draft model {want}: run task=cost_model with a "
-    "draft_model variant of this draft."
-  )
-
-
 def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> Profile:
   """This machine's profile for ``drafter``: the target's forwards over ``sizes`` tokens and
   the drafter's own, timed here, and the per-step overhead (a short AR decode minus one
@@ -410,18 +366,6 @@ def lookup_grid(target, rows, k_max: int, max_ngram: int = 3) -> list[dict]:
   return out
 
 
-def lookup_curve(path, target_name: str) -> list[dict]:
-  """The ``lookup_grid`` of a ``cost_model.json``; a clear error if it has none for this
-  target."""
-  field = "config.drafter.prompt_lookup.auto_from"
-  record = _record_for(path, field, target_name)
-  if not record.get("lookup_grid"):
-    raise ValueError(
-      f"{field}={path!r} has no lookup_grid: run task=cost_model with a prompt_lookup variant."
-    )
-  return record["lookup_grid"]
-
-
 def auto_lookup(config, target, drafter, repeats: int = 5):
   """Prompt lookup with the (K, min_ngram) whose predicted speedup is best on this machine:
   τ and abstentions from the offline replay in the ``auto_from`` file, step costs timed here.
@@ -451,21 +395,6 @@ def auto_lookup(config, target, drafter, repeats: int = 5):
 
 
 # --- EAGLE-2: the tree budget for the machine ---------------------------------------------------
-
-
-def eagle_grid(path, target_name: str, drafter_path: str) -> list[dict]:
-  """The ``eagle_grid`` rows of a ``cost_model.json`` for the drafter saved at
-  ``drafter_path``; a clear error if it has none for this target and drafter."""
-  field = "config.drafter.eagle.auto_from"
-  record = _record_for(path, field, target_name)
-  same = lambda p: Path(p).resolve() == Path(drafter_path).resolve()  # noqa: E731
-  grid = [g for g in record.get("eagle_grid") or [] if same(g["path"])]
-  if not grid:
-    raise ValueError(
-      f"{field}={path!r} has no eagle_grid for the drafter {str(drafter_path)!r}: run "
-      "task=cost_model with an eagle variant of this drafter."
-    )
-  return grid
 
 
 def eagle_profiles(target_s, overhead, drafter, dparams, target_cfg, budgets, context, repeats):

@@ -22,6 +22,7 @@ from flax import struct
 from ml_collections import config_dict
 
 from specjax import sampling
+from specjax.drafters import curves
 from specjax.drafters.base import (
   Chain,
   Draft,
@@ -74,9 +75,7 @@ class DraftModel(Chain):
   def check(cls, c, config):
     if c.num_draft == "auto":
       name = check_auto_from(c, FIELD, "with this draft model (it holds tau for every K)", config)
-      from specjax import costmodel  # (it prices draft models: imported here, not at the top)
-
-      costmodel.tau_curve(c.auto_from, config, name)  # its curve is for this target and draft
+      curves.tau_curve(c.auto_from, config, name)  # its curve is for this target and draft
     else:
       try:
         check_num_draft(c.num_draft, f"{FIELD}.num_draft", low=1)

@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import config_dict
 
 from specjax import sampling
-from specjax.drafters import artifact, prompt_lookup
+from specjax.drafters import artifact, curves, prompt_lookup
 from specjax.drafters.base import (
   Chain,
   Draft,
@@ -388,9 +388,7 @@ class Eagle(Chain):
       name = check_auto_from(c, FIELD, holds, config, knob="total")
       if not c.path:
         raise ValueError(f"{FIELD}.total='auto' picks a budget for a trained drafter: set path.")
-      from specjax import costmodel  # (it prices every drafter: imported here, not at the top)
-
-      costmodel.eagle_grid(c.auto_from, name, c.path)
+      curves.eagle_grid(c.auto_from, name, c.path)
     elif isinstance(c.total, str):
       raise ValueError(
         f"{FIELD}.total={c.total!r}: an integer number of nodes, or 'auto' (with auto_from) to "

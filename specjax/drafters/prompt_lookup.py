@@ -32,6 +32,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from specjax import trees
+from specjax.drafters import curves
 from specjax.drafters.base import (
   Draft,
   DraftContext,
@@ -85,9 +86,7 @@ class PromptLookup(Stateless):
         raise ValueError(
           f"{FIELD}.num_draft='auto' prices abstaining steps as AR steps: set abstain = True."
         )
-      from specjax import costmodel  # (it prices every drafter: imported here, not at the top)
-
-      grid = costmodel.lookup_curve(c.auto_from, name)
+      grid = curves.lookup_curve(c.auto_from, name)
       replayed = max(g["min_ngram"] for g in grid)  # the grid's min_ngram runs 1..max_ngram
       if c.max_ngram != replayed:
         raise ValueError(
