@@ -1,6 +1,8 @@
 """Runs bad inputs through the CLI and writes what each gives: message, exit code, time.
 
     python scripts/bad_inputs.py > docs/bad-inputs.md
+    python scripts/bad_inputs.py "top_k" "max_len"   # only the cases whose name has one
+
 
 Every case is a real ``python -m specjax.run`` process on this machine (the time includes
 Python and JAX start-up, about 3 s here); the message is the last line the process printed.
@@ -94,13 +96,20 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("sweep resumed over another config's sweep.json",
      ["--config=experiments/eagle_smollm2/config.py:sweep_b1", "--config.sweep.resume=True",
       "--config.max_new_tokens=32", f"--config.output_dir={tmp}/sweep"]),
+    ("int field given 1.5", [tiny, "--config.top_k=1.5"]),
+    ("int field given text", [tiny, "--config.max_new_tokens=abc"]),
+    ("dict field given ()", ["--config=experiments/cost_model/config.py",
+                             "--config.sweep.variants=()"]),
   ]  # fmt: skip
 
 
 def main() -> None:
   rows = []
   with tempfile.TemporaryDirectory() as d:
+    only = sys.argv[1:]
     for name, args in cases(Path(d)):
+      if only and not any(o in name for o in only):
+        continue
       t0 = time.perf_counter()
       proc = subprocess.run(
         [sys.executable, "-m", "specjax.run", *args], cwd=ROOT, capture_output=True, text=True,

@@ -93,6 +93,34 @@ def _override_error(argv: list[str], config, e: Exception) -> str:
   return f"error: bad --config override: {e}"
 
 
+def _type_name(value) -> str:
+  if hasattr(value, "keys"):
+    return "a dict (a config section)"
+  kind = type(value).__name__
+  return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _value_error(argv: list[str], config, e: Exception) -> str:
+  """The ``--config.a.b=v`` whose value does not parse as the field's type: one line naming the
+  field, its type and the value given."""
+  for a in argv:
+    if not a.startswith("--config.") or "=" not in a:
+      continue
+    name, value = a[len("--config.") :].split("=", 1)
+    if not str(e).startswith(f"flag --config.{name}={value}:"):
+      continue
+    node = config
+    for k in name.split("."):
+      node = node[k]
+    why = str(e).split(": ", 1)[1].split("\n")[0]
+    now = "" if hasattr(node, "keys") else f" (the config file gives {node!r:.40})"
+    return (
+      f"error: --config.{name}={value}: config.{name} is {_type_name(node)}{now}; {value!r} is "
+      f"not one ({why})."
+    )
+  return f"error: bad --config override: {e}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """Parses flags; a config file that fails to build is reported as the file's error, and a
   misspelt ``--config.key`` as one line naming the key and the fix."""
@@ -104,6 +132,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
     sys.exit(_override_error(argv, config, e))
+  except flags.IllegalFlagValueError as e:
+    sys.exit(_value_error(argv, config, e))
 
 
 def exit_on_interrupt() -> None:

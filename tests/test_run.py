@@ -472,3 +472,40 @@ def test_experiment_configs_pass_their_checks(name, arg):
         train.plan(c)
     else:
       train.plan(c)
+
+
+def _parse_in_process(monkeypatch, *args) -> str:
+  """``run.parse_flags`` as the CLI calls it (it reads sys.argv), in this process: the error
+  line it exits with. The override flags it defines are removed again, so the next call can
+  define them afresh."""
+  from absl import flags
+
+  from specjax import run
+
+  argv = ["specjax.run", *args]
+  monkeypatch.setattr(sys, "argv", argv)
+  try:
+    with pytest.raises(SystemExit) as e:
+      run.parse_flags(argv)
+  finally:
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+      delattr(flags.FLAGS, name)
+  return str(e.value.code)
+
+
+def test_cli_value_of_the_wrong_type_names_field_type_and_value(monkeypatch):
+  """An override whose value does not parse as the field's type is one line naming the field,
+  its type and the value given (it was two chained absl tracebacks)."""
+  cases = [
+    (("--config=configs/tiny.py", "--config.top_k=1.5"),
+     "--config.top_k=1.5: config.top_k is an int (the config file gives 0); '1.5' is not one"),
+    (("--config=configs/tiny.py", "--config.max_new_tokens=abc"),
+     "config.max_new_tokens is an int (the config file gives 64); 'abc' is not one"),
+    (("--config=configs/tiny.py", "--config.temperature=hot"),
+     "config.temperature is a float (the config file gives 0.0); 'hot' is not one"),
+    (("--config=experiments/cost_model/config.py", "--config.sweep.variants=()"),
+     "config.sweep.variants is a dict (a config section); '()' is not one"),
+  ]  # fmt: skip
+  for args, message in cases:
+    line = _parse_in_process(monkeypatch, *args)
+    assert line.startswith("error: ") and message in line and "\n" not in line, (args, line)
