@@ -100,6 +100,14 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("int field given text", [tiny, "--config.max_new_tokens=abc"]),
     ("dict field given ()", ["--config=experiments/cost_model/config.py",
                              "--config.sweep.variants=()"]),
+    ("max_new_tokens=0", [tiny, "--config.max_new_tokens=0"]),
+    ("max_len smaller than the prompt", [tiny, "--config.max_len=10"]),
+    ("max_len=0", [tiny, "--config.max_len=0"]),
+    ("an empty prompt row", [tiny, "--config.prompts=((1, 2), ())"]),
+    ("a prompt id outside the vocabulary", [tiny, "--config.prompts=((1, 512),)"]),
+    ("a negative prompt id", [tiny, "--config.prompts=((-1, 2),)"]),
+    ("sweep category without prompts", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
+                                        "--config.sweep.categories.code=()"]),
   ]  # fmt: skip
 
 

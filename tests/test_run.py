@@ -260,6 +260,14 @@ def test_cli_names_the_config_file_or_the_field_at_fault(tmp_path, request):
     ({"task": "benchmark", "output_dir": "FILE"}, "is a file, not a directory"),
     ({"task": "benchmark", "output_dir": "/proc/specjax-out"}, "is not writable"),
     ({"task": "train", "workdir": "FILE"}, "config.workdir="),
+    # Checked with the rest of the config, not after compiling (a random target included).
+    ({"max_new_tokens": 0}, r"config.max_new_tokens must be an integer >= 1 .*got 0"),
+    ({"max_new_tokens": -3}, r"config.max_new_tokens must be an integer >= 1 .*got -3"),
+    ({"max_len": 0}, r"config.max_len must be an integer >= 1 .*got 0"),
+    ({"max_len": 8}, r"> max_len 8: raise max_len .*\(config.max_len, config.max_new_tokens"),
+    ({"prompts": ((1, 2), ())}, r"config.prompts\[1\] is empty"),
+    ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),
+    ({"prompts": ((2, -1),)}, r"config.prompts\[0\] has token ids outside .* -1 at position 1"),
   ],
 )
 def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override, message):
@@ -273,6 +281,15 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
     (c[section] if section else c)[field] = value
   with pytest.raises(ValueError, match=message):
     build.check(c)
+
+
+def test_sweep_category_without_prompts_is_named(small_config):
+  c = small_config
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.categories = {"code": ((1, 2, 3),), "chat": ()}
+  c.sweep.variants = {"lookup": {"name": "prompt_lookup"}}
+  with pytest.raises(ValueError, match=r"config.sweep.categories\['chat'\] has no prompts"):
+    sweep.check(c)
 
 
 @pytest.mark.multiprocess
