@@ -28,6 +28,19 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   tiny, demo = "--config=configs/tiny.py", "--config=configs/demo.py"
   eagle = [demo, "--config.drafter.name=eagle"]
   (tmp / "sweep").mkdir()
+  drafters = {"eagle": ROOT / "experiments/eagle_smollm2/drafter",
+              "medusa": ROOT / "experiments/medusa_smollm2/heads"}  # fmt: skip
+  damages = {"flipped": lambda d: d[:-1] + bytes([d[-1] ^ 1]), "truncated": lambda d: d[:-1000],
+             "header": lambda d: d[:10] + bytes([d[10] ^ 0xFF]) + d[11:]}  # fmt: skip
+  for kind, src in drafters.items():
+    for what, damage in damages.items():
+      (tmp / f"{kind}_{what}").mkdir()
+      for f in src.iterdir():
+        data = f.read_bytes()
+        (tmp / f"{kind}_{what}" / f.name).write_bytes(
+          damage(data) if f.suffix == ".safetensors" else data
+        )
+  medusa = [demo, "--config.drafter.name=medusa"]
   measured = ROOT / "experiments/eagle_smollm2/results/sweep_b1/sweep.json"
   (tmp / "sweep" / "sweep.json").write_text(measured.read_text())
   return [
@@ -108,6 +121,25 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("a negative prompt id", [tiny, "--config.prompts=((-1, 2),)"]),
     ("sweep category without prompts", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
                                         "--config.sweep.categories.code=()"]),
+    ("EAGLE drafter with one flipped data byte",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_flipped"]),
+    ("Medusa heads with one flipped data byte",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/medusa_flipped"]),
+    ("truncated EAGLE drafter file",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_truncated"]),
+    ("truncated Medusa heads file",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/medusa_truncated"]),
+    ("EAGLE drafter file with a damaged header",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_header"]),
+    ("Medusa heads given as the EAGLE drafter",
+     [*eagle, "--config.drafter.eagle.path=experiments/medusa_smollm2/heads"]),
+    ("EAGLE drafter given as Medusa heads",
+     [*medusa, "--config.drafter.medusa.path=experiments/eagle_smollm2/drafter"]),
+    ("medusa.num_heads=0", [*medusa, "--config.drafter.medusa.path=",
+                            "--config.drafter.medusa.num_heads=0"]),
+    ("Medusa heads for another target",
+     [*medusa, "--config.drafter.medusa.path=experiments/medusa_smollm2/heads",
+      "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
   ]  # fmt: skip
 
 
