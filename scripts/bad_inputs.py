@@ -4,7 +4,8 @@
     python scripts/bad_inputs.py "top_k" "max_len"   # only the cases whose name has one
 
 
-Every case is a real ``python -m specjax.run`` process on this machine (the time includes
+Every case is a real ``python -m specjax.run`` process (or the module a case names first, such
+as ``specjax.report``) on this machine (the time includes
 Python and JAX start-up, about 3 s here); the message is the last line the process printed.
 """
 
@@ -28,6 +29,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   tiny, demo = "--config=configs/tiny.py", "--config=configs/demo.py"
   eagle = [demo, "--config.drafter.name=eagle"]
   (tmp / "sweep").mkdir()
+  (tmp / "empty").mkdir()
   drafters = {"eagle": ROOT / "experiments/eagle_smollm2/drafter",
               "medusa": ROOT / "experiments/medusa_smollm2/heads"}  # fmt: skip
   damages = {"flipped": lambda d: d[:-1] + bytes([d[-1] ^ 1]), "truncated": lambda d: d[:-1000],
@@ -140,6 +142,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("Medusa heads for another target",
      [*medusa, "--config.drafter.medusa.path=experiments/medusa_smollm2/heads",
       "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
+    ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
+    ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
+    ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
   ]  # fmt: skip
 
 
@@ -150,9 +155,12 @@ def main() -> None:
     for name, args in cases(Path(d)):
       if only and not any(o in name for o in only):
         continue
+      module = "specjax.run"
+      if args and args[0].startswith("specjax."):
+        module, args = args[0], args[1:]
       t0 = time.perf_counter()
       proc = subprocess.run(
-        [sys.executable, "-m", "specjax.run", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
         env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600,
       )  # fmt: skip
       dt = time.perf_counter() - t0

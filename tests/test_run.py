@@ -428,6 +428,18 @@ def test_report_fills_the_readme_block_from_json(tmp_path):
   text = (folder / "README.md").read_text()
   assert "| a | b |" in text and "| 1 | 0.5 |" in text and "old" not in text
   assert text.startswith("# exp") and text.endswith("end\n")
+  # A folder that is missing, empty or a file: one error line (as the CLI prints it).
+  (tmp_path / "empty").mkdir()
+  cases = {
+    tmp_path / "nowhere": "nowhere does not exist: pass an experiment folder",
+    tmp_path / "empty": "empty has no config.py: pass an experiment folder",
+    folder / "README.md": "README.md is a file: pass its experiment folder",
+  }
+  for path, message in cases.items():
+    with pytest.raises(SystemExit) as e:
+      report.main([str(path)])
+    line = str(e.value.code)
+    assert line.startswith("error: ") and message in line and "\n" not in line, line
 
 
 EXPERIMENT_VARIANTS = {
