@@ -166,10 +166,15 @@ def main(argv):
   config = _CONFIG.value
   if config.task not in TASKS:
     sys.exit(f"error: config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}.")
-  task = importlib.import_module(f"specjax.tasks.{TASKS[config.task]}")
+  run_task(importlib.import_module(f"specjax.tasks.{TASKS[config.task]}"), config)
+
+
+def run_task(task, config) -> None:
+  """``task.run(config)``; bad input (ValueError), or training that turned non-finite
+  (FloatingPointError), ends the process with one line naming the cause and the fix."""
   try:
     task.run(config)
-  except ValueError as e:  # bad input: one line naming the field and the fix
+  except (ValueError, FloatingPointError) as e:
     if os.environ.get("SPECJAX_TRACEBACK"):
       raise
     sys.exit(f"error: {e}\n(SPECJAX_TRACEBACK=1 shows where it was raised)")

@@ -538,3 +538,23 @@ def test_cli_value_of_the_wrong_type_names_field_type_and_value(monkeypatch):
   for args, message in cases:
     line = _parse_in_process(monkeypatch, *args)
     assert line.startswith("error: ") and message in line and "\n" not in line, (args, line)
+
+
+def test_task_errors_are_one_line(monkeypatch):
+  """Bad input (ValueError) and training that turned non-finite (FloatingPointError) end the
+  CLI with one error line; SPECJAX_TRACEBACK=1 re-raises."""
+  from specjax import run
+
+  monkeypatch.delenv("SPECJAX_TRACEBACK", raising=False)
+  for error in (ValueError("config.x is bad"), FloatingPointError("training stopped: loss = nan")):
+
+    def fail(config, error=error):
+      raise error
+
+    with pytest.raises(SystemExit) as e:
+      run.run_task(types.SimpleNamespace(run=fail), None)
+    assert str(e.value.code).splitlines()[0] == f"error: {error}"
+    monkeypatch.setenv("SPECJAX_TRACEBACK", "1")
+    with pytest.raises(type(error)):
+      run.run_task(types.SimpleNamespace(run=fail), None)
+    monkeypatch.delenv("SPECJAX_TRACEBACK")

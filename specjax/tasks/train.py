@@ -155,6 +155,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
+  with loop.workdir_lock(Path(config.workdir) if config.workdir else None):
+    pass  # another run on this workdir is refused now, not after the set-up; train holds it
 
   t0 = time.perf_counter()
   target = source.load(config.target)
