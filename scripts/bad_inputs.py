@@ -30,6 +30,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   eagle = [demo, "--config.drafter.name=eagle"]
   (tmp / "sweep").mkdir()
   (tmp / "empty").mkdir()
+  (tmp / "garbage.json").write_text("{not json")
+  (tmp / "other.json").write_text('{"rows": []}')
   drafters = {"eagle": ROOT / "experiments/eagle_smollm2/drafter",
               "medusa": ROOT / "experiments/medusa_smollm2/heads"}  # fmt: skip
   damages = {"flipped": lambda d: d[:-1] + bytes([d[-1] ^ 1]), "truncated": lambda d: d[:-1000],
@@ -145,6 +147,10 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("training diverges (optim.learning_rate=1e12)",
      ["--config=configs/train_tiny.py", "--config.optim.learning_rate=1e12",
       f"--config.workdir={tmp}/diverged"]),
+    ("auto_from that is not JSON",
+     [demo, f"--config.drafter.prompt_lookup.auto_from={tmp}/garbage.json"]),
+    ("auto_from JSON that is not a cost model",
+     [demo, f"--config.drafter.prompt_lookup.auto_from={tmp}/other.json"]),
     ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),

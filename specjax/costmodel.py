@@ -36,7 +36,7 @@ import numpy as np
 
 from specjax import sampling, trees
 from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
-from specjax.drafters.base import DraftContext
+from specjax.drafters.base import DraftContext, read_cost_model
 from specjax.models import llama
 from specjax.models.config import ModelConfig
 
@@ -300,9 +300,7 @@ def _draft_fields(drafter_config: dict) -> dict:
 
 def _record_for(path, field: str, target_name: str) -> dict:
   """A ``cost_model.json``; a clear error (naming ``field``) if another target was measured."""
-  import json
-
-  record = json.loads(Path(path).read_text())
+  record = read_cost_model(path, field)
   if record.get("target") != target_name:
     raise ValueError(
       f"{field}={path!r} was measured for target {record.get('target')!r}, not "

@@ -558,3 +558,22 @@ def test_task_errors_are_one_line(monkeypatch):
     with pytest.raises(type(error)):
       run.run_task(types.SimpleNamespace(run=fail), None)
     monkeypatch.delenv("SPECJAX_TRACEBACK")
+
+
+def test_auto_from_that_is_not_a_cost_model_is_named(small_config, tmp_path):
+  """``auto_from`` holding garbage, or JSON that is not a cost_model.json: one error naming
+  the field and the file, at the config check."""
+  (tmp_path / "garbage.json").write_text("{not json")
+  (tmp_path / "other.json").write_text('{"rows": []}')
+  for name, knob in (("prompt_lookup", "num_draft"), ("draft_model", "num_draft")):
+    for file, message in (
+      ("garbage.json", r"garbage.json' is not valid JSON \(Expecting property name"),
+      ("other.json", r"other.json' is not a cost_model.json \(it has no config, target\)"),
+    ):
+      c = small_config.copy_and_resolve_references()
+      c.drafter.name = name
+      del c.drafter[name][knob]  # an int field: "auto" replaces it (the CLI's type is the file's)
+      c.drafter[name][knob] = "auto"
+      c.drafter[name].auto_from = str(tmp_path / file)
+      with pytest.raises(ValueError, match=rf"config.drafter.{name}.auto_from='.*{message}"):
+        build.check(c)

@@ -32,6 +32,7 @@ drafter and its params once the target is loaded. ``specjax.drafters`` keeps the
 """
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -230,8 +231,28 @@ def check_auto_from(c, field: str, holds: str, config, knob: str = "num_draft") 
     )
   if not Path(c.auto_from).is_file():
     raise ValueError(f"{field}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+  read_cost_model(c.auto_from, f"{field}.auto_from")
   target = source.peek(config.target)
   return target.cfg.name if target is not None else config.target.get("name", "")
+
+
+COST_MODEL_KEYS = ("config", "target", "rows")  # what every cost_model.json holds
+
+
+def read_cost_model(path, field: str) -> dict:
+  """The record of a ``cost_model.json``; a file that is not JSON, or JSON that is not a
+  cost_model.json, is one error naming ``field`` and the file."""
+  fix = "point it at the cost_model.json that task=cost_model writes"
+  try:
+    record = json.loads(Path(path).read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{field}={str(path)!r} is not valid JSON ({e}): {fix}.") from None
+  missing = [k for k in COST_MODEL_KEYS if not isinstance(record, dict) or k not in record]
+  if missing:
+    raise ValueError(
+      f"{field}={str(path)!r} is not a cost_model.json (it has no {', '.join(missing)}): {fix}."
+    )
+  return record
 
 
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
