@@ -9,6 +9,7 @@ see models/source.py); the drafter from ``config.drafter`` by name through the r
 """
 
 import dataclasses
+import sys
 from typing import Any
 
 import jax
@@ -99,6 +100,7 @@ def check_request(config: ml_collections.ConfigDict) -> None:
     stated = {k: v for k, v in dataclasses.asdict(mesh_config(config)).items() if v != -1}
     placement.check_model(stated, cfg)
     placement.check_batch(stated, config.batch_size)
+  note_top_k(config.get("top_k", 0), cfg.vocab_size)
   m = mesh(config)
   shape = {"data": 1, "fsdp": 1, "tensor": 1} if m is None else dict(m.shape)
   placement.check_batch(shape, config.batch_size)
@@ -122,6 +124,20 @@ def check_request(config: ml_collections.ConfigDict) -> None:
     placement.check_fits(fp, config.get("device_memory_gib", 0.0))
   except ValueError as e:
     raise ValueError(f"{e} (config.max_len, config.batch_size, config.mesh)") from None
+
+
+_NOTED: set = set()
+
+
+def note_top_k(top_k: int, vocab_size: int) -> None:
+  """A ``top_k`` above the vocabulary is harmless (sampling clips it) but says so, once."""
+  if top_k > vocab_size and (top_k, vocab_size) not in _NOTED:
+    _NOTED.add((top_k, vocab_size))
+    print(
+      f"note: config.top_k={top_k} is more than the target's vocabulary ({vocab_size} tokens): "
+      f"it is clipped to {vocab_size}, which keeps every token (as top_k=0 does).",
+      file=sys.stderr,
+    )
 
 
 def check_lengths(config: ml_collections.ConfigDict) -> None:

@@ -577,3 +577,12 @@ def test_auto_from_that_is_not_a_cost_model_is_named(small_config, tmp_path):
       c.drafter[name].auto_from = str(tmp_path / file)
       with pytest.raises(ValueError, match=rf"config.drafter.{name}.auto_from='.*{message}"):
         build.check(c)
+
+
+def test_top_k_above_the_vocabulary_is_noted_as_clipped(small_config, capsys):
+  small_config.top_k = 100  # the vocabulary has 64 tokens
+  build.check(small_config)
+  build.check(small_config)  # said once
+  err = capsys.readouterr().err
+  assert err.count("note: config.top_k=100 is more than the target's vocabulary (64 tokens): it "
+                   "is clipped to 64") == 1  # fmt: skip
