@@ -503,10 +503,10 @@ def test_experiment_configs_pass_their_checks(name, arg):
       train.plan(c)
 
 
-def _parse_in_process(monkeypatch, *args) -> str:
+def _parse_in_process(monkeypatch, *args, fails=True):
   """``run.parse_flags`` as the CLI calls it (it reads sys.argv), in this process: the error
-  line it exits with. The override flags it defines are removed again, so the next call can
-  define them afresh."""
+  line it exits with (or, with ``fails=False``, the config). The override flags it defines are
+  removed again, so the next call can define them afresh."""
   from absl import flags
 
   from specjax import run
@@ -514,6 +514,9 @@ def _parse_in_process(monkeypatch, *args) -> str:
   argv = ["specjax.run", *args]
   monkeypatch.setattr(sys, "argv", argv)
   try:
+    if not fails:
+      run.parse_flags(argv)
+      return run._CONFIG.value
     with pytest.raises(SystemExit) as e:
       run.parse_flags(argv)
   finally:
@@ -586,3 +589,16 @@ def test_top_k_above_the_vocabulary_is_noted_as_clipped(small_config, capsys):
   err = capsys.readouterr().err
   assert err.count("note: config.top_k=100 is more than the target's vocabulary (64 tokens): it "
                    "is clipped to 64") == 1  # fmt: skip
+
+
+def test_demo_output_is_named_after_the_drafter(monkeypatch):
+  """The README's demo commands with another drafter.name each keep their own benchmark.json."""
+  for name in ("eagle", "medusa"):
+    c = _parse_in_process(monkeypatch, "--config=configs/demo.py", f"--config.drafter.name={name}",
+                          fails=False)  # fmt: skip
+    assert c.output_dir == f"results/demo/{name}"
+  c = _parse_in_process(monkeypatch, "--config=configs/demo.py", fails=False)
+  assert c.output_dir == "results/demo/prompt_lookup"
+  c = _parse_in_process(monkeypatch, "--config=configs/demo.py", "--config.output_dir=/tmp/x",
+                        "--config.drafter.name=eagle", fails=False)  # fmt: skip
+  assert c.output_dir == "/tmp/x" and c.drafter.name == "eagle"
