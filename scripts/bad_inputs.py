@@ -31,6 +31,11 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "sweep").mkdir()
   (tmp / "empty").mkdir()
   (tmp / "garbage.json").write_text("{not json")
+  (tmp / "shards512").mkdir()  # the manifest of shards self-distilled by a vocabulary-512 target
+  (tmp / "shards512" / "manifest.json").write_text(
+    '{"format": 1, "model": "tiny-target", "shards": [], "target": {"name": "tiny-target", '
+    '"vocab_size": 512, "tokenizer_fingerprint": null}}'
+  )
   (tmp / "other.json").write_text('{"rows": []}')
   drafters = {"eagle": ROOT / "experiments/eagle_smollm2/drafter",
               "medusa": ROOT / "experiments/medusa_smollm2/heads"}  # fmt: skip
@@ -151,6 +156,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      [demo, f"--config.drafter.prompt_lookup.auto_from={tmp}/garbage.json"]),
     ("auto_from JSON that is not a cost model",
      [demo, f"--config.drafter.prompt_lookup.auto_from={tmp}/other.json"]),
+    ("training on shards of another target",
+     ["--config=configs/train_tiny.py", f"--config.data.sources=('{tmp}/shards512',)",
+      f"--config.workdir={tmp}/train"]),
     ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
