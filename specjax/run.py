@@ -8,6 +8,7 @@ once with status 130.
 import difflib
 import importlib
 import importlib.util
+import logging
 import os
 import signal
 import sys
@@ -160,9 +161,17 @@ def exit_on_interrupt() -> None:
   threading.Thread(target=watch, daemon=True, name="specjax-interrupt").start()
 
 
+def quiet_backend_probe() -> None:
+  """JAX logs at INFO every backend it tried and could not start ("Unable to initialize backend
+  'tpu'"), which absl's handler prints at the top of every run on a CPU or GPU machine; its
+  warnings still show."""
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
 def main(argv):
   del argv
   exit_on_interrupt()
+  quiet_backend_probe()
   config = _CONFIG.value
   if config.task not in TASKS:
     sys.exit(f"error: config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}.")

@@ -602,3 +602,14 @@ def test_demo_output_is_named_after_the_drafter(monkeypatch):
   c = _parse_in_process(monkeypatch, "--config=configs/demo.py", "--config.output_dir=/tmp/x",
                         "--config.drafter.name=eagle", fails=False)  # fmt: skip
   assert c.output_dir == "/tmp/x" and c.drafter.name == "eagle"
+
+
+def test_the_backend_probe_is_not_printed():
+  """No "Unable to initialize backend 'tpu'" line at the top of every run; warnings still show."""
+  import logging
+
+  from specjax import run
+
+  run.quiet_backend_probe()
+  probe = logging.getLogger("jax._src.xla_bridge")
+  assert not probe.isEnabledFor(logging.INFO) and probe.isEnabledFor(logging.WARNING)
