@@ -10,6 +10,8 @@ Python and JAX start-up, about 3 s here); the message is the last line the proce
 """
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "sweep").mkdir()
   (tmp / "empty").mkdir()
   (tmp / "garbage.json").write_text("{not json")
+  with socket.socket() as sock:  # a free port for a coordinator whose peer never comes
+    sock.bind(("127.0.0.1", 0))
+    peer = f"127.0.0.1:{sock.getsockname()[1]}"
   (tmp / "shards512").mkdir()  # the manifest of shards self-distilled by a vocabulary-512 target
   (tmp / "shards512" / "manifest.json").write_text(
     '{"format": 1, "model": "tiny-target", "shards": [], "target": {"name": "tiny-target", '
@@ -159,6 +164,10 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("training on shards of another target",
      ["--config=configs/train_tiny.py", f"--config.data.sources=('{tmp}/shards512',)",
       f"--config.workdir={tmp}/train"]),
+    ("two-process run whose peer never starts",
+     ["--config=configs/train_tiny.py", "--config.distributed.num_processes=2",
+      "--config.distributed.process_id=0", f"--config.distributed.coordinator_address={peer}",
+      "--config.distributed.initialization_timeout_s=5", f"--config.workdir={tmp}/peer"]),
     ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
@@ -183,7 +192,7 @@ def main() -> None:
       dt = time.perf_counter() - t0
       lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
       msg = (lines or [(proc.stderr.strip().splitlines() or ["(nothing)"])[-1]])[-1]
-      msg = msg.replace(d, "TMP").replace("|", "\\|")
+      msg = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", msg.replace(d, "TMP")).replace("|", "\\|")
       rows.append(f"| {name} | `{msg}` | {proc.returncode} | {dt:.1f} s |")
       print(f"{name}: rc {proc.returncode}, {dt:.1f} s", file=sys.stderr)
   print("| input | message | exit | time |\n|---|---|---|---|")
