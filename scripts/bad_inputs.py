@@ -182,7 +182,7 @@ Measured by hand (a second process, or not an error; each is also a test):
 | input | what it gives | exit | time |
 |---|---|---|---|
 | train workdir held by another run | `error: config.workdir='TMP/run' is in use by another training run (pid 25267): wait for it, stop it, or give this run another workdir.` (before the target loads) | 1 | 6.3 s |
-| a resumed training run | `resumed from step 3 of 6 (the newest checkpoint in TMP/run/checkpoints; resume=False, or another workdir, starts afresh)` | 0 | (a whole run) |
+| a resumed training run (train.steps=3, then 6) | `resumed from step 3 of 6 (the newest checkpoint in TMP/run/checkpoints; resume=False, or another workdir, starts afresh)` (before the first step) | 0 | 33.7 s (the whole run) |
 | top_k above the vocabulary | `note: config.top_k=1000 is more than the target's vocabulary (512 tokens): it is clipped to 512, which keeps every token (as top_k=0 does).` (at the config check; the run goes on) | 0 | 55.3 s (the whole run) |
 | the README's demo commands with another drafter.name | each writes `results/demo/<drafter.name>/benchmark.json` and prints `wrote results/demo/eagle/benchmark.json` (all wrote `results/demo/benchmark.json` before) | 0 | (a whole run) |
 | any run on a machine without a TPU | no `Unable to initialize backend 'tpu'` line first (JAX's INFO line for each backend it could not start; its warnings still show) | - | - |
