@@ -212,7 +212,7 @@ class DistributedConfig:
         raise ValueError(f"distributed.{field} must be >= 1 s, got {getattr(self, field)}.")
 
 
-def initialize(cfg: DistributedConfig, exit=os._exit) -> None:
+def initialize(cfg: DistributedConfig, on_timeout=os._exit) -> None:
   """Joins the run with ``jax.distributed.initialize``; a no-op for a single process.
 
   Call before anything touches a device. Cross-process collectives between CPU devices need
@@ -225,7 +225,7 @@ def initialize(cfg: DistributedConfig, exit=os._exit) -> None:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   joined = threading.Event()
   threading.Thread(
-    target=_watch_join, args=(cfg, joined, exit), daemon=True, name="specjax-join"
+    target=_watch_join, args=(cfg, joined, on_timeout), daemon=True, name="specjax-join"
   ).start()
   try:
     jax.distributed.initialize(
@@ -244,7 +244,7 @@ def initialize(cfg: DistributedConfig, exit=os._exit) -> None:
 JOIN_MARGIN_S = 30
 
 
-def _watch_join(cfg: DistributedConfig, joined: threading.Event, exit) -> None:
+def _watch_join(cfg: DistributedConfig, joined: threading.Event, on_timeout) -> None:
   """Ends the process with one error line (exit 1) if the run is not joined within
   ``initialization_timeout_s``: a peer that never started, or another coordinator address."""
   if joined.wait(cfg.initialization_timeout_s):
@@ -258,4 +258,4 @@ def _watch_join(cfg: DistributedConfig, joined: threading.Event, exit) -> None:
     "coordinator_address and num_processes, or raise the timeout.\n"
   )
   sys.stderr.flush()
-  exit(1)
+  on_timeout(1)

@@ -126,7 +126,7 @@ def test_a_peer_that_never_joins_ends_the_process_with_one_line(monkeypatch, cap
   monkeypatch.setattr(jax.distributed, "initialize", blocked_join)
   monkeypatch.setattr(jax.config, "update", lambda *a: None)
   cfg = parallel.DistributedConfig("127.0.0.1:1", 2, 1, initialization_timeout_s=1)
-  parallel.initialize(cfg, exit=lambda code: (codes.append(code), exited.set()))
+  parallel.initialize(cfg, on_timeout=lambda code: (codes.append(code), exited.set()))
   assert codes == [1]
   err = capsys.readouterr().err
   assert err.startswith("error: process 1 of 2 waited 1 s (config.distributed.initialization")
