@@ -107,6 +107,7 @@ def check_request(config: ml_collections.ConfigDict) -> None:
   placement.check_model(shape, cfg)
   if "max_new_tokens" in config and config.get("task") not in OWN_PROMPTS:
     check_lengths(config)
+  if "max_new_tokens" in config and "prompts" in config and config.get("task") not in OWN_PROMPTS:
     # A random target has no tokenizer: its prompts are token ids (or seeded random ones).
     req = request(config, model or Model(cfg=cfg, params=None, tokenizer=None))
     budgets = [req.max_new_tokens] * len(req.prompts)
