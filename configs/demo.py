@@ -4,8 +4,9 @@
 
 Generates with prompt lookup (n-gram drafts from the prompt and the text so far: no draft
 model) and with plain autoregression on the same prompts in one process; prints the text, τ,
-α per draft position and the speedup, and writes results/demo/benchmark.json. Greedy outputs
-are identical in both modes (the run checks it).
+α per draft position and the speedup, and writes results/demo/prompt_lookup/benchmark.json
+(``results/demo/<drafter.name>/``: another drafter's run keeps its own). Greedy outputs are
+identical in both modes (the run checks it).
 
 Prompt lookup's ``num_draft = "auto"`` picks the draft length K and ``min_ngram`` (how many
 tokens must match before it guesses; otherwise the step is an AR step) for the machine it runs
@@ -30,6 +31,9 @@ LOOKUP_GRID = (
 def get_config():
   """The main job: the demo with prompt lookup tuned for this machine."""
   c = base()
+  # results/demo/<drafter.name>/benchmark.json: the README's EAGLE, Medusa and prompt-lookup
+  # runs each keep their own record (a reference: --config.drafter.name=... moves it too).
+  c.output_dir = "results/demo/" + c.drafter.get_ref("name")
   c.drafter.prompt_lookup.num_draft = "auto"  # K and min_ngram for this machine
   c.drafter.prompt_lookup.auto_from = str(LOOKUP_GRID)
   return c

@@ -1,13 +1,17 @@
 """Runs bad inputs through the CLI and writes what each gives: message, exit code, time.
 
     python scripts/bad_inputs.py > docs/bad-inputs.md
-    python scripts/bad_inputs.py specbench      # only the cases whose name contains a word
+    python scripts/bad_inputs.py "top_k" "max_len"   # only the cases whose name has one
 
-Every case is a real ``python -m specjax.run`` process on this machine (the time includes
+
+Every case is a real ``python -m specjax.run`` process (or the module a case names first, such
+as ``specjax.report``) on this machine (the time includes
 Python and JAX start-up, about 3 s here); the message is the last line the process printed.
 """
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +31,30 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   tiny, demo = "--config=configs/tiny.py", "--config=configs/demo.py"
   eagle = [demo, "--config.drafter.name=eagle"]
   (tmp / "sweep").mkdir()
+  (tmp / "empty").mkdir()
+  (tmp / "garbage.json").write_text("{not json")
+  with socket.socket() as sock:  # a free port for a coordinator whose peer never comes
+    sock.bind(("127.0.0.1", 0))
+    peer = f"127.0.0.1:{sock.getsockname()[1]}"
+  (tmp / "shards512").mkdir()  # the manifest of shards self-distilled by a vocabulary-512 target
+  (tmp / "shards512" / "manifest.json").write_text(
+    '{"format": 1, "model": "tiny-target", "shards": [], "target": {"name": "tiny-target", '
+    '"vocab_size": 512, "tokenizer_fingerprint": null}}'
+  )
+  (tmp / "other.json").write_text('{"rows": []}')
+  drafters = {"eagle": ROOT / "experiments/eagle_smollm2/drafter",
+              "medusa": ROOT / "experiments/medusa_smollm2/heads"}  # fmt: skip
+  damages = {"flipped": lambda d: d[:-1] + bytes([d[-1] ^ 1]), "truncated": lambda d: d[:-1000],
+             "header": lambda d: d[:10] + bytes([d[10] ^ 0xFF]) + d[11:]}  # fmt: skip
+  for kind, src in drafters.items():
+    for what, damage in damages.items():
+      (tmp / f"{kind}_{what}").mkdir()
+      for f in src.iterdir():
+        data = f.read_bytes()
+        (tmp / f"{kind}_{what}" / f.name).write_bytes(
+          damage(data) if f.suffix == ".safetensors" else data
+        )
+  medusa = [demo, "--config.drafter.name=medusa"]
   measured = ROOT / "experiments/eagle_smollm2/results/sweep_b1/sweep.json"
   (tmp / "sweep" / "sweep.json").write_text(measured.read_text())
   bench = "--config=configs/specbench.py"
@@ -107,28 +135,97 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("specbench: unknown category", [bench, questions, "--config.specbench.categories=poetry"]),
     ("specbench: per_category=0", [bench, questions, "--config.specbench.per_category=0"]),
     ("specbench: question + max_new_tokens > max_len", [bench, questions, "--config.max_len=512"]),
+    ("int field given 1.5", [tiny, "--config.top_k=1.5"]),
+    ("int field given text", [tiny, "--config.max_new_tokens=abc"]),
+    ("dict field given ()", ["--config=experiments/cost_model/config.py",
+                             "--config.sweep.variants=()"]),
+    ("max_new_tokens=0", [tiny, "--config.max_new_tokens=0"]),
+    ("max_len smaller than the prompt", [tiny, "--config.max_len=10"]),
+    ("max_len=0", [tiny, "--config.max_len=0"]),
+    ("an empty prompt row", [tiny, "--config.prompts=((1, 2), ())"]),
+    ("a prompt id outside the vocabulary", [tiny, "--config.prompts=((1, 512),)"]),
+    ("a negative prompt id", [tiny, "--config.prompts=((-1, 2),)"]),
+    ("sweep category without prompts", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
+                                        "--config.sweep.categories.code=()"]),
+    ("EAGLE drafter with one flipped data byte",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_flipped"]),
+    ("Medusa heads with one flipped data byte",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/medusa_flipped"]),
+    ("truncated EAGLE drafter file",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_truncated"]),
+    ("truncated Medusa heads file",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/medusa_truncated"]),
+    ("EAGLE drafter file with a damaged header",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_header"]),
+    ("Medusa heads given as the EAGLE drafter",
+     [*eagle, "--config.drafter.eagle.path=experiments/medusa_smollm2/heads"]),
+    ("EAGLE drafter given as Medusa heads",
+     [*medusa, "--config.drafter.medusa.path=experiments/eagle_smollm2/drafter"]),
+    ("medusa.num_heads=0", [*medusa, "--config.drafter.medusa.path=",
+                            "--config.drafter.medusa.num_heads=0"]),
+    ("Medusa heads for another target",
+     [*medusa, "--config.drafter.medusa.path=experiments/medusa_smollm2/heads",
+      "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
+    ("training diverges (optim.learning_rate=1e12)",
+     ["--config=configs/train_tiny.py", "--config.optim.learning_rate=1e12",
+      f"--config.workdir={tmp}/diverged"]),
+    ("auto_from that is not JSON",
+     [demo, f"--config.drafter.prompt_lookup.auto_from={tmp}/garbage.json"]),
+    ("auto_from JSON that is not a cost model",
+     [demo, f"--config.drafter.prompt_lookup.auto_from={tmp}/other.json"]),
+    ("training on shards of another target",
+     ["--config=configs/train_tiny.py", f"--config.data.sources=('{tmp}/shards512',)",
+      f"--config.workdir={tmp}/train"]),
+    ("two-process run whose peer never starts",
+     ["--config=configs/train_tiny.py", "--config.distributed.num_processes=2",
+      "--config.distributed.process_id=0", f"--config.distributed.coordinator_address={peer}",
+      "--config.distributed.initialization_timeout_s=5", f"--config.workdir={tmp}/peer"]),
+    ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
+    ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
+    ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
   ]  # fmt: skip
 
 
+# Cases the harness cannot run alone (a second process holding the lock), or that are not
+# errors: measured by hand, printed after the table so the page regenerates whole.
+BY_HAND = """
+Measured by hand (a second process, or not an error; each is also a test):
+
+| input | what it gives | exit | time |
+|---|---|---|---|
+| train workdir held by another run | `error: config.workdir='TMP/run' is in use by another training run (pid 25267): wait for it, stop it, or give this run another workdir.` (before the target loads) | 1 | 6.3 s |
+| a resumed training run (train.steps=3, then 6) | `resumed from step 3 of 6 (the newest checkpoint in TMP/run/checkpoints; resume=False, or another workdir, starts afresh)` (before the first step) | 0 | 33.7 s (the whole run) |
+| top_k above the vocabulary | `note: config.top_k=1000 is more than the target's vocabulary (512 tokens): it is clipped to 512, which keeps every token (as top_k=0 does).` (at the config check; the run goes on) | 0 | 55.3 s (the whole run) |
+| the README's demo commands with another drafter.name | each writes `results/demo/<drafter.name>/benchmark.json` and prints `wrote results/demo/eagle/benchmark.json` (all wrote `results/demo/benchmark.json` before) | 0 | (a whole run) |
+| any run on a machine without a TPU | no `Unable to initialize backend 'tpu'` line first (JAX's INFO line for each backend it could not start; its warnings still show) | - | - |
+"""  # noqa: E501
+
+
 def main() -> None:
-  rows, only = [], sys.argv[1] if len(sys.argv) > 1 else ""
+  rows = []
+  only = sys.argv[1:]
   with tempfile.TemporaryDirectory() as d:
     for name, args in cases(Path(d)):
-      if only not in name:
+      if only and not any(o in name for o in only):
         continue
+      module = "specjax.run"
+      if args and args[0].startswith("specjax."):
+        module, args = args[0], args[1:]
       t0 = time.perf_counter()
       proc = subprocess.run(
-        [sys.executable, "-m", "specjax.run", *args], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
         env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600,
       )  # fmt: skip
       dt = time.perf_counter() - t0
       lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
       msg = (lines or [(proc.stderr.strip().splitlines() or ["(nothing)"])[-1]])[-1]
-      msg = msg.replace(d, "TMP").replace("|", "\\|")
+      msg = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", msg.replace(d, "TMP")).replace("|", "\\|")
       rows.append(f"| {name} | `{msg}` | {proc.returncode} | {dt:.1f} s |")
       print(f"{name}: rc {proc.returncode}, {dt:.1f} s", file=sys.stderr)
   print("| input | message | exit | time |\n|---|---|---|---|")
   print("\n".join(rows))
+  if not only:
+    print(BY_HAND, end="")
 
 
 if __name__ == "__main__":

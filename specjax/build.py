@@ -9,6 +9,7 @@ see models/source.py); the drafter from ``config.drafter`` by name through the r
 """
 
 import dataclasses
+import sys
 from typing import Any
 
 import jax
@@ -99,16 +100,22 @@ def check_request(config: ml_collections.ConfigDict) -> None:
     stated = {k: v for k, v in dataclasses.asdict(mesh_config(config)).items() if v != -1}
     placement.check_model(stated, cfg)
     placement.check_batch(stated, config.batch_size)
+  note_top_k(config.get("top_k", 0), cfg.vocab_size)
   m = mesh(config)
   shape = {"data": 1, "fsdp": 1, "tensor": 1} if m is None else dict(m.shape)
   placement.check_batch(shape, config.batch_size)
   placement.check_model(shape, cfg)
-  if model is not None and config.get("task") not in OWN_PROMPTS:
-    req = request(config, model)
+  if "max_new_tokens" in config and config.get("task") not in OWN_PROMPTS:
+    check_lengths(config)
+  if "max_new_tokens" in config and "prompts" in config and config.get("task") not in OWN_PROMPTS:
+    # A random target has no tokenizer: its prompts are token ids (or seeded random ones).
+    req = request(config, model or Model(cfg=cfg, params=None, tokenizer=None))
     budgets = [req.max_new_tokens] * len(req.prompts)
     try:
-      decode.check_prompts(req.prompts, budgets, req.max_len, model.cfg.vocab_size)
+      decode.check_prompts(req.prompts, budgets, req.max_len, cfg.vocab_size)
     except ValueError as e:
+      if str(e).startswith("prompts["):  # the row's own fault: name its field
+        raise ValueError(f"config.{e}") from None
       raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
   kind = dtype(config)
   weights = jax.eval_shape(lambda: llama.init_params(cfg, jax.random.key(0), dtype=kind))
@@ -118,6 +125,29 @@ def check_request(config: ml_collections.ConfigDict) -> None:
     placement.check_fits(fp, config.get("device_memory_gib", 0.0))
   except ValueError as e:
     raise ValueError(f"{e} (config.max_len, config.batch_size, config.mesh)") from None
+
+
+_NOTED: set = set()
+
+
+def note_top_k(top_k: int, vocab_size: int) -> None:
+  """A ``top_k`` above the vocabulary is harmless (sampling clips it) but says so, once."""
+  if top_k > vocab_size and (top_k, vocab_size) not in _NOTED:
+    _NOTED.add((top_k, vocab_size))
+    print(
+      f"note: config.top_k={top_k} is more than the target's vocabulary ({vocab_size} tokens): "
+      f"it is clipped to {vocab_size}, which keeps every token (as top_k=0 does).",
+      file=sys.stderr,
+    )
+
+
+def check_lengths(config: ml_collections.ConfigDict) -> None:
+  """``max_new_tokens`` and ``max_len``, which fix the compiled shapes, are positive integers."""
+  for name, what in (("max_new_tokens", "new tokens per row"), ("max_len", "prompt + new "
+                     "tokens per row, the KV cache's slots")):  # fmt: skip
+    v = config[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"config.{name} must be an integer >= 1 ({what}), got {v!r}.")
 
 
 def header_config(c: ml_collections.ConfigDict):

@@ -231,7 +231,11 @@ def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int
         "text with the model's tokenizer first (or pass prompts as text to a task config)."
       )
     if min(prompt) < 0 or max(prompt) >= vocab_size:
-      raise ValueError(f"prompts[{r}] has token ids outside [0, {vocab_size}).")
+      bad = next(x for x in prompt if not 0 <= x < vocab_size)
+      raise ValueError(
+        f"prompts[{r}] has token ids outside [0, {vocab_size}) (the target's vocabulary), e.g. "
+        f"{bad} at position {list(prompt).index(bad)}."
+      )
 
 
 def _is_int(x) -> bool:

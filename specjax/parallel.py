@@ -19,7 +19,10 @@ one global ``jax.Array`` with ``jax.make_array_from_process_local_data``.
 """
 
 import dataclasses
+import os
 import re
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -209,20 +212,50 @@ class DistributedConfig:
         raise ValueError(f"distributed.{field} must be >= 1 s, got {getattr(self, field)}.")
 
 
-def initialize(cfg: DistributedConfig) -> None:
+def initialize(cfg: DistributedConfig, on_timeout=os._exit) -> None:
   """Joins the run with ``jax.distributed.initialize``; a no-op for a single process.
 
   Call before anything touches a device. Cross-process collectives between CPU devices need
-  gloo (the setting only concerns CPU devices, so it is harmless on accelerators).
+  gloo (the setting only concerns CPU devices, so it is harmless on accelerators). A run not
+  joined within ``initialization_timeout_s`` ends this process with one error line naming the
+  peer that never came (``_watch_join``), not JAX's native abort.
   """
   if cfg.num_processes == 1:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(
-    coordinator_address=cfg.coordinator_address,
-    num_processes=cfg.num_processes,
-    process_id=cfg.process_id,
-    initialization_timeout=cfg.initialization_timeout_s,
-    heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
-    shutdown_timeout_seconds=cfg.heartbeat_timeout_s,
+  joined = threading.Event()
+  threading.Thread(
+    target=_watch_join, args=(cfg, joined, on_timeout), daemon=True, name="specjax-join"
+  ).start()
+  try:
+    jax.distributed.initialize(
+      coordinator_address=cfg.coordinator_address,
+      num_processes=cfg.num_processes,
+      process_id=cfg.process_id,
+      # JAX's own deadline aborts the process natively (exit 134): the watch ends it first.
+      initialization_timeout=cfg.initialization_timeout_s + JOIN_MARGIN_S,
+      heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
+      shutdown_timeout_seconds=cfg.heartbeat_timeout_s,
+    )
+  finally:
+    joined.set()
+
+
+JOIN_MARGIN_S = 30
+
+
+def _watch_join(cfg: DistributedConfig, joined: threading.Event, on_timeout) -> None:
+  """Ends the process with one error line (exit 1) if the run is not joined within
+  ``initialization_timeout_s``: a peer that never started, or another coordinator address."""
+  if joined.wait(cfg.initialization_timeout_s):
+    return
+  n, me = cfg.num_processes, cfg.process_id
+  missing = f"process {1 - me}" if n == 2 else f"at least one of the other {n - 1} processes"
+  sys.stderr.write(
+    f"error: process {me} of {n} waited {cfg.initialization_timeout_s} s "
+    f"(config.distributed.initialization_timeout_s) at {cfg.coordinator_address} and "
+    f"{missing} never joined: start every process (process_id 0..{n - 1}) with the same "
+    "coordinator_address and num_processes, or raise the timeout.\n"
   )
+  sys.stderr.flush()
+  on_timeout(1)

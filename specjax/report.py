@@ -19,6 +19,10 @@ BEGIN, END = "<!-- results -->", "<!-- /results -->"
 
 def render(experiment: str | Path) -> Path:
   folder = Path(experiment)
+  if not folder.exists():
+    raise ValueError(f"{folder} does not exist: pass an experiment folder (experiments/NAME).")
+  if not folder.is_dir():
+    raise ValueError(f"{folder} is a file: pass its experiment folder (experiments/NAME).")
   spec = importlib.util.spec_from_file_location(f"_experiment_{folder.name}", folder / "config.py")
   if spec is None or not (folder / "config.py").is_file():
     raise ValueError(f"{folder} has no config.py: pass an experiment folder (experiments/NAME).")
@@ -27,6 +31,8 @@ def render(experiment: str | Path) -> Path:
   if not hasattr(module, "report"):
     raise ValueError(f"{folder}/config.py defines no report(results_dir): nothing to render.")
   readme = folder / "README.md"
+  if not readme.is_file():
+    raise ValueError(f"{folder} has no README.md to fill.")
   text = readme.read_text()
   if BEGIN not in text or END not in text:
     raise ValueError(f"{readme} has no {BEGIN} ... {END} block to fill.")
@@ -44,7 +50,10 @@ def main(argv: list[str]) -> None:
   if not argv:
     sys.exit("usage: python -m specjax.report experiments/NAME [experiments/NAME ...]")
   for folder in argv:
-    print(f"wrote {render(folder)}")
+    try:
+      print(f"wrote {render(folder)}")
+    except ValueError as e:  # bad input: one line, as python -m specjax.run gives it
+      sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ once with status 130.
 import difflib
 import importlib
 import importlib.util
+import logging
 import os
 import signal
 import sys
@@ -94,6 +95,34 @@ def _override_error(argv: list[str], config, e: Exception) -> str:
   return f"error: bad --config override: {e}"
 
 
+def _type_name(value) -> str:
+  if hasattr(value, "keys"):
+    return "a dict (a config section)"
+  kind = type(value).__name__
+  return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _value_error(argv: list[str], config, e: Exception) -> str:
+  """The ``--config.a.b=v`` whose value does not parse as the field's type: one line naming the
+  field, its type and the value given."""
+  for a in argv:
+    if not a.startswith("--config.") or "=" not in a:
+      continue
+    name, value = a[len("--config.") :].split("=", 1)
+    if not str(e).startswith(f"flag --config.{name}={value}:"):
+      continue
+    node = config
+    for k in name.split("."):
+      node = node[k]
+    why = str(e).split(": ", 1)[1].split("\n")[0]
+    now = "" if hasattr(node, "keys") else f" (the config file gives {node!r:.40})"
+    return (
+      f"error: --config.{name}={value}: config.{name} is {_type_name(node)}{now}; {value!r} is "
+      f"not one ({why})."
+    )
+  return f"error: bad --config override: {e}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """Parses flags; a config file that fails to build is reported as the file's error, and a
   misspelt ``--config.key`` as one line naming the key and the fix."""
@@ -105,6 +134,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
     sys.exit(_override_error(argv, config, e))
+  except flags.IllegalFlagValueError as e:
+    sys.exit(_value_error(argv, config, e))
 
 
 def exit_on_interrupt() -> None:
@@ -131,16 +162,29 @@ def exit_on_interrupt() -> None:
   threading.Thread(target=watch, daemon=True, name="specjax-interrupt").start()
 
 
+def quiet_backend_probe() -> None:
+  """JAX logs at INFO every backend it tried and could not start ("Unable to initialize backend
+  'tpu'"), which absl's handler prints at the top of every run on a CPU or GPU machine; its
+  warnings still show."""
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+
+
 def main(argv):
   del argv
   exit_on_interrupt()
+  quiet_backend_probe()
   config = _CONFIG.value
   if config.task not in TASKS:
     sys.exit(f"error: config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}.")
-  task = importlib.import_module(f"specjax.tasks.{TASKS[config.task]}")
+  run_task(importlib.import_module(f"specjax.tasks.{TASKS[config.task]}"), config)
+
+
+def run_task(task, config) -> None:
+  """``task.run(config)``; bad input (ValueError), or training that turned non-finite
+  (FloatingPointError), ends the process with one line naming the cause and the fix."""
   try:
     task.run(config)
-  except ValueError as e:  # bad input: one line naming the field and the fix
+  except (ValueError, FloatingPointError) as e:
     if os.environ.get("SPECJAX_TRACEBACK"):
       raise
     sys.exit(f"error: {e}\n(SPECJAX_TRACEBACK=1 shows where it was raised)")

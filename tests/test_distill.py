@@ -7,12 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import self_distill_smollm2
+from configs import self_distill_smollm2, train_tiny
 from experiments.training_free import config as training_free
 from specjax.decode import generate
 from specjax.models import llama, registry, tiny
 from specjax.models.tokenizer import Tokenizer
 from specjax.tasks import self_distill as task
+from specjax.tasks import train as train_task
 from specjax.train import data, distill
 
 KW = dict(max_new_tokens=6, max_len=24, batch_size=3, shard_size=6, temperature=1.0, seed=7)
@@ -43,6 +44,7 @@ def test_shards_hold_exactly_what_generate_produces(model, prompts, distilled):
   out, manifest = distilled
   assert [s["examples"] for s in manifest["shards"]] == [6, 2]
   assert manifest["num_examples"] == 8 and manifest["sources"] == ["a", "b"]
+  assert manifest["target"] == {"name": cfg.name, "vocab_size": 64, "tokenizer_fingerprint": None}
   _, arrays = data.read_shards(out)
   # The same batches (the last filled by repeating its prompts) and seeds, called directly.
   expected = []
@@ -351,3 +353,26 @@ def test_bad_directory_and_config_are_clear_errors(model, prompts, tmp_path):
     task.check(config)
   with pytest.raises(ValueError, match="unknown variant"):
     self_distill_smollm2.get_config("huge")
+
+
+def test_shards_of_another_target_are_refused_before_it_loads(tmp_path):
+  """Shards whose manifest names another vocabulary (or tokenizer) than config.target's: one
+  error naming both targets, from the train task's plan (nothing loaded); shards written before
+  the manifest recorded its target still train."""
+  config = train_tiny.get_config()  # a random target of vocabulary 256
+  made = {"name": "tiny-target", "vocab_size": 512, "tokenizer_fingerprint": None}
+  cases = {"other": {"target": made}, "same": {"target": made | {"vocab_size": 256}}, "old": {}}
+  for name, fields in cases.items():
+    (tmp_path / name).mkdir()
+    manifest = {"format": data.SHARD_FORMAT, "model": "tiny-target", "shards": []} | fields
+    (tmp_path / name / data.MANIFEST).write_text(json.dumps(manifest))
+  message = (
+    r"self-distilled by target 'tiny-target' \(vocabulary 512, no tokenizer\), but config.target "
+    r"is 'tiny-target' \(vocabulary 256, no tokenizer\): its token ids mean other tokens"
+  )
+  config.data.sources = (str(tmp_path / "other"),)
+  with pytest.raises(ValueError, match=message):
+    train_task.plan(config)
+  for name in ("same", "old"):
+    config.data.sources = (str(tmp_path / name),)
+    train_task.plan(config)

@@ -109,3 +109,25 @@ def test_eight_device_layouts_match_one_device():
   assert got["fsdp"]["wq_shard"] == [32, 4]
   assert got["tensor"]["wq_shard"] == [4, 32]
   assert got["mixed"]["wq_shard"] == [16, 16]
+
+
+def test_a_peer_that_never_joins_ends_the_process_with_one_line(monkeypatch, capsys):
+  """``initialization_timeout_s`` passes with the peer absent: one error line naming it and
+  exit status 1 (JAX's own, later deadline would abort natively, status 134)."""
+  import threading
+
+  exited = threading.Event()
+  codes = []
+
+  def blocked_join(**kw):  # jax.distributed.initialize with no peer: waits past the watch
+    assert kw["initialization_timeout"] == 1 + parallel.JOIN_MARGIN_S
+    assert exited.wait(30)
+
+  monkeypatch.setattr(jax.distributed, "initialize", blocked_join)
+  monkeypatch.setattr(jax.config, "update", lambda *a: None)
+  cfg = parallel.DistributedConfig("127.0.0.1:1", 2, 1, initialization_timeout_s=1)
+  parallel.initialize(cfg, on_timeout=lambda code: (codes.append(code), exited.set()))
+  assert codes == [1]
+  err = capsys.readouterr().err
+  assert err.startswith("error: process 1 of 2 waited 1 s (config.distributed.initialization")
+  assert "process 0 never joined" in err and err.count("\n") == 1

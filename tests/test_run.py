@@ -260,6 +260,14 @@ def test_cli_names_the_config_file_or_the_field_at_fault(tmp_path, request):
     ({"task": "benchmark", "output_dir": "FILE"}, "is a file, not a directory"),
     ({"task": "benchmark", "output_dir": "/proc/specjax-out"}, "is not writable"),
     ({"task": "train", "workdir": "FILE"}, "config.workdir="),
+    # Checked with the rest of the config, not after compiling (a random target included).
+    ({"max_new_tokens": 0}, r"config.max_new_tokens must be an integer >= 1 .*got 0"),
+    ({"max_new_tokens": -3}, r"config.max_new_tokens must be an integer >= 1 .*got -3"),
+    ({"max_len": 0}, r"config.max_len must be an integer >= 1 .*got 0"),
+    ({"max_len": 8}, r"> max_len 8: raise max_len .*\(config.max_len, config.max_new_tokens"),
+    ({"prompts": ((1, 2), ())}, r"config.prompts\[1\] is empty"),
+    ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),
+    ({"prompts": ((2, -1),)}, r"config.prompts\[0\] has token ids outside .* -1 at position 1"),
   ],
 )
 def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override, message):
@@ -273,6 +281,15 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
     (c[section] if section else c)[field] = value
   with pytest.raises(ValueError, match=message):
     build.check(c)
+
+
+def test_sweep_category_without_prompts_is_named(small_config):
+  c = small_config
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.categories = {"code": ((1, 2, 3),), "chat": ()}
+  c.sweep.variants = {"lookup": {"name": "prompt_lookup"}}
+  with pytest.raises(ValueError, match=r"config.sweep.categories\['chat'\] has no prompts"):
+    sweep.check(c)
 
 
 @pytest.mark.multiprocess
@@ -411,6 +428,18 @@ def test_report_fills_the_readme_block_from_json(tmp_path):
   text = (folder / "README.md").read_text()
   assert "| a | b |" in text and "| 1 | 0.5 |" in text and "old" not in text
   assert text.startswith("# exp") and text.endswith("end\n")
+  # A folder that is missing, empty or a file: one error line (as the CLI prints it).
+  (tmp_path / "empty").mkdir()
+  cases = {
+    tmp_path / "nowhere": "nowhere does not exist: pass an experiment folder",
+    tmp_path / "empty": "empty has no config.py: pass an experiment folder",
+    folder / "README.md": "README.md is a file: pass its experiment folder",
+  }
+  for path, message in cases.items():
+    with pytest.raises(SystemExit) as e:
+      report.main([str(path)])
+    line = str(e.value.code)
+    assert line.startswith("error: ") and message in line and "\n" not in line, line
 
 
 EXPERIMENT_VARIANTS = {
@@ -472,3 +501,115 @@ def test_experiment_configs_pass_their_checks(name, arg):
         train.plan(c)
     else:
       train.plan(c)
+
+
+def _parse_in_process(monkeypatch, *args, fails=True):
+  """``run.parse_flags`` as the CLI calls it (it reads sys.argv), in this process: the error
+  line it exits with (or, with ``fails=False``, the config). The override flags it defines are
+  removed again, so the next call can define them afresh."""
+  from absl import flags
+
+  from specjax import run
+
+  argv = ["specjax.run", *args]
+  monkeypatch.setattr(sys, "argv", argv)
+  try:
+    if not fails:
+      run.parse_flags(argv)
+      return run._CONFIG.value
+    with pytest.raises(SystemExit) as e:
+      run.parse_flags(argv)
+  finally:
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+      delattr(flags.FLAGS, name)
+  return str(e.value.code)
+
+
+def test_cli_value_of_the_wrong_type_names_field_type_and_value(monkeypatch):
+  """An override whose value does not parse as the field's type is one line naming the field,
+  its type and the value given (it was two chained absl tracebacks)."""
+  cases = [
+    (("--config=configs/tiny.py", "--config.top_k=1.5"),
+     "--config.top_k=1.5: config.top_k is an int (the config file gives 0); '1.5' is not one"),
+    (("--config=configs/tiny.py", "--config.max_new_tokens=abc"),
+     "config.max_new_tokens is an int (the config file gives 64); 'abc' is not one"),
+    (("--config=configs/tiny.py", "--config.temperature=hot"),
+     "config.temperature is a float (the config file gives 0.0); 'hot' is not one"),
+    (("--config=experiments/cost_model/config.py", "--config.sweep.variants=()"),
+     "config.sweep.variants is a dict (a config section); '()' is not one"),
+  ]  # fmt: skip
+  for args, message in cases:
+    line = _parse_in_process(monkeypatch, *args)
+    assert line.startswith("error: ") and message in line and "\n" not in line, (args, line)
+
+
+def test_task_errors_are_one_line(monkeypatch):
+  """Bad input (ValueError) and training that turned non-finite (FloatingPointError) end the
+  CLI with one error line; SPECJAX_TRACEBACK=1 re-raises."""
+  from specjax import run
+
+  monkeypatch.delenv("SPECJAX_TRACEBACK", raising=False)
+  for error in (ValueError("config.x is bad"), FloatingPointError("training stopped: loss = nan")):
+
+    def fail(config, error=error):
+      raise error
+
+    with pytest.raises(SystemExit) as e:
+      run.run_task(types.SimpleNamespace(run=fail), None)
+    assert str(e.value.code).splitlines()[0] == f"error: {error}"
+    monkeypatch.setenv("SPECJAX_TRACEBACK", "1")
+    with pytest.raises(type(error)):
+      run.run_task(types.SimpleNamespace(run=fail), None)
+    monkeypatch.delenv("SPECJAX_TRACEBACK")
+
+
+def test_auto_from_that_is_not_a_cost_model_is_named(small_config, tmp_path):
+  """``auto_from`` holding garbage, or JSON that is not a cost_model.json: one error naming
+  the field and the file, at the config check."""
+  (tmp_path / "garbage.json").write_text("{not json")
+  (tmp_path / "other.json").write_text('{"rows": []}')
+  for name, knob in (("prompt_lookup", "num_draft"), ("draft_model", "num_draft")):
+    for file, message in (
+      ("garbage.json", r"garbage.json' is not valid JSON \(Expecting property name"),
+      ("other.json", r"other.json' is not a cost_model.json \(it has no config, target\)"),
+    ):
+      c = small_config.copy_and_resolve_references()
+      c.drafter.name = name
+      del c.drafter[name][knob]  # an int field: "auto" replaces it (the CLI's type is the file's)
+      c.drafter[name][knob] = "auto"
+      c.drafter[name].auto_from = str(tmp_path / file)
+      with pytest.raises(ValueError, match=rf"config.drafter.{name}.auto_from='.*{message}"):
+        build.check(c)
+
+
+def test_top_k_above_the_vocabulary_is_noted_as_clipped(small_config, capsys):
+  small_config.top_k = 100  # the vocabulary has 64 tokens
+  build.check(small_config)
+  build.check(small_config)  # said once
+  err = capsys.readouterr().err
+  assert err.count("note: config.top_k=100 is more than the target's vocabulary (64 tokens): it "
+                   "is clipped to 64") == 1  # fmt: skip
+
+
+def test_demo_output_is_named_after_the_drafter(monkeypatch):
+  """The README's demo commands with another drafter.name each keep their own benchmark.json."""
+  for name in ("eagle", "medusa"):
+    c = _parse_in_process(monkeypatch, "--config=configs/demo.py", f"--config.drafter.name={name}",
+                          fails=False)  # fmt: skip
+    assert c.output_dir == f"results/demo/{name}"
+  c = _parse_in_process(monkeypatch, "--config=configs/demo.py", fails=False)
+  assert c.output_dir == "results/demo/prompt_lookup"
+  c = _parse_in_process(monkeypatch, "--config=configs/demo.py", "--config.output_dir=/tmp/x",
+                        "--config.drafter.name=eagle", fails=False)  # fmt: skip
+  assert c.output_dir == "/tmp/x" and c.drafter.name == "eagle"
+
+
+def test_the_backend_probe_is_not_printed():
+  """No "Unable to initialize backend 'tpu'" line at the top of every run; warnings still show."""
+  import logging
+
+  from specjax import run
+
+  run.quiet_backend_probe()
+  probe = logging.getLogger("jax._src.xla_bridge")
+  assert not probe.isEnabledFor(logging.INFO) and probe.isEnabledFor(logging.WARNING)

@@ -104,8 +104,8 @@ def _loop_cfg(workdir, steps, **kw):
   return loop.LoopConfig(steps=steps, workdir=str(workdir), **kw)
 
 
-def test_resume_continues_exactly(tmp_path):
-  """In-process: 6 steps straight vs 3 steps, then a new call that resumes to 6."""
+def test_resume_continues_exactly(tmp_path, capsys):
+  """In-process: 6 steps straight vs 3 steps, then a new call that resumes to 6 (and says so)."""
   objective, tparams, ds = train_worker.setup()
   mesh = parallel.make_mesh(parallel.MeshConfig())
   run = lambda workdir, steps: loop.train(
@@ -113,6 +113,7 @@ def test_resume_continues_exactly(tmp_path):
   )
   full, first, rest = run(tmp_path / "a", 6), run(tmp_path / "b", 3), run(tmp_path / "b", 6)
   assert first.start_step == 0 and rest.start_step == 3
+  assert capsys.readouterr().out.count("resumed from step 3 of 6") == 1
   loss = lambda history: [r["loss"] for r in history]
   assert loss(first.history + rest.history) == loss(full.history)
   b = metrics_log.read(tmp_path / "b" / "metrics.jsonl")
@@ -163,12 +164,18 @@ def test_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
     loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 4), train_worker.OPTIM, mesh)
 
 
-def test_a_second_run_on_a_workdir_in_use_is_refused(tmp_path):
-  """The workdir lock: refused while held (naming the holder's pid), free once released."""
-  busy = f"in use by another training run \\(pid {os.getpid()}"
+def test_a_second_run_on_a_workdir_in_use_is_refused(tmp_path, monkeypatch):
+  """The workdir lock: refused while held (naming the holder's pid and config.workdir), by the
+  train task before the target loads; free once released."""
+  busy = f"config.workdir='{tmp_path}' is in use by another training run \\(pid {os.getpid()}"
   with loop.workdir_lock(tmp_path), pytest.raises(ValueError, match=busy):  # noqa: SIM117
     with loop.workdir_lock(tmp_path):
       pass
+  c = train_tiny.get_config()
+  c.workdir = str(tmp_path)
+  monkeypatch.setattr(train_task.source, "load", lambda c: pytest.fail("the target loaded"))
+  with loop.workdir_lock(tmp_path), pytest.raises(ValueError, match=busy):
+    train_task.run(c)
   with loop.workdir_lock(tmp_path):
     pass
 

@@ -1,10 +1,12 @@
 """Trained drafter weights on disk: one directory of safetensors + JSON, tied to its target.
 
 Medusa heads and EAGLE drafters are saved the same way: the trained tensors (and the draft
-vocabulary's target ids) in a safetensors file, their shapes and the target's *fingerprint* in
-a JSON file, written into a temporary directory that is renamed into place, so an interrupted
-save leaves nothing half-written. Loading checks the target before any tensor is used: another
-hidden size or vocabulary, or other weights (fingerprint), is one clear error.
+vocabulary's target ids) in a safetensors file, their shapes, the target's *fingerprint* and the
+tensors file's SHA-256 in a JSON file, written into a temporary directory that is renamed into
+place, so an interrupted save leaves nothing half-written. Reading the JSON checks the tensors
+file too (its header, its length, its SHA-256 where recorded; drafters saved before the digest
+have none), before any model loads; loading checks the target before any tensor is used:
+another hidden size or vocabulary, or other weights (fingerprint), is one clear error.
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from specjax.models.config import ModelConfig
@@ -57,6 +60,7 @@ def save(directory, tensors: dict, tensors_file: str, meta: dict, meta_file: str
   tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
   try:
     save_file(host, str(tmp / tensors_file))
+    meta = meta | {"sha256": {tensors_file: sha256(tmp / tensors_file)}}
     (tmp / meta_file).write_text(json.dumps(meta, indent=1))
     if directory.exists():
       shutil.rmtree(directory)
@@ -67,15 +71,63 @@ def save(directory, tensors: dict, tensors_file: str, meta: dict, meta_file: str
   return directory
 
 
-def read_meta(directory, meta_file: str, fmt: int, field: str, hint: str) -> dict:
-  """The JSON beside saved weights; ``field`` and ``hint`` name the config field and the fix."""
+def sha256(path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+# The JSON file of each kind of saved drafter, and the config that decodes with it.
+KINDS = {"eagle.json": "eagle", "medusa.json": "medusa"}
+
+
+def read_meta(
+  directory, meta_file: str, fmt: int, field: str, hint: str, tensors_file: str | None = None
+) -> dict:
+  """The JSON beside saved weights; ``field`` and ``hint`` name the config field and the fix.
+  With ``tensors_file``, that file is checked against it (``check_tensors``)."""
   path = Path(directory) / meta_file
   if not path.is_file():
+    other = [KINDS[f] for f in KINDS if f != meta_file and (Path(directory) / f).is_file()]
+    if other:
+      raise ValueError(
+        f"{field}={str(directory)!r} holds {other[0]}.json, not {meta_file}: it is a drafter "
+        f"for drafter.name={other[0]}; decode with drafter.name={other[0]} and "
+        f"drafter.{other[0]}.path={str(directory)!r}."
+      )
     raise ValueError(f"{field}={str(directory)!r} holds no {meta_file}: {hint}.")
-  meta = json.loads(path.read_text())
-  if meta.get("format") != fmt:
-    raise ValueError(f"{path}: saved drafter format {meta.get('format')}, expected {fmt}.")
+  try:
+    meta = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{field}: {path} is not valid JSON ({e}): save the drafter again.") from None
+  if not isinstance(meta, dict) or meta.get("format") != fmt:
+    got = meta.get("format") if isinstance(meta, dict) else None
+    raise ValueError(f"{path}: saved drafter format {got}, expected {fmt}.")
+  if tensors_file is not None:
+    digest = (meta.get("sha256") or {}).get(tensors_file)
+    check_tensors(Path(directory) / tensors_file, digest, field)
   return meta
+
+
+def check_tensors(path: Path, digest: str | None, field: str) -> None:
+  """A missing, truncated or damaged tensors file, or one whose bytes differ from those saved
+  (``digest``, the SHA-256 recorded at save time), is one error naming the file."""
+  if not path.is_file():
+    raise ValueError(f"{field}: {path} is missing: copy the whole drafter directory.")
+  try:
+    with safe_open(str(path), "np"):  # reads the header, checks it covers the file exactly
+      pass
+  except (SafetensorError, OSError) as e:
+    raise ValueError(
+      f"{field}: {path} is damaged or truncated ({e}): copy or save the drafter again."
+    ) from None
+  if digest is not None and sha256(path) != digest:
+    raise ValueError(
+      f"{field}: {path} does not match the SHA-256 recorded when it was saved "
+      f"({digest[:16]}...): the file was changed or damaged; copy or save the drafter again."
+    )
 
 
 def read_tensors(directory, tensors_file: str) -> dict[str, np.ndarray]:
@@ -85,17 +137,24 @@ def read_tensors(directory, tensors_file: str) -> dict[str, np.ndarray]:
 def check_target(meta: dict, dim: int, vocab_size: int, target, field: str, what: str) -> None:
   """Weights saved for ``dim`` x ``vocab_size`` and ``meta['target']`` must fit ``target``."""
   cfg = target.cfg
-  if (dim, vocab_size) != (cfg.dim, cfg.vocab_size):
-    raise ValueError(
-      f"{field}: {what} for hidden size {dim} and vocabulary {vocab_size} (target "
-      f"{meta['target']['name']!r}) cannot read target {cfg.name!r} (hidden size {cfg.dim}, "
-      f"vocabulary {cfg.vocab_size})."
-    )
+  check_sizes(meta, dim, vocab_size, cfg, field, what)
   if meta["target"]["fingerprint"] != fingerprint(target):
     raise ValueError(
       f"{field}: these {what} were trained on target {meta['target']['name']!r} (fingerprint "
       f"{meta['target']['fingerprint']}), not on this target {cfg.name!r} (fingerprint "
       f"{fingerprint(target)}): train them for it."
+    )
+
+
+def check_sizes(meta: dict, dim: int, vocab_size: int, cfg: ModelConfig, field: str, what: str):
+  """Weights saved for ``dim`` x ``vocab_size`` must fit the target's sizes (its header's, so
+  this runs before its weights load)."""
+  if (dim, vocab_size) != (cfg.dim, cfg.vocab_size):
+    raise ValueError(
+      f"{field}: these {what} were trained on target {meta['target']['name']!r} (hidden size "
+      f"{dim}, vocabulary {vocab_size}) and cannot read this target {cfg.name!r} (hidden size "
+      f"{cfg.dim}, vocabulary {cfg.vocab_size}): point {field} at {what} trained on this "
+      f"target, or train them for it (task=train)."
     )
 
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import struct
 
+from specjax.drafters.curves import read_cost_model
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
 
@@ -252,6 +253,7 @@ def check_auto_from(c, field: str, holds: str, config, knob: str = "num_draft") 
     )
   if not Path(c.auto_from).is_file():
     raise ValueError(f"{field}.auto_from={c.auto_from!r} is not a file: run task=cost_model.")
+  read_cost_model(c.auto_from, f"{field}.auto_from")
   target = source.peek(config.target)
   return target.cfg.name if target is not None else config.target.get("name", "")
 

@@ -8,6 +8,24 @@ them (``costmodel.py`` reads the same curves), so no drafter imports the cost mo
 import json
 from pathlib import Path
 
+COST_MODEL_KEYS = ("config", "target", "rows")  # what every cost_model.json holds
+
+
+def read_cost_model(path, field: str) -> dict:
+  """The record of a ``cost_model.json``; a file that is not JSON, or JSON that is not a
+  cost_model.json, is one error naming ``field`` and the file."""
+  fix = "point it at the cost_model.json that task=cost_model writes"
+  try:
+    record = json.loads(Path(path).read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{field}={str(path)!r} is not valid JSON ({e}): {fix}.") from None
+  missing = [k for k in COST_MODEL_KEYS if not isinstance(record, dict) or k not in record]
+  if missing:
+    raise ValueError(
+      f"{field}={str(path)!r} is not a cost_model.json (it has no {', '.join(missing)}): {fix}."
+    )
+  return record
+
 
 def _draft_fields(drafter_config: dict) -> dict:
   """What identifies a draft model in a config: its source, truncation depth or model."""
@@ -23,7 +41,7 @@ def _draft_fields(drafter_config: dict) -> dict:
 
 def record_for(path, field: str, target_name: str) -> dict:
   """A ``cost_model.json``; a clear error (naming ``field``) if another target was measured."""
-  record = json.loads(Path(path).read_text())
+  record = read_cost_model(path, field)
   if record.get("target") != target_name:
     raise ValueError(
       f"{field}={path!r} was measured for target {record.get('target')!r}, not "

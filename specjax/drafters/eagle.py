@@ -641,7 +641,7 @@ def save(directory, cfg: EagleConfig, params: dict, target, extra=None):
 
 def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
   hint = "point it at a directory written by task=train with objective.name=eagle (draft_final)"
-  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint)
+  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint, WEIGHTS_FILE)
 
 
 def read_trained(directory) -> dict:

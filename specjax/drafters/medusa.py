@@ -44,7 +44,7 @@ from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.artifact import target_head
 from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict, sampled_candidates
 from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import schema
+from specjax.models import schema, source
 from specjax.models.config import ModelConfig
 from specjax.models.schema import Param
 from specjax.trees import Tree
@@ -213,8 +213,18 @@ class Medusa(Chain):
       num_heads = meta["heads"]["num_heads"]
       if c.saved_tree and meta.get("tree"):
         tree = Tree(tuple(meta["tree"]))
+      target = source.peek(config.target)  # its header: a mismatch shows before weights load
+      if target is not None:
+        heads = meta["heads"]
+        artifact.check_sizes(
+          meta, heads["dim"], heads["target_vocab_size"], target.cfg, f"{FIELD}.path", "heads"
+        )
     else:
       num_heads = c.num_heads
+      if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(
+          f"{FIELD}.num_heads must be an integer >= 1 (head k drafts depth k), got {num_heads!r}."
+        )
     if tree.max_depth > num_heads:
       raise ValueError(
         f"{FIELD}: the tree is {tree.max_depth} deep but the heads number {num_heads} (head k "
@@ -335,7 +345,7 @@ def save(directory, heads: HeadsConfig, params: dict, target, tree: Tree | None,
 
 def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
   hint = "point it at a directory written by task=train with objective.name=medusa (draft_final)"
-  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint)
+  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint, HEADS_FILE)
 
 
 def read_tensors(directory) -> dict[str, np.ndarray]:

@@ -145,6 +145,11 @@ def check(config: ml_collections.ConfigDict) -> dict:
   variants = {name: _variant_config(config, dict(o)) for name, o in config.sweep.variants.items()}
   if not variants or not config.sweep.categories:
     raise ValueError("config.sweep.variants and config.sweep.categories must be non-empty.")
+  for name, prompts in config.sweep.categories.items():
+    if not prompts:
+      raise ValueError(
+        f"config.sweep.categories[{name!r}] has no prompts: give it at least one, or remove it."
+      )
   for c in variants.values():
     build.check(c)
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))

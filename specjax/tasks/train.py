@@ -60,7 +60,7 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
     if src in data.CORPORA:
       data.corpus_path(src)
     elif Path(src).is_dir():
-      data.read_manifest(src)
+      check_shards_target(config, src, data.read_manifest(src))
     else:
       raise ValueError(
         f"config.data.sources has {src!r}, which is neither a corpus "
@@ -84,6 +84,29 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
     loop=loop.LoopConfig(workdir=config.workdir, **t),
     optim=step.OptimConfig(**config.optim),
   )
+
+
+def check_shards_target(config: ml_collections.ConfigDict, src: str, manifest: dict) -> None:
+  """Shards self-distilled by another target (another vocabulary or tokenizer: their ids mean
+  other tokens) are refused, from the target's header, before it loads. Shards written before
+  the manifest recorded its target's vocabulary are checked by their tokenizer alone."""
+  made = manifest.get("target") or {
+    "name": manifest.get("model"),
+    "tokenizer_fingerprint": manifest.get("tokenizer_fingerprint"),
+  }
+  model = source.peek(config.target)
+  cfg = build.header_config(config.target)
+  fp = model.tokenizer.fingerprint() if model is not None and model.tokenizer else None
+  vocab, made_fp = made.get("vocab_size"), made.get("tokenizer_fingerprint")
+  if (vocab is not None and vocab != cfg.vocab_size) or (fp and made_fp and fp != made_fp):
+    tok = lambda f: f"tokenizer {f[:12]}" if f else "no tokenizer"
+    raise ValueError(
+      f"config.data.sources has {src!r}, self-distilled by target {made.get('name')!r} "
+      f"(vocabulary {vocab if vocab is not None else '?'}, {tok(made_fp)}), but config.target "
+      f"is {cfg.name!r} (vocabulary {cfg.vocab_size}, {tok(fp)}): its token ids mean other "
+      "tokens. Self-distil with this target (task=self_distill), or train the target that "
+      "made them."
+    )
 
 
 def sample_dataset(model: build.Model, num_examples: int, seq_len: int, seed: int) -> data.Dataset:
@@ -155,6 +178,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
+  with loop.workdir_lock(Path(config.workdir) if config.workdir else None):
+    pass  # another run on this workdir is refused now, not after the set-up; train holds it
 
   t0 = time.perf_counter()
   target = source.load(config.target)

@@ -1003,6 +1003,12 @@ def self_distill(
     "num_examples": len(prompts),
     "sources": names,
     "shards": shards,
+    # The target's fingerprint: training checks it (another vocabulary or tokenizer is refused).
+    "target": {
+      "name": cfg.name,
+      "vocab_size": cfg.vocab_size,
+      "tokenizer_fingerprint": tokenizer_fingerprint,
+    },
     "hidden": {
       "final": capture_final,
       "layers": list(capture_layers),

@@ -118,7 +118,7 @@ def workdir_lock(workdir: Path | None):
       f.seek(0)
       holder = f.read().strip() or "?"
       raise ValueError(
-        f"train.workdir={str(workdir)!r} is in use by another training run (pid {holder}): "
+        f"config.workdir={str(workdir)!r} is in use by another training run (pid {holder}): "
         "wait for it, stop it, or give this run another workdir."
       ) from None
     f.seek(0)
@@ -177,6 +177,11 @@ def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta)
     if latest is not None:
       state = ckpt.restore(latest, steps.abstract_state, signature)
       start = latest
+      if is_main:
+        tqdm.write(
+          f"resumed from step {latest} of {loop.steps} (the newest checkpoint in "
+          f"{workdir / 'checkpoints'}; resume=False, or another workdir, starts afresh)"
+        )
   if start == 0:
     state = steps.init(frozen)
   log = MetricsLog(workdir / "metrics.jsonl", start) if workdir is not None and is_main else None

@@ -1,0 +1,111 @@
+"""Saved drafters (Medusa heads, EAGLE drafters) on disk: what a damaged, altered or misplaced
+one gives, checked from its files before any target loads."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from configs import train_tiny
+from specjax import testing
+from specjax.drafters import artifact, eagle, medusa
+from specjax.models import source, tiny
+from specjax.trees import Tree
+
+TREE = Tree.from_spec((2, 1))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  """A tiny target's Medusa heads and EAGLE drafter, saved once: ``{kind: directory}``."""
+  root = tmp_path_factory.mktemp("drafters")
+  target = source.Model(*tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=3))
+  heads, hparams = testing.medusa_drafter(target.cfg, TREE, 2, seed=4)
+  medusa.save(root / "medusa", heads.heads, hparams, target, TREE)
+  d, dparams = testing.eagle_drafter((target.cfg, target.params), 2, 3, 5)
+  eagle.save(root / "eagle", d.cfg, dparams, target)
+  return {"medusa": root / "medusa", "eagle": root / "eagle"}
+
+
+def _config(kind, **fields):
+  c = train_tiny.get_config()
+  c.drafter.name = kind
+  c.drafter[kind].update(fields)
+  return c
+
+
+def _check(kind, path):
+  """The drafter's own config check (run by build.check before anything loads)."""
+  c = _config(kind, path=str(path))
+  cls = medusa.Medusa if kind == "medusa" else eagle.Eagle
+  cls.check(c.drafter[kind], c)
+
+
+FILES = {"medusa": medusa.HEADS_FILE, "eagle": eagle.WEIGHTS_FILE}
+
+
+def _copy(src, dst, damage=None):
+  dst.mkdir()
+  for f in src.iterdir():
+    data = bytearray(f.read_bytes())
+    if damage is not None and f.suffix == ".safetensors":
+      data = damage(data)
+    (dst / f.name).write_bytes(bytes(data))
+  return dst
+
+
+def _flip_last(data):
+  data[-1] ^= 0x01  # a data byte (the header comes first)
+  return data
+
+
+def _flip_header(data):
+  data[10] ^= 0xFF  # inside the JSON header
+  return data
+
+
+def test_a_damaged_or_altered_drafter_file_is_refused_naming_it(saved, tmp_path):
+  """A truncated file, a damaged header or one flipped data byte is one error naming the file,
+  at the config check; a drafter saved before digests were recorded still loads."""
+  for kind, src in saved.items():
+    name = FILES[kind]
+    meta = json.loads((src / f"{kind}.json").read_text())
+    assert meta["sha256"][name] == artifact.sha256(src / name)  # recorded at save time
+    _check(kind, src)
+    cases = {
+      "flip": (_flip_last, rf"{name} does not match the SHA-256 recorded"),
+      "trunc": (lambda d: d[: len(d) // 2], rf"{name} is damaged or truncated"),
+      "header": (_flip_header, rf"{name} is damaged or truncated"),
+    }
+    for what, (damage, message) in cases.items():
+      path = _copy(src, tmp_path / f"{kind}_{what}", damage)
+      with pytest.raises(ValueError, match=message) as e:
+        _check(kind, path)
+      assert str(path / name) in str(e.value) and "\n" not in str(e.value)
+    old = _copy(src, tmp_path / f"{kind}_old")  # saved before digests: no "sha256" field
+    (old / f"{kind}.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "sha256"}))
+    _check(kind, old)
+    (old / name).unlink()
+    with pytest.raises(ValueError, match=rf"{name} is missing"):
+      _check(kind, old)
+
+
+def test_a_drafter_of_the_other_kind_or_target_is_named_before_the_target_loads(saved, monkeypatch):
+  """A directory of the other kind names the drafter.name to use; Medusa heads of another
+  target are refused from the target's header (as EAGLE's are), naming both targets and the
+  fix; medusa.num_heads=0 is named as such."""
+  with pytest.raises(ValueError, match=r"holds medusa.json, not eagle.json: .*drafter.name=medusa"):
+    _check("eagle", saved["medusa"])
+  with pytest.raises(ValueError, match=r"holds eagle.json, not medusa.json: .*drafter.name=eagle"):
+    _check("medusa", saved["eagle"])
+  wide = tiny.tiny_config(vocab_size=64, dim=48, num_layers=3, name="wide-target")
+  monkeypatch.setattr(source, "peek", lambda c: SimpleNamespace(cfg=wide, tokenizer=None))
+  message = (
+    r"trained on target 'tiny' \(hidden size 32, vocabulary 64\) and cannot read this target "
+    r"'wide-target' \(hidden size 48, vocabulary 64\): point config.drafter.medusa.path at heads"
+  )
+  with pytest.raises(ValueError, match=message):
+    _check("medusa", saved["medusa"])
+  c = _config("medusa", num_heads=0)
+  with pytest.raises(ValueError, match=r"config.drafter.medusa.num_heads must be an integer >= 1"):
+    medusa.Medusa.check(c.drafter.medusa, c)
