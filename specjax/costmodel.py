@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling, trees
-from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
-from specjax.drafters.base import DraftContext
+from specjax.drafters import eagle, prompt_lookup
+from specjax.drafters.base import DraftContext, Forward, llama_sizes
 from specjax.drafters.curves import eagle_grid, lookup_curve, tau_curve
 from specjax.models import llama
 from specjax.models.config import ModelConfig
@@ -49,46 +49,15 @@ CHIPS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Forward:
-  """One forward of ``model`` ("target", "target_tree", "draft_model", "medusa", "eagle",
-  "eagle_level", "lookup") over ``tokens`` tokens."""
-
-  model: str
-  tokens: int
-
-
 def verifies_tree(drafter) -> bool:
-  """Whether ``drafter``'s drafts carry ``parents`` (verified under a tree mask), even where
-  the tree is a chain (EAGLE's top_k = 1)."""
-  if isinstance(drafter, (medusa.Medusa, eagle.Eagle)):
-    return True
-  return isinstance(drafter, prompt_lookup.PromptLookup) and drafter.num_branches > 1
+  """Whether ``drafter``'s drafts carry ``parents`` (verified under a tree mask)."""
+  return drafter is not None and drafter.verifies_tree
 
 
 def step_work(drafter) -> tuple[Forward, ...]:
-  """The forwards of one decoding step with ``drafter`` (None: autoregressive)."""
-  if drafter is None or drafter.name == "autoregressive":
-    return (Forward("target", 1),)
-  kind = "target_tree" if verifies_tree(drafter) else "target"
-  verify = Forward(kind, drafter.num_nodes + 1 + getattr(drafter, "num_extra", 0))
-  if isinstance(drafter, prompt_lookup.PromptLookup):
-    return (Forward("lookup", 1), verify)
-  if isinstance(drafter, draft_model.DraftModel):
-    return (
-      (Forward("draft_model", 2),)
-      + (Forward("draft_model", 1),) * (drafter.num_draft - 1)
-      + (verify,)
-    )
-  if isinstance(drafter, medusa.Medusa):
-    return (Forward("medusa", 1), verify)
-  if isinstance(drafter, eagle.Eagle):  # the catch-up (its head on the last pair), then level
-    # d's forward over the d x top_k nodes expanded so far (its head on the newest top_k); a
-    # lookup branch adds its nodes to the verify (its n-gram search, ~0.1 ms, is not priced)
-    levels = tuple(Forward("eagle_level", d * drafter.top_k) for d in range(1, drafter.depth))
-    return (Forward("eagle", drafter.num_draft + 1),) + levels + (verify,)
-  raise ValueError(f"drafter {drafter.name!r} has no step cost model (known: prompt_lookup, "
-                   "draft_model, medusa, eagle).")  # fmt: skip
+  """The forwards of one decoding step with ``drafter`` (None: autoregressive), as the
+  drafter lists them (``step_forwards``)."""
+  return (Forward("target", 1),) if drafter is None else drafter.step_forwards()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,28 +82,11 @@ class Profile:
 # --- roofline ---------------------------------------------------------------------------------
 
 
-def _llama_sizes(cfg: ModelConfig) -> tuple[int, int]:
-  """(parameters read per forward, KV bytes per cached token at 2 bytes): the input embedding
-  is a gather, so only a tied head reads the table."""
-  read = cfg.num_params() - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim)
-  return read, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
-
-
 def model_sizes(target_cfg: ModelConfig, drafter, dparams) -> dict[str, tuple[int, int]]:
   """Per model of a step: (parameters read, KV bytes per cached token)."""
-  out = {"target": _llama_sizes(target_cfg), "lookup": (0, 0)}
+  out = {"target": llama_sizes(target_cfg), "lookup": (0, 0)}
   out["target_tree"] = out["target"]
-  if isinstance(drafter, draft_model.DraftModel):
-    out["draft_model"] = _llama_sizes(drafter.cfg)
-  elif isinstance(drafter, medusa.Medusa):
-    own = sum(int(np.size(v)) for k, v in dparams.items() if k != "vocab_ids")
-    out["medusa"] = (own, 0)
-  elif isinstance(drafter, eagle.Eagle):
-    layer = _llama_sizes(dataclasses.replace(drafter.cfg.layer, num_layers=1))
-    own = sum(int(np.size(v)) for k, v in jax.tree_util.tree_leaves_with_path(dparams)
-              if "embed" not in jax.tree_util.keystr(k))  # fmt: skip
-    out["eagle"] = out["eagle_level"] = (own, layer[1])
-  return out
+  return out | ({} if drafter is None else drafter.own_sizes(dparams))
 
 
 def roofline(chip: str, sizes: dict[str, tuple[int, int]], context: int = 256) -> Profile:

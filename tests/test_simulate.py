@@ -160,10 +160,10 @@ def test_step_work_and_roofline(model):
     ffn_dim=1536,
     tie_embeddings=True,
   )  # fmt: skip  (SmolLM2-135M's shape)
-  prof = costmodel.roofline("H200", {"target": costmodel._llama_sizes(big)}, context=256)
+  prof = costmodel.roofline("H200", {"target": costmodel.llama_sizes(big)}, context=256)
   one, eight, huge = (prof.cost("target", t) for t in (1, 8, 4096))
   assert eight < 1.01 * one  # memory-bound: 8 tokens cost what 1 does
-  params = costmodel._llama_sizes(big)[0]
+  params = costmodel.llama_sizes(big)[0]
   assert huge == pytest.approx(2 * params * 4096 / 989e12)  # compute-bound far out
   assert one == pytest.approx((2 * params + 30 * 3 * 64 * 4 * 257) / 4.8e12)
   with pytest.raises(ValueError, match="unknown chip"):

@@ -100,6 +100,29 @@ class DraftContext:
   vocab_size: int = struct.field(pytree_node=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class Forward:
+  """One forward a decoding step runs, as the cost model prices it: ``model`` ("target",
+  "target_tree", "draft_model", "medusa", "eagle", "eagle_level", "lookup") over ``tokens``."""
+
+  model: str
+  tokens: int
+
+
+def llama_sizes(cfg: ModelConfig) -> tuple[int, int]:
+  """(parameters a forward reads, KV bytes per cached token at 2 bytes): the input embedding
+  is a gather, so only a tied head reads the table."""
+  read = cfg.num_params() - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim)
+  return read, 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+
+
+def verify_forward(drafter) -> Forward:
+  """The target's forward of a step: the newest token, the draft's nodes and its extras, under
+  a tree mask if the drafter's drafts carry parents."""
+  kind = "target_tree" if drafter.verifies_tree else "target"
+  return Forward(kind, drafter.num_nodes + 1 + drafter.num_extra)
+
+
 class Drafter(Protocol):
   name: str
   num_draft: int  # D: most draft tokens accepted per step (static).
@@ -113,6 +136,13 @@ class Drafter(Protocol):
 
   @property
   def cache_model(self) -> ModelConfig | None: ...
+
+  @property
+  def verifies_tree(self) -> bool: ...
+
+  def step_forwards(self) -> tuple[Forward, ...]: ...
+
+  def own_sizes(self, params: Any) -> dict[str, tuple[int, int]]: ...
 
   def draft_calls_per_step(self) -> int: ...
 
@@ -145,6 +175,26 @@ class Chain:
     """The decoder whose KV cache the drafter keeps beside the target's (one row per target
     row, as many slots), or None: what ``decode.footprint`` counts."""
     return None
+
+  @property
+  def verifies_tree(self) -> bool:
+    """Whether its drafts carry ``parents`` (verified under a tree mask), even where the tree
+    is a chain."""
+    return False
+
+  def step_forwards(self) -> tuple[Forward, ...]:
+    """The forwards one decoding step runs, the drafter's own then the target's verify
+    (``verify_forward``): what the cost model prices and times."""
+    raise ValueError(
+      f"drafter {self.name!r} has no step cost model: give it step_forwards (as prompt_lookup, "
+      "draft_model, medusa and eagle do)."
+    )
+
+  def own_sizes(self, params) -> dict[str, tuple[int, int]]:
+    """Per model name of ``step_forwards`` that is the drafter's own: (parameters read, KV
+    bytes per cached token), for the roofline."""
+    del params
+    return {}
 
   @staticmethod
   def config() -> ml_collections.ConfigDict:
@@ -205,6 +255,9 @@ class NoDraft(Stateless):
 
   def propose(self, params, state, ctx):
     return Draft(tokens=jnp.zeros((ctx.tokens.shape[0], 0), jnp.int32)), state
+
+  def step_forwards(self):
+    return (Forward("target", 1),)
 
 
 @dataclasses.dataclass(frozen=True)

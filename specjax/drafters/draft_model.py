@@ -27,9 +27,12 @@ from specjax.drafters.base import (
   Chain,
   Draft,
   DraftContext,
+  Forward,
   Prefill,
   check_auto_from,
   check_num_draft,
+  llama_sizes,
+  verify_forward,
 )
 from specjax.models import llama, source, tiny
 from specjax.models.cache import KVCache, gather_rows
@@ -136,6 +139,16 @@ class DraftModel(Chain):
     )
     q_BxV = sampling.probs(logits[:, -1], sp)
     return q_BxV, sampling.sample(key, q_BxV), cache.replace(lengths=cache.lengths + t)
+
+  def step_forwards(self):
+    """Its first forward re-feeds the two newest tokens (no commit needed), then one per draft
+    token."""
+    own = (Forward("draft_model", 2),) + (Forward("draft_model", 1),) * (self.num_draft - 1)
+    return own + (verify_forward(self),)
+
+  def own_sizes(self, params):
+    del params
+    return {"draft_model": llama_sizes(self.cfg)}
 
   def propose(self, params, state, ctx: DraftContext):
     keys = jax.random.split(ctx.key, self.num_draft)

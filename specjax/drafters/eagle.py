@@ -62,10 +62,13 @@ from specjax.drafters.base import (
   Chain,
   Draft,
   DraftContext,
+  Forward,
   Prefill,
   Verdict,
   check_auto_from,
+  llama_sizes,
   sampled_candidates,
+  verify_forward,
 )
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import llama, schema, source
@@ -484,6 +487,23 @@ class Eagle(Chain):
     # The rank-r child's score is q's r-th largest probability: the parent's, not the draw's.
     rank_score = jnp.log(jax.lax.top_k(q_BxMxW, k)[0])
     return tok, jnp.where(greedy, jax.lax.top_k(log_soft, k)[0], rank_score), q_BxMxW
+
+  @property
+  def verifies_tree(self) -> bool:
+    return True
+
+  def step_forwards(self):
+    """The catch-up (its head on the last accepted pair), then level d's forward over the
+    d x top_k nodes expanded so far (its head on the newest top_k); a lookup branch adds its
+    nodes to the verify (its n-gram search, ~0.1 ms, is not priced)."""
+    levels = tuple(Forward("eagle_level", d * self.top_k) for d in range(1, self.depth))
+    return (Forward("eagle", self.num_draft + 1),) + levels + (verify_forward(self),)
+
+  def own_sizes(self, params):
+    layer = llama_sizes(dataclasses.replace(self.cfg.layer, num_layers=1))
+    own = sum(int(np.size(v)) for k, v in jax.tree_util.tree_leaves_with_path(params)
+              if "embed" not in jax.tree_util.keystr(k))  # fmt: skip
+    return {"eagle": (own, layer[1]), "eagle_level": (own, layer[1])}
 
   def propose(self, params, state, ctx: DraftContext):
     keys = jax.random.split(ctx.key, self.depth)

@@ -42,7 +42,16 @@ import numpy as np
 from specjax import sampling
 from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.artifact import target_head
-from specjax.drafters.base import Chain, Draft, DraftContext, Prefill, Verdict, sampled_candidates
+from specjax.drafters.base import (
+  Chain,
+  Draft,
+  DraftContext,
+  Forward,
+  Prefill,
+  Verdict,
+  sampled_candidates,
+  verify_forward,
+)
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import schema, source
 from specjax.models.config import ModelConfig
@@ -278,6 +287,16 @@ class Medusa(Chain):
   def commit(self, state, verdict: Verdict, ctx):
     n = verdict.num_accepted[:, None, None]
     return jnp.take_along_axis(verdict.features, n, axis=1)[:, 0]
+
+  @property
+  def verifies_tree(self) -> bool:
+    return True
+
+  def step_forwards(self):
+    return (Forward("medusa", 1), verify_forward(self))
+
+  def own_sizes(self, params):
+    return {"medusa": (sum(int(np.size(v)) for k, v in params.items() if k != "vocab_ids"), 0)}
 
   def propose(self, params, state, ctx: DraftContext):
     draft = self._heads_draft(params, state, ctx)

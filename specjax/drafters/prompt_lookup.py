@@ -36,9 +36,11 @@ from specjax.drafters import curves
 from specjax.drafters.base import (
   Draft,
   DraftContext,
+  Forward,
   Stateless,
   check_auto_from,
   check_num_draft,
+  verify_forward,
 )
 from specjax.models.cache import gather_rows
 
@@ -151,6 +153,13 @@ class PromptLookup(Stateless):
   def match_end(self, tokens_BxS: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """``[B]``: where the best match's continuation starts, -1 where no n-gram matches."""
     return self.match_ends(tokens_BxS, lengths_B)[:, 0]
+
+  @property
+  def verifies_tree(self) -> bool:
+    return self.num_branches > 1
+
+  def step_forwards(self):
+    return (Forward("lookup", 1), verify_forward(self))
 
   def propose(self, params, state, ctx: DraftContext):
     b, k, g = ctx.tokens.shape[0], self.num_draft, self.num_branches
