@@ -1,8 +1,8 @@
 """task=self_distill: the target's own continuations of corpus prompts, written as shards.
 
 Prompts are cut from ``config.distill.sources`` (or, with ``config.distill.requests``, made
-from the templates of ``distill.REQUEST_SETS[config.distill.request_set]``) with the target's
-tokenizer (a random target, which has none, gets seeded random token prompts instead),
+from the templates of ``config.distill.request_set`` in ``train/prompt_templates.json``) with
+the target's tokenizer (a random target, which has none, gets seeded random token prompts instead),
 generated in batches of ``config.batch_size`` with the config's sampling knobs, and written
 under ``config.output_dir`` (see specjax/train/distill.py). Training reads the directory back
 with ``specjax.train.data.load_dataset``.
@@ -38,15 +38,15 @@ def check(config: ml_collections.ConfigDict) -> None:
     if d.request_set not in distill.REQUEST_SETS:
       raise ValueError(
         f"config.distill.request_set={d.request_set!r} is not a request set: choose one of "
-        f"{', '.join(distill.REQUEST_SETS)} (distill.REQUEST_SETS)."
+        f"{', '.join(distill.REQUEST_SETS)} (specjax/train/prompt_templates.json)."
       )
     distinct = len(distill.all_requests(d.request_set))
     if d.num_prompts > distinct:
       raise ValueError(
         f"config.distill.num_prompts={d.num_prompts}: the {d.request_set!r} request templates "
         f"make {distinct} distinct requests; set num_prompts <= {distinct}, choose a larger "
-        "config.distill.request_set, or add a new set to distill.REQUEST_SETS (editing a set "
-        "changes the prompts of data already made from it)."
+        "config.distill.request_set, or add a set to specjax/train/prompt_templates.json "
+        "(editing a set changes the prompts of data already made from it)."
       )
   elif not d.sources:
     raise ValueError(
