@@ -37,33 +37,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, sampling, trees
-from specjax.drafters import draft_model, eagle, medusa, prompt_lookup
-from specjax.drafters.base import DraftContext, Prefill
-from specjax.models import llama
-from specjax.models.cache import KVCache
+from specjax import decode, trees
 from specjax.trees import Tree
 
 
-def _eagle_is_chain(drafter) -> bool:
-  return drafter.top_k == 1 and drafter.total == drafter.depth and drafter.lookup is None
-
-
 def node_tree(drafter) -> Tree | None:
-  """The static tree a drafter verifies (a chain unless it says otherwise); None for EAGLE-2's
-  dynamic trees (one per step)."""
-  if isinstance(drafter, medusa.Medusa):
-    return drafter.nodes
-  if isinstance(drafter, eagle.Eagle):
-    return Tree.chain(drafter.depth) if _eagle_is_chain(drafter) else None
-  return getattr(drafter, "tree", None) or Tree.chain(drafter.num_draft)
+  """The static tree a drafter verifies (``static_tree``); None for EAGLE-2's dynamic trees
+  (one per step)."""
+  return drafter.static_tree
 
 
 def check_supported(drafter) -> None:
   """One clear error for a drafter the simulator cannot replay offline."""
-  if getattr(drafter, "num_extra", 0) or drafter.name not in (
-    "prompt_lookup", "draft_model", "medusa", "eagle",
-  ):  # fmt: skip
+  if getattr(drafter, "num_extra", 0) or not hasattr(drafter, "teacher_forced_drafts"):
     raise ValueError(
       f"drafter.name={drafter.name!r}: offline acceptance is simulated for prompt_lookup, "
       "draft_model, medusa and eagle."
@@ -106,102 +92,10 @@ def offline_drafts(
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter"))
 def _drafts(tparams, dparams, x_1xS, roots_R, row_len, *, cfg, drafter):
-  """``(tokens [R, N], parents [R, N] or None, abstain [R])`` at every root, in one program."""
+  """``(tokens [R, N], parents [R, N] or None, abstain [R])`` at every root, in one program:
+  the drafter's ``teacher_forced_drafts``."""
   target = types.SimpleNamespace(cfg=cfg, params=tparams)
-  no_abstain = jnp.zeros(roots_R.shape, bool)
-  tree = node_tree(drafter)
-  if tree is None:
-    return (*_eagle_tree(target, drafter, dparams, x_1xS, roots_R), no_abstain)
-  depth_N = np.asarray(tree.depth[1:])
-  if isinstance(drafter, draft_model.DraftModel):
-    logits, _ = llama.logits_of(dparams, drafter.cfg, x_1xS)
-    argmax_S = jnp.argmax(logits[0], -1)
-    return (
-      argmax_S[jnp.minimum(roots_R[:, None] + depth_N[None] - 1, row_len - 1)],
-      None,
-      no_abstain,
-    )
-  if isinstance(drafter, medusa.Medusa):
-    _, (f,) = llama.logits_of(tparams, cfg, x_1xS, (llama.FINAL,))
-    heads = drafter.tree  # the heads' nodes (the lookup branch, if any, comes after them)
-    head_N, rank_N = np.asarray(heads.depth[1:]) - 1, np.asarray(medusa._ranks(heads))
-    logits_RxHxW = medusa.head_logits(dparams, f[0][roots_R - 1])
-    _, top = jax.lax.top_k(logits_RxHxW, int(rank_N.max()) + 1)
-    tokens = dparams["vocab_ids"][top[:, head_N, rank_N]]
-    if drafter.lookup is not None:  # its guess at every root, after the heads' nodes
-      guess, _, _ = _stateless(drafter.lookup, None, x_1xS, roots_R, cfg.vocab_size)
-      tokens = jnp.concatenate([tokens, guess], axis=1)
-    return tokens, None, no_abstain
-  if isinstance(drafter, eagle.Eagle):
-    return _eagle_chain(target, drafter, dparams, x_1xS, roots_R), None, no_abstain
-  return _stateless(drafter, dparams, x_1xS, roots_R, cfg.vocab_size)
-
-
-def _eagle_chain(target, drafter, p, x_1xS, roots_R) -> jax.Array:
-  """Depth j of the chain rooted at r: rollout step j from pair r - 1 (see the objective)."""
-  s = x_1xS.shape[1]
-  _, feats = llama.logits_of(target.params, target.cfg, x_1xS, drafter.feature_layers)
-  f_in = jnp.concatenate(feats, axis=-1)[:, :-1]
-  t = s - 1
-  positions = jnp.arange(t)[None]
-  shift = lambda a, j: jnp.pad(a[:, j : j + t], [(0, 0), (0, t - a[:, j : j + t].shape[1])])  # noqa: E731
-  x = eagle.inputs(p, drafter.cfg, x_1xS[:, 1:], eagle.fuse(p, f_in))
-  attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
-  out, k1, v1 = eagle.layer(p, drafter.cfg, x, positions, None, None, attn)
-  picks, rolled = [], []
-  for j in range(1, drafter.depth + 1):
-    if j > 1:
-      x = eagle.inputs(p, drafter.cfg, shift(x_1xS, j), out)
-      out, k, v = eagle.rollout_layer(p, drafter.cfg, x, positions + j - 1, (k1, v1), rolled)
-      rolled.append((k, v))
-    picks.append(p["vocab_ids"][jnp.argmax(eagle.logits(p, out)[0], -1)])
-  return jnp.stack(picks, -1)[roots_R - 1]
-
-
-def _eagle_tree(target, drafter, p, x_1xS, roots_R) -> tuple[jax.Array, jax.Array]:
-  """``propose`` at every root at once: the draft cache holds the text's pairs (written by
-  ``init`` from the teacher-forced features), each row cut at its root, whose own pair
-  (features of ``r - 1``) is pending. Decoding has the n + 1 pairs of its last step pending
-  instead, but a pair's keys and values depend only on the pair and its position, so the
-  last one's output, which drafts depth 1, sees the same cache either way."""
-  s = x_1xS.shape[1]
-  _, feats = llama.logits_of(target.params, target.cfg, x_1xS, drafter.feature_layers)
-  f_1xSxF = jnp.concatenate(feats, axis=-1)
-  slots = s + drafter.num_draft + 1  # the catch-up writes D + 1 slots from the root's pair
-  whole = drafter.init(p, Prefill(x_1xS, jnp.asarray([s], jnp.int32), f_1xSxF, slots))
-  r = roots_R.shape[0]
-  tile = lambda a: jnp.repeat(a, r, axis=0)  # noqa: E731
-  pending = jnp.zeros((r, drafter.num_draft + 1, f_1xSxF.shape[-1]), f_1xSxF.dtype)
-  cache = KVCache(tuple(map(tile, whole.cache.k)), tuple(map(tile, whole.cache.v)), roots_R - 1)
-  state = eagle.EagleState(
-    cache=cache,
-    pending_BxD1xF=pending.at[:, 0].set(f_1xSxF[0, roots_R - 1]),
-    count_B=jnp.ones((r,), jnp.int32),
-  )
-  ctx = DraftContext(
-    tokens=tile(jnp.pad(x_1xS, ((0, 0), (0, slots - s)))),
-    lengths=roots_R,
-    key=jax.random.key(0),
-    sampling=sampling.SamplingParams.create(temperature=0.0),
-    vocab_size=target.cfg.vocab_size,
-  )
-  draft, _ = drafter.propose(p, state, ctx)
-  return draft.tokens, draft.parents
-
-
-def _stateless(drafter, dparams, x_1xS, roots_R, vocab_size: int):
-  """``propose`` at every root at once: the text repeated, one row per root."""
-  r = roots_R.shape[0]
-  ctx = DraftContext(
-    tokens=jnp.tile(x_1xS, (r, 1)),
-    lengths=roots_R,
-    key=jax.random.key(0),
-    sampling=sampling.SamplingParams.create(temperature=0.0),
-    vocab_size=vocab_size,
-  )
-  draft, _ = drafter.propose(dparams, None, ctx)
-  abstain = jnp.zeros((r,), bool) if draft.abstain is None else draft.abstain
-  return draft.tokens, None, abstain
+  return drafter.teacher_forced_drafts(target, dparams, x_1xS, roots_R, row_len)
 
 
 def node_depths(parents_RxN: np.ndarray) -> np.ndarray:
@@ -257,18 +151,13 @@ def acceptance_by_depth(accepted_R: np.ndarray, depth: int) -> list[float]:
 
 def with_chain_length(drafter, k: int):
   """The same chain drafter drafting ``k`` tokens per step."""
-  if isinstance(drafter, eagle.Eagle):
-    return dataclasses.replace(drafter, depth=k, total=k)
-  return dataclasses.replace(drafter, num_draft=k)
+  return drafter.with_chain_length(k)
 
 
 def is_chain(drafter) -> bool:
+  """Whether τ for every chain length comes from one replay (``tau_by_chain_length``)."""
   tree = node_tree(drafter)
-  return (
-    tree is not None
-    and tree.is_chain
-    and isinstance(drafter, (draft_model.DraftModel, eagle.Eagle, prompt_lookup.PromptLookup))
-  )
+  return tree is not None and tree.is_chain and drafter.sweeps_chain_length
 
 
 @dataclasses.dataclass(frozen=True)

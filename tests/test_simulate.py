@@ -13,6 +13,7 @@ from configs import tiny as tiny_config
 from specjax import build, costmodel, simulate, testing, trees
 from specjax.decode import generate
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.eagle import drafter as eagle_drafter
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import llama, tiny
 
@@ -106,13 +107,13 @@ def test_broken_replays_differ_from_the_replay_that_equals_decoding(model, rows,
   ]  # fmt: skip
   assert len(wrong_root) >= 3, wrong_root
 
-  state = simulate.eagle.EagleState
+  state = eagle_drafter.EagleState
 
   def previous_pair(**kw):
     return state(**kw | {"pending_BxD1xF": jnp.roll(kw["pending_BxD1xF"], 1, axis=0)})
 
   d, dp = every["eagle_tree"]
-  monkeypatch.setattr(simulate.eagle, "EagleState", previous_pair)
+  monkeypatch.setattr(eagle_drafter, "EagleState", previous_pair)
   simulate._drafts.clear_cache()  # traced again with the broken state, then dropped
   try:
     assert simulated_calls(model, d, dp, rows) != right["eagle_tree"]

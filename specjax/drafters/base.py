@@ -43,6 +43,7 @@ from flax import struct
 from specjax.drafters.curves import read_cost_model
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
+from specjax.trees import Tree
 
 
 @struct.dataclass
@@ -196,6 +197,30 @@ class Chain:
     del params
     return {}
 
+  # -- the τ simulator (simulate.py) --
+
+  @property
+  def static_tree(self) -> Tree | None:
+    """The tree every step verifies (a chain of ``num_draft`` unless the drafter has a
+    ``tree``); None for a tree drawn anew each step (EAGLE-2)."""
+    return getattr(self, "tree", None) or Tree.chain(self.num_draft)
+
+  sweeps_chain_length = True  # ``with_chain_length`` makes the same drafter K tokens long
+
+  def with_chain_length(self, k: int):
+    """The same chain drafter drafting ``k`` tokens per step."""
+    return dataclasses.replace(self, num_draft=k)
+
+  def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
+    """``(tokens [R, N], parents [R, N] or None, abstain [R])``: what the drafter proposes at
+    every root ``r`` of the text ``x`` (the newest committed token ``x[r]``), greedy, from the
+    text alone, in one traced program (``simulate.offline_drafts``); parents None means
+    ``static_tree``. ``row_len``: the text's length (``x`` is padded past it)."""
+    raise ValueError(
+      f"drafter.name={self.name!r}: offline acceptance is simulated for drafters that give "
+      "teacher_forced_drafts (prompt_lookup, draft_model, medusa and eagle)."
+    )
+
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     """This drafter's config subsection (``config.drafter.<name>``) with its defaults."""
@@ -237,6 +262,21 @@ class Stateless(Chain):
 
   def init(self, params, prefill):
     return ()
+
+  def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
+    """``propose`` at every root at once: the text repeated, one row per root."""
+    del row_len  # a stateless drafter reads the text only up to its root
+    r = roots_R.shape[0]
+    ctx = DraftContext(
+      tokens=jnp.tile(x_1xS, (r, 1)),
+      lengths=roots_R,
+      key=jax.random.key(0),
+      sampling=SamplingParams.create(temperature=0.0),
+      vocab_size=target.cfg.vocab_size,
+    )
+    draft, _ = self.propose(params, None, ctx)
+    abstain = jnp.zeros((r,), bool) if draft.abstain is None else draft.abstain
+    return draft.tokens, None, abstain
 
   def commit(self, state, verdict, ctx):
     return state

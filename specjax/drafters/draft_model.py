@@ -150,6 +150,16 @@ class DraftModel(Chain):
     del params
     return {"draft_model": llama_sizes(self.cfg)}
 
+  def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
+    """Node n's token at root r is the draft's argmax after ``x[:r + n]``: one draft forward
+    over the whole text gives every root's chain at once."""
+    del target
+    logits, _ = llama.logits_of(params, self.cfg, x_1xS)
+    argmax_S = jnp.argmax(logits[0], -1)
+    depth_K = jnp.arange(1, self.num_draft + 1)
+    tokens = argmax_S[jnp.minimum(roots_R[:, None] + depth_K[None] - 1, row_len - 1)]
+    return tokens, None, jnp.zeros(roots_R.shape, bool)
+
   def propose(self, params, state, ctx: DraftContext):
     keys = jax.random.split(ctx.key, self.num_draft)
     last2_Bx2 = ctx.lengths[:, None] + jnp.array([-1, 0])

@@ -53,7 +53,7 @@ from specjax.drafters.base import (
   verify_forward,
 )
 from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import schema, source
+from specjax.models import llama, schema, source
 from specjax.models.config import ModelConfig
 from specjax.models.schema import Param
 from specjax.trees import Tree
@@ -297,6 +297,26 @@ class Medusa(Chain):
 
   def own_sizes(self, params):
     return {"medusa": (sum(int(np.size(v)) for k, v in params.items() if k != "vocab_ids"), 0)}
+
+  @property
+  def static_tree(self) -> Tree:
+    return self.nodes
+
+  sweeps_chain_length = False  # its chain is its heads: one per depth
+
+  def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
+    """Head d's rank-c candidate from the target's final feature at ``r - 1``; a lookup
+    branch's guess at every root after the heads' nodes."""
+    _, (f,) = llama.logits_of(target.params, target.cfg, x_1xS, (llama.FINAL,))
+    heads = self.tree  # the heads' nodes (the lookup branch, if any, comes after them)
+    head_N, rank_N = np.asarray(heads.depth[1:]) - 1, np.asarray(_ranks(heads))
+    logits_RxHxW = head_logits(params, f[0][roots_R - 1])
+    _, top = jax.lax.top_k(logits_RxHxW, int(rank_N.max()) + 1)
+    tokens = params["vocab_ids"][top[:, head_N, rank_N]]
+    if self.lookup is not None:
+      guess, _, _ = self.lookup.teacher_forced_drafts(target, None, x_1xS, roots_R, row_len)
+      tokens = jnp.concatenate([tokens, guess], axis=1)
+    return tokens, None, jnp.zeros(roots_R.shape, bool)
 
   def propose(self, params, state, ctx: DraftContext):
     draft = self._heads_draft(params, state, ctx)
