@@ -1,4 +1,4 @@
-"""Model families from HF directories: Llama 3.x, DeepSeek-R1 distills, refusals.
+"""Model families from HF directories: Llama 3.x, Qwen3, DeepSeek-R1 distills, refusals.
 
 Each family is a tiny random model built with transformers' own config class and saved with
 ``save_pretrained`` (safetensors). specjax must give transformers' fp32 logits at every position,
@@ -60,6 +60,11 @@ FAMILIES = {
     "LlamaConfig",
     dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, tie_word_embeddings=True),
     dict(rope_inv_freq=()),
+  ),
+  "qwen3_yarn": (
+    "Qwen3Config",
+    dict(head_dim=32, tie_word_embeddings=True, rope_scaling=_YARN),
+    dict(qk_norm=False, rope_inv_freq=(), rope_attention_factor=1.0),
   ),
   # DeepSeek-R1-Distill-Llama-8B is a Llama 3.1 config: llama3 RoPE, theta 5e5, untied.
   "r1_distill_llama": (
@@ -132,7 +137,7 @@ def test_logits_match_hf_at_every_position(families, name):
 
 # One family per distinct block (the two left out differ from these only in RoPE and head tying,
 # which the logits test covers): each compiles its own decode loop, ~5 s here.
-@pytest.mark.parametrize("name", ["llama3_bias", "r1_distill_qwen"])
+@pytest.mark.parametrize("name", ["llama3_bias", "qwen3_yarn", "r1_distill_qwen"])
 def test_prompt_lookup_equals_hf_greedy(families, name):
   """Speculative decoding (prompt lookup) gives transformers' greedy ``generate`` tokens: the
   target's autoregressive output, through specjax's cache, loop and verification."""
@@ -199,6 +204,14 @@ def test_unsupported_is_one_error_before_loading(tmp_path, changes, message):
   directory = _write_config(tmp_path, _llama_json(**changes))
   with pytest.raises(ValueError, match=message):
     checkpoint.load_safetensors(directory)
+
+
+def test_qwen_sliding_layers_refused(tmp_path):
+  from transformers import Qwen3Config
+
+  config = Qwen3Config(**_BASE, use_sliding_window=True, sliding_window=16).to_dict()
+  with pytest.raises(ValueError, match="sliding-window"):
+    checkpoint.load_safetensors(_write_config(tmp_path, config))
 
 
 def test_rope_frequencies_are_transformers(tmp_path):

@@ -193,9 +193,11 @@ def load_gguf(path_or_reader) -> tuple[ModelConfig, Params]:
 _HF_FAMILIES = {
   "LlamaForCausalLM": "Llama 1-3.x, SmolLM, DeepSeek-R1-Distill-Llama",
   "Qwen2ForCausalLM": "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen",
+  "Qwen3ForCausalLM": "Qwen3 dense",
 }
 SUPPORTED_HF_ARCHS = tuple(_HF_FAMILIES)
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}  # fmt: skip
 # Config keys that mean a block specjax does not have, whatever the architecture says.
 _REFUSED_KEYS = {
   "num_local_experts": "mixture of experts",
@@ -252,9 +254,11 @@ def _sliding_window(config, arch: str) -> int:
 def _hf_config(config) -> ModelConfig:
   arch = _hf_architecture(config)
   heads = config["num_attention_heads"]
-  head_dim = config.get("head_dim") or config["hidden_size"] // heads
+  head_dim = config.get("head_dim") or (
+    128 if arch == "Qwen3ForCausalLM" else config["hidden_size"] // heads
+  )
   inv_freq, attention_factor = rope.from_hf(config, head_dim)
-  llama_like = arch == "LlamaForCausalLM"  # attention_bias: q, k, v and o
+  llama_like = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM")  # attention_bias: q, k, v and o
   if config.get("mlp_bias") and arch != "LlamaForCausalLM":
     raise ValueError(f"config key mlp_bias=True is a Llama option; {arch} has no MLP biases.")
   _sliding_window(config, arch)
@@ -273,6 +277,7 @@ def _hf_config(config) -> ModelConfig:
     qkv_bias=arch == "Qwen2ForCausalLM" or (llama_like and bool(config.get("attention_bias"))),
     out_bias=llama_like and bool(config.get("attention_bias")),
     mlp_bias=bool(config.get("mlp_bias")),
+    qk_norm=arch == "Qwen3ForCausalLM",
     rope_inv_freq=inv_freq,
     rope_attention_factor=attention_factor,
     rope_scaling=rope.scaling(config),

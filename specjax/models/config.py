@@ -6,7 +6,7 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of a Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2).
+  """Architecture of a Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
 
   Frozen and hashable: it is a static argument of every jitted function. ``rope_inv_freq``
   holds a scaled RoPE's inverse frequencies (``models/rope.py`` computes them once, at load,
@@ -27,6 +27,7 @@ class ModelConfig:
   name: str = "model"
   out_bias: bool = False  # Llama attention_bias=True: a bias on o_proj too.
   mlp_bias: bool = False  # Llama mlp_bias=True: biases on gate, up and down.
+  qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k (weights [head_dim]) before RoPE.
   # Scaled RoPE (llama3, linear, yarn): the [head_dim // 2] inverse frequencies, and the factor
   # on cos and sin (yarn's attention factor). Empty: theta ** (-2i / head_dim), factor 1.
   rope_inv_freq: tuple[float, ...] = dataclasses.field(default=(), repr=False)
@@ -71,6 +72,6 @@ class ModelConfig:
     attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
     attn += self.out_bias * d
     mlp = 3 * d * f + self.mlp_bias * (2 * f + d)
-    per_layer = attn + mlp + 2 * d
+    per_layer = attn + mlp + 2 * d + self.qk_norm * 2 * hd
     head = 0 if self.tie_embeddings else d * self.vocab_size
     return self.vocab_size * d + self.num_layers * per_layer + d + head

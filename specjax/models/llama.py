@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, SmolLM2, Qwen2) as public blocks over a params dict.
+"""A Llama-family decoder (Llama, SmolLM2, Qwen2/3) as public blocks over a params dict.
 
     x = embed(params, cfg, tokens[B,T])                                   # [B, T, D]
     attn = attention_inputs(cache.lengths, mask, cache.num_slots)         # shared by every layer
@@ -82,6 +82,10 @@ SCHEMA: schema.Schema = (
         "model.layers.{i}.mlp.up_proj.bias", lambda c: c.mlp_bias, per_layer=True),
   Param("b_down", lambda c: (c.dim,), "bias", P(), "blk.{i}.ffn_down.bias",
         "model.layers.{i}.mlp.down_proj.bias", lambda c: c.mlp_bias, per_layer=True),
+  Param("q_norm", lambda c: (c.head_dim,), "ones", P(), "blk.{i}.attn_q_norm.weight",
+        "model.layers.{i}.self_attn.q_norm.weight", lambda c: c.qk_norm, per_layer=True),
+  Param("k_norm", lambda c: (c.head_dim,), "ones", P(), "blk.{i}.attn_k_norm.weight",
+        "model.layers.{i}.self_attn.k_norm.weight", lambda c: c.qk_norm, per_layer=True),
   Param("embed", lambda c: (c.vocab_size, c.dim), "embed", _COL, "token_embd.weight",
         "model.embed_tokens.weight"),
   Param("final_norm", lambda c: (c.dim,), "ones", P(), "output_norm.weight", "model.norm.weight"),
@@ -285,6 +289,9 @@ def qkv(p: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Arra
   if cfg.qkv_bias:
     q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
   q_BxTxHxDh, k_BxTxGxDh = q.reshape(b, t, cfg.num_heads, hd), k.reshape(b, t, g, hd)
+  if cfg.qk_norm:  # Qwen3: each head's q and k normalised before the rotation
+    q_BxTxHxDh = rms_norm(q_BxTxHxDh, p["q_norm"], cfg.norm_eps)
+    k_BxTxGxDh = rms_norm(k_BxTxGxDh, p["k_norm"], cfg.norm_eps)
   rot = (cfg.rope_theta, cfg.rope_inv_freq, cfg.rope_attention_factor)
   q_BxTxHxDh = rope(q_BxTxHxDh, positions_BxT, *rot)
   k_BxGxTxDh = rope(k_BxTxGxDh, positions_BxT, *rot).transpose(0, 2, 1, 3)
