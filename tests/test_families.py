@@ -1,4 +1,4 @@
-"""Model families from HF directories: Llama 3.x, Qwen3, DeepSeek-R1 distills, refusals.
+"""Model families from HF directories: Llama 3.x, Qwen3, Mistral, DeepSeek-R1 distills, refusals.
 
 Each family is a tiny random model built with transformers' own config class and saved with
 ``save_pretrained`` (safetensors). specjax must give transformers' fp32 logits at every position,
@@ -9,6 +9,7 @@ the family's feature (scaled RoPE, biases, q/k norms) must break the logits pari
 import dataclasses
 import importlib.util
 import json
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,7 @@ FAMILIES = {
     dict(head_dim=32, tie_word_embeddings=True, rope_scaling=_YARN),
     dict(qk_norm=False, rope_inv_freq=(), rope_attention_factor=1.0),
   ),
+  "mistral": ("MistralConfig", dict(sliding_window=64, head_dim=16), {}),
   # DeepSeek-R1-Distill-Llama-8B is a Llama 3.1 config: llama3 RoPE, theta 5e5, untied.
   "r1_distill_llama": (
     "LlamaConfig",
@@ -81,7 +83,7 @@ FAMILIES = {
 }
 _PROMPTS = [[7, 8, 9, 10, 11, 7, 8, 9, 200, 13, 14, 15, 7, 8, 9, 10], [40, 41, 42, 40, 41, 42, 43]]
 _NEW = 32  # greedy tokens compared with transformers' generate (64 cost twice the decode time)
-_MAX_LEN = 64
+_MAX_LEN = 64  # within Mistral's window of 64
 
 
 def _randomize(model, seed):
@@ -137,7 +139,7 @@ def test_logits_match_hf_at_every_position(families, name):
 
 # One family per distinct block (the two left out differ from these only in RoPE and head tying,
 # which the logits test covers): each compiles its own decode loop, ~5 s here.
-@pytest.mark.parametrize("name", ["llama3_bias", "qwen3_yarn", "r1_distill_qwen"])
+@pytest.mark.parametrize("name", ["llama3_bias", "qwen3_yarn", "mistral", "r1_distill_qwen"])
 def test_prompt_lookup_equals_hf_greedy(families, name):
   """Speculative decoding (prompt lookup) gives transformers' greedy ``generate`` tokens: the
   target's autoregressive output, through specjax's cache, loop and verification."""
@@ -165,6 +167,17 @@ def test_export_round_trip(families, name, tmp_path):
   assert dataclasses.replace(got_cfg, name=cfg.name) == cfg
   for want, have in zip(jax.tree.leaves(params), jax.tree.leaves(got), strict=True):
     np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
+
+
+def test_mistral_window(families, caplog):
+  """Within the window: plain causal attention, said at load; beyond it: one clear error."""
+  _, cfg, params, _, path = families("mistral")
+  with caplog.at_level(logging.INFO):
+    assert checkpoint.load_safetensors(path)[0].sliding_window == 64
+  said = [r.getMessage() for r in caplog.records if "sliding window" in r.getMessage()]
+  assert len(said) == 1 and "plain causal" in said[0], caplog.text
+  with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64"):
+    generate(params, cfg, _PROMPTS, max_new_tokens=4, max_len=65)
 
 
 def _write_config(tmp_path, config):

@@ -1,4 +1,4 @@
-"""Loads Llama/Qwen checkpoints (GGUF files, HF safetensors directories) as llama.py params.
+"""Loads Llama/Qwen/Mistral checkpoints (GGUF files, HF safetensors directories) as llama.py params.
 
     cfg, params = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     cfg, params = load_safetensors("path/to/hf_checkpoint_dir")
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from absl import logging
 
 from specjax.models import llama, rope, schema
 from specjax.models.config import ModelConfig
@@ -194,10 +195,11 @@ _HF_FAMILIES = {
   "LlamaForCausalLM": "Llama 1-3.x, SmolLM, DeepSeek-R1-Distill-Llama",
   "Qwen2ForCausalLM": "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen",
   "Qwen3ForCausalLM": "Qwen3 dense",
+  "MistralForCausalLM": "Mistral 7B",
 }
 SUPPORTED_HF_ARCHS = tuple(_HF_FAMILIES)
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}  # fmt: skip
+                "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}  # fmt: skip
 # Config keys that mean a block specjax does not have, whatever the architecture says.
 _REFUSED_KEYS = {
   "num_local_experts": "mixture of experts",
@@ -241,8 +243,10 @@ def _hf_architecture(config) -> str:
 
 
 def _sliding_window(config, arch: str) -> int:
-  """Refuses sliding-window layers (specjax attends over the whole context); 0."""
+  """Mistral's window (0 for none); a sliding window anywhere else is refused."""
   layer_types = set(config.get("layer_types") or ())
+  if arch == "MistralForCausalLM":
+    return int(config.get("sliding_window") or 0)
   if config.get("use_sliding_window") or layer_types - {"full_attention"}:
     raise ValueError(
       f"{arch} with use_sliding_window / layer_types {sorted(layer_types)} mixes sliding-window "
@@ -261,7 +265,7 @@ def _hf_config(config) -> ModelConfig:
   llama_like = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM")  # attention_bias: q, k, v and o
   if config.get("mlp_bias") and arch != "LlamaForCausalLM":
     raise ValueError(f"config key mlp_bias=True is a Llama option; {arch} has no MLP biases.")
-  _sliding_window(config, arch)
+  window = _sliding_window(config, arch)
   cfg = ModelConfig(
     vocab_size=config["vocab_size"],
     dim=config["hidden_size"],
@@ -281,6 +285,7 @@ def _hf_config(config) -> ModelConfig:
     rope_inv_freq=inv_freq,
     rope_attention_factor=attention_factor,
     rope_scaling=rope.scaling(config),
+    sliding_window=window,
     name=config.get("_name_or_path") or arch,
   )
   return cfg
@@ -346,6 +351,14 @@ def load_safetensors(directory) -> tuple[ModelConfig, Params]:
   if leftover:
     raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(leftover)[:8]}")
   llama.check_params(cfg, params)
+  if cfg.sliding_window:
+    logging.info(
+      "%s: sliding window of %d tokens; attention is plain causal, exact while max_len <= %d "
+      "(longer is refused).",
+      cfg.name,
+      cfg.sliding_window,
+      cfg.sliding_window,
+    )
   return cfg, params
 
 

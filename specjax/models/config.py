@@ -6,7 +6,7 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of a Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
+  """Architecture of a Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3, Mistral).
 
   Frozen and hashable: it is a static argument of every jitted function. ``rope_inv_freq``
   holds a scaled RoPE's inverse frequencies (``models/rope.py`` computes them once, at load,
@@ -34,6 +34,9 @@ class ModelConfig:
   rope_attention_factor: float = 1.0
   # The HF rope_scaling those came from, as sorted (key, value) pairs: what an export writes.
   rope_scaling: tuple[tuple[str, Any], ...] = ()
+  # Mistral's sliding window (0: none). specjax attends causally over the whole context, which
+  # is the window's result only while every sequence fits in it: ``llama.check_context``.
+  sliding_window: int = 0
 
   def __post_init__(self):
     for field in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim"):

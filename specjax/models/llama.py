@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, SmolLM2, Qwen2/3) as public blocks over a params dict.
+"""A Llama-family decoder (Llama, SmolLM2, Qwen2/3, Mistral) as public blocks over a params dict.
 
     x = embed(params, cfg, tokens[B,T])                                   # [B, T, D]
     attn = attention_inputs(cache.lengths, mask, cache.num_slots)         # shared by every layer
@@ -379,6 +379,17 @@ def block(
 # --- the whole model --------------------------------------------------------------------------
 
 FINAL = "final"  # feature name: the final-normed hidden state (what the LM head reads)
+
+
+def check_context(cfg: ModelConfig, max_len: int) -> None:
+  """Raises a ValueError if ``max_len`` tokens per row leave a sliding-window model's window:
+  specjax's causal attention over the whole context is the window's result only within it."""
+  if cfg.sliding_window and max_len > cfg.sliding_window:
+    raise ValueError(
+      f"max_len={max_len} is longer than {cfg.name!r}'s sliding window of {cfg.sliding_window} "
+      "tokens: specjax attends over the whole context, which equals windowed attention only "
+      f"within the window. Set max_len <= {cfg.sliding_window}."
+    )
 
 
 def check_features(cfg: ModelConfig, features: tuple) -> None:
