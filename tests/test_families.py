@@ -248,3 +248,20 @@ def test_rope_frequencies_are_transformers(tmp_path):
     got, factor = rope.from_hf(config.to_dict(), 128)
     np.testing.assert_allclose(np.asarray(got), ref.numpy(), rtol=1e-6, atol=0)
     assert factor == pytest.approx(ref_factor)
+
+
+def test_eagle_layer_of_a_biased_target_widens():
+  """An EAGLE layer copies the target's block (here Llama biases and Qwen3 q/k norms); widening
+  its MLP widens the gate and up biases with the weights."""
+  from specjax.drafters import eagle
+  from specjax.models import tiny
+
+  cfg = tiny.tiny_config(vocab_size=16, dim=16, mlp_bias=True, out_bias=True, qkv_bias=True)
+  cfg = dataclasses.replace(cfg, qk_norm=True)
+  narrow = eagle.EagleConfig(cfg)
+  wide = dataclasses.replace(narrow, ffn_dim=3 * cfg.ffn_dim)
+  trained = {"layer": eagle._fresh_layer(narrow, jax.random.key(0))}
+  layer = eagle.widen(trained, wide, jax.random.key(1))["layer"]
+  top = {"embed": jnp.zeros((1, 16)), "final_norm": jnp.ones(16), "lm_head": jnp.zeros((1, 16))}
+  llama.check_params(dataclasses.replace(wide.layer, vocab_size=1), top | {"layers": (layer,)})
+  assert layer["b_gate"].shape == layer["b_up"].shape == (3 * cfg.ffn_dim,)
