@@ -260,8 +260,24 @@ def test_eagle_layer_of_a_biased_target_widens():
   cfg = dataclasses.replace(cfg, qk_norm=True)
   narrow = eagle.EagleConfig(cfg)
   wide = dataclasses.replace(narrow, ffn_dim=3 * cfg.ffn_dim)
-  trained = {"layer": eagle._fresh_layer(narrow, jax.random.key(0))}
-  layer = eagle.widen(trained, wide, jax.random.key(1))["layer"]
+  # Shapes only (traced, not run): the test costs no compile.
+  trained = lambda: {"layer": eagle._fresh_layer(narrow, jax.random.key(0))}  # noqa: E731
+  layer = jax.eval_shape(lambda: eagle.widen(trained(), wide, jax.random.key(1))["layer"])
   top = {"embed": jnp.zeros((1, 16)), "final_norm": jnp.ones(16), "lm_head": jnp.zeros((1, 16))}
   llama.check_params(dataclasses.replace(wide.layer, vocab_size=1), top | {"layers": (layer,)})
   assert layer["b_gate"].shape == layer["b_up"].shape == (3 * cfg.ffn_dim,)
+
+
+def test_window_is_checked_before_the_weights_load(families):
+  """``build.check_request`` reads the window from config.json: a too-long max_len is refused
+  before a 7B model's weights would be read."""
+  from configs import tiny as tiny_configs
+  from specjax import build
+  from specjax.models import source
+
+  *_, path = families("mistral")
+  c = tiny_configs.get_config()
+  c.target = source.config(source="safetensors", path=str(path))
+  c.max_len = 65
+  with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64.*config.max_len"):
+    build.check_request(c)
