@@ -96,6 +96,10 @@ def check_request(config: ml_collections.ConfigDict) -> None:
   tokenizer: before its weights load."""
   model = source.peek(config.target)
   cfg = header_config(config.target) if model is None else model.cfg
+  try:
+    llama.check_context(cfg, config.max_len)  # a sliding window shorter than max_len
+  except ValueError as e:
+    raise ValueError(f"{e} (config.max_len)") from None
   if decodes_on_mesh(config):  # the sizes the config states, before they meet the devices
     stated = {k: v for k, v in dataclasses.asdict(mesh_config(config)).items() if v != -1}
     placement.check_model(stated, cfg)

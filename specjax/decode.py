@@ -121,6 +121,9 @@ def _arguments(
   if hasattr(drafter, "check_params"):
     drafter.check_params(drafter_params)
   drafter.check_context(max_len)
+  llama.check_context(target_cfg, max_len)
+  if isinstance(getattr(drafter, "cache_model", None), ModelConfig):
+    llama.check_context(drafter.cache_model, max_len)
   llama.check_features(target_cfg, drafter.feature_layers)
   b = len(prompts)
   if b == 0:

@@ -250,8 +250,8 @@ def test_safetensors_rejects_unsupported(tmp_path):
   hf.save_pretrained(tmp_path)
   config = json.loads((tmp_path / "config.json").read_text())
   for change, message in [
-    ({"architectures": ["MistralForCausalLM"]}, "MistralForCausalLM"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
+    ({"architectures": ["GemmaForCausalLM"]}, "GemmaForCausalLM"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}}, "dynamic"),
   ]:
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ValueError, match=message):

@@ -1,4 +1,4 @@
-"""Loads real Llama/Qwen2 checkpoints (GGUF files, HF safetensors directories) into llama.py params.
+"""Loads Llama/Qwen/Mistral checkpoints (GGUF files, HF safetensors directories) as llama.py params.
 
     cfg, params = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     cfg, params = load_safetensors("path/to/hf_checkpoint_dir")
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from absl import logging
 
-from specjax.models import llama, schema
+from specjax.models import llama, rope, schema
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
-SUPPORTED_HF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF
@@ -190,40 +190,105 @@ def load_gguf(path_or_reader) -> tuple[ModelConfig, Params]:
 # HF safetensors
 
 
-def _hf_config(config) -> ModelConfig:
-  archs = config.get("architectures") or [config.get("model_type", "?")]
+# What each supported architecture adds to the Llama block; everything else is refused.
+_HF_FAMILIES = {
+  "LlamaForCausalLM": "Llama 1-3.x, SmolLM, DeepSeek-R1-Distill-Llama",
+  "Qwen2ForCausalLM": "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen",
+  "Qwen3ForCausalLM": "Qwen3 dense",
+  "MistralForCausalLM": "Mistral 7B",
+}
+SUPPORTED_HF_ARCHS = tuple(_HF_FAMILIES)
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}  # fmt: skip
+# Config keys that mean a block specjax does not have, whatever the architecture says.
+_REFUSED_KEYS = {
+  "num_local_experts": "mixture of experts",
+  "num_experts": "mixture of experts",
+  "n_routed_experts": "mixture of experts",
+  "kv_lora_rank": "multi-head latent attention (MLA)",
+  "q_lora_rank": "multi-head latent attention (MLA)",
+}
+
+
+def supported_architectures() -> str:
+  return ", ".join(f"{a} ({what})" for a, what in _HF_FAMILIES.items())
+
+
+def _hf_architecture(config) -> str:
+  archs = config.get("architectures") or [_MODEL_TYPES.get(config.get("model_type"), "?")]
   arch = archs[0]
-  if arch not in SUPPORTED_HF_ARCHS:
+  if arch not in _HF_FAMILIES:
+    why = ""
+    if "Gemma" in arch:
+      why = " (Gemma's norms, embedding scale and activations differ from the Llama block)"
+    elif "Moe" in arch or "Mixtral" in arch:
+      why = " (mixture of experts)"
+    elif "Deepseek" in arch:
+      why = " (multi-head latent attention and mixture of experts)"
     raise ValueError(
-      f"Unsupported HF architecture {arch!r}; supported: {', '.join(SUPPORTED_HF_ARCHS)}."
+      f"HF architecture {arch!r} is unsupported{why}; supported: {supported_architectures()}."
     )
-  if config.get("mlp_bias"):
-    raise ValueError("mlp_bias=True is unsupported by specjax.models.llama.")
-  # transformers >= 5 writes rope settings under rope_parameters; older versions at top level.
-  rope = config.get("rope_parameters") or {}
-  rope_scaling = config.get("rope_scaling") or {}
-  rope_type = rope.get("rope_type") or rope_scaling.get("rope_type") or rope_scaling.get("type")
-  if rope_type not in (None, "default"):
-    raise ValueError(f"RoPE scaling {rope_type!r} is unsupported by specjax.models.llama.")
-  if config.get("use_sliding_window"):
-    raise ValueError("Sliding-window attention is unsupported by specjax.models.llama.")
+  for key, what in _REFUSED_KEYS.items():
+    if config.get(key):
+      raise ValueError(
+        f"config key {key}={config[key]!r} means {what}, which specjax does not implement; "
+        f"supported: {supported_architectures()}."
+      )
+  act = config.get("hidden_act", "silu")
+  if act not in ("silu", "swish"):
+    raise ValueError(
+      f"config key hidden_act={act!r} is unsupported: specjax's MLP is SwiGLU (silu)."
+    )
+  return arch
+
+
+def _sliding_window(config, arch: str) -> int:
+  """Mistral's window (0 for none); a sliding window anywhere else is refused."""
+  layer_types = set(config.get("layer_types") or ())
+  if arch == "MistralForCausalLM":
+    return int(config.get("sliding_window") or 0)
+  if config.get("use_sliding_window") or layer_types - {"full_attention"}:
+    raise ValueError(
+      f"{arch} with use_sliding_window / layer_types {sorted(layer_types)} mixes sliding-window "
+      "layers, which specjax does not implement; use a config with full attention in every layer."
+    )
+  return 0
+
+
+def _hf_config(config) -> ModelConfig:
+  arch = _hf_architecture(config)
   heads = config["num_attention_heads"]
-  is_qwen2 = arch == "Qwen2ForCausalLM"
-  return ModelConfig(
+  head_dim = config.get("head_dim") or (
+    128 if arch == "Qwen3ForCausalLM" else config["hidden_size"] // heads
+  )
+  inv_freq, attention_factor = rope.from_hf(config, head_dim)
+  llama_like = arch in ("LlamaForCausalLM", "Qwen3ForCausalLM")  # attention_bias: q, k, v and o
+  if config.get("mlp_bias") and arch != "LlamaForCausalLM":
+    raise ValueError(f"config key mlp_bias=True is a Llama option; {arch} has no MLP biases.")
+  window = _sliding_window(config, arch)
+  cfg = ModelConfig(
     vocab_size=config["vocab_size"],
     dim=config["hidden_size"],
     num_layers=config["num_hidden_layers"],
     num_heads=heads,
     num_kv_heads=config.get("num_key_value_heads") or heads,
     ffn_dim=config["intermediate_size"],
-    head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-    rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10_000.0))),
+    head_dim=head_dim,
+    rope_theta=float(rope.parameters(config)["rope_theta"]),
     norm_eps=float(config["rms_norm_eps"]),
-    # HF's default for both Llama and Qwen2 configs is untied.
+    # HF's default for every supported family is untied.
     tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-    qkv_bias=is_qwen2 or bool(config.get("attention_bias", False)),
+    qkv_bias=arch == "Qwen2ForCausalLM" or (llama_like and bool(config.get("attention_bias"))),
+    out_bias=llama_like and bool(config.get("attention_bias")),
+    mlp_bias=bool(config.get("mlp_bias")),
+    qk_norm=arch == "Qwen3ForCausalLM",
+    rope_inv_freq=inv_freq,
+    rope_attention_factor=attention_factor,
+    rope_scaling=rope.scaling(config),
+    sliding_window=window,
     name=config.get("_name_or_path") or arch,
   )
+  return cfg
 
 
 def _safetensors_files(directory):
@@ -286,6 +351,14 @@ def load_safetensors(directory) -> tuple[ModelConfig, Params]:
   if leftover:
     raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(leftover)[:8]}")
   llama.check_params(cfg, params)
+  if cfg.sliding_window:
+    logging.info(
+      "%s: sliding window of %d tokens; attention is plain causal, exact while max_len <= %d "
+      "(longer is refused).",
+      cfg.name,
+      cfg.sliding_window,
+      cfg.sliding_window,
+    )
   return cfg, params
 
 

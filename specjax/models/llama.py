@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, SmolLM2, Qwen2) as public building blocks over a params dict.
+"""A Llama-family decoder (Llama, SmolLM2, Qwen2/3, Mistral) as public blocks over a params dict.
 
     x = embed(params, cfg, tokens[B,T])                                   # [B, T, D]
     attn = attention_inputs(cache.lengths, mask, cache.num_slots)         # shared by every layer
@@ -32,6 +32,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec as P
 
@@ -73,6 +74,18 @@ SCHEMA: schema.Schema = (
         "model.layers.{i}.self_attn.k_proj.bias", _bias, per_layer=True),
   Param("bv", lambda c: (_kvd(c),), "bias", P("tensor"), "blk.{i}.attn_v.bias",
         "model.layers.{i}.self_attn.v_proj.bias", _bias, per_layer=True),
+  Param("bo", lambda c: (c.dim,), "bias", P(), "blk.{i}.attn_output.bias",
+        "model.layers.{i}.self_attn.o_proj.bias", lambda c: c.out_bias, per_layer=True),
+  Param("b_gate", lambda c: (c.ffn_dim,), "bias", P("tensor"), "blk.{i}.ffn_gate.bias",
+        "model.layers.{i}.mlp.gate_proj.bias", lambda c: c.mlp_bias, per_layer=True),
+  Param("b_up", lambda c: (c.ffn_dim,), "bias", P("tensor"), "blk.{i}.ffn_up.bias",
+        "model.layers.{i}.mlp.up_proj.bias", lambda c: c.mlp_bias, per_layer=True),
+  Param("b_down", lambda c: (c.dim,), "bias", P(), "blk.{i}.ffn_down.bias",
+        "model.layers.{i}.mlp.down_proj.bias", lambda c: c.mlp_bias, per_layer=True),
+  Param("q_norm", lambda c: (c.head_dim,), "ones", P(), "blk.{i}.attn_q_norm.weight",
+        "model.layers.{i}.self_attn.q_norm.weight", lambda c: c.qk_norm, per_layer=True),
+  Param("k_norm", lambda c: (c.head_dim,), "ones", P(), "blk.{i}.attn_k_norm.weight",
+        "model.layers.{i}.self_attn.k_norm.weight", lambda c: c.qk_norm, per_layer=True),
   Param("embed", lambda c: (c.vocab_size, c.dim), "embed", _COL, "token_embd.weight",
         "model.embed_tokens.weight"),
   Param("final_norm", lambda c: (c.dim,), "ones", P(), "output_norm.weight", "model.norm.weight"),
@@ -138,13 +151,28 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return x * jax.lax.rsqrt(var + eps) * weight
 
 
-def rope(x_BxTxHxDh: jax.Array, positions_BxT: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding in the half-split layout (first half pairs with second half)."""
+def rope(
+  x_BxTxHxDh: jax.Array,
+  positions_BxT: jax.Array,
+  theta: float,
+  inv_freq: tuple[float, ...] = (),
+  attention_factor: float = 1.0,
+) -> jax.Array:
+  """Rotary embedding in the half-split layout (first half pairs with second half).
+
+  ``inv_freq`` (a scaled RoPE's frequencies, ``ModelConfig.rope_inv_freq``) replaces
+  ``theta``'s; either way they are a compile-time constant. ``attention_factor`` scales cos and
+  sin (YaRN)."""
   half = x_BxTxHxDh.shape[-1] // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
+  if inv_freq:
+    inv_freq_H = jnp.asarray(np.asarray(inv_freq, np.float32))
+  else:
+    inv_freq_H = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq_H
   cos = jnp.cos(angles_BxTxHalf)[:, :, None, :]
   sin = jnp.sin(angles_BxTxHalf)[:, :, None, :]
+  if attention_factor != 1.0:
+    cos, sin = cos * attention_factor, sin * attention_factor
   x1, x2 = x_BxTxHxDh[..., :half], x_BxTxHxDh[..., half:]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxTxHxDh.dtype)
@@ -260,8 +288,13 @@ def qkv(p: Params, cfg: ModelConfig, x_BxTxD: jax.Array, positions_BxT: jax.Arra
   q, k, v = linear(x_BxTxD, p["wq"]), linear(x_BxTxD, p["wk"]), linear(x_BxTxD, p["wv"])
   if cfg.qkv_bias:
     q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-  q_BxTxHxDh = rope(q.reshape(b, t, cfg.num_heads, hd), positions_BxT, cfg.rope_theta)
-  k_BxGxTxDh = rope(k.reshape(b, t, g, hd), positions_BxT, cfg.rope_theta).transpose(0, 2, 1, 3)
+  q_BxTxHxDh, k_BxTxGxDh = q.reshape(b, t, cfg.num_heads, hd), k.reshape(b, t, g, hd)
+  if cfg.qk_norm:  # Qwen3: each head's q and k normalised before the rotation
+    q_BxTxHxDh = rms_norm(q_BxTxHxDh, p["q_norm"], cfg.norm_eps)
+    k_BxTxGxDh = rms_norm(k_BxTxGxDh, p["k_norm"], cfg.norm_eps)
+  rot = (cfg.rope_theta, cfg.rope_inv_freq, cfg.rope_attention_factor)
+  q_BxTxHxDh = rope(q_BxTxHxDh, positions_BxT, *rot)
+  k_BxGxTxDh = rope(k_BxTxGxDh, positions_BxT, *rot).transpose(0, 2, 1, 3)
   v_BxGxTxDh = v.reshape(b, t, g, hd).transpose(0, 2, 1, 3)
   q_BxGxRTxDh = q_BxTxHxDh.reshape(b, t, g, cfg.groups, hd).transpose(0, 2, 3, 1, 4)
   return q_BxGxRTxDh.reshape(b, g, cfg.groups * t, hd), k_BxGxTxDh, v_BxGxTxDh
@@ -272,7 +305,8 @@ def attention_output(p: Params, cfg: ModelConfig, out_BxGxRTxDh: jax.Array) -> j
   b, g, rt, hd = out_BxGxRTxDh.shape
   t = rt // cfg.groups
   out = out_BxGxRTxDh.reshape(b, g, cfg.groups, t, hd).transpose(0, 3, 1, 2, 4)
-  return linear(out.reshape(b, t, cfg.num_heads * hd), p["wo"])
+  out_BxTxD = linear(out.reshape(b, t, cfg.num_heads * hd), p["wo"])
+  return out_BxTxD + p["bo"] if cfg.out_bias else out_BxTxD
 
 
 def attention(
@@ -314,8 +348,13 @@ def attention(
 
 
 def mlp(p: Params, cfg: ModelConfig, h_BxTxD: jax.Array) -> jax.Array:
-  del cfg
-  return linear(jax.nn.silu(linear(h_BxTxD, p["w_gate"])) * linear(h_BxTxD, p["w_up"]), p["w_down"])
+  if not cfg.mlp_bias:
+    return linear(
+      jax.nn.silu(linear(h_BxTxD, p["w_gate"])) * linear(h_BxTxD, p["w_up"]), p["w_down"]
+    )
+  gate_BxTxF = linear(h_BxTxD, p["w_gate"]) + p["b_gate"]
+  up_BxTxF = linear(h_BxTxD, p["w_up"]) + p["b_up"]
+  return linear(jax.nn.silu(gate_BxTxF) * up_BxTxF, p["w_down"]) + p["b_down"]
 
 
 def block(
@@ -340,6 +379,17 @@ def block(
 # --- the whole model --------------------------------------------------------------------------
 
 FINAL = "final"  # feature name: the final-normed hidden state (what the LM head reads)
+
+
+def check_context(cfg: ModelConfig, max_len: int) -> None:
+  """Raises a ValueError if ``max_len`` tokens per row leave a sliding-window model's window:
+  specjax's causal attention over the whole context is the window's result only within it."""
+  if cfg.sliding_window and max_len > cfg.sliding_window:
+    raise ValueError(
+      f"max_len={max_len} is longer than {cfg.name!r}'s sliding window of {cfg.sliding_window} "
+      "tokens: specjax attends over the whole context, which equals windowed attention only "
+      f"within the window. Set max_len <= {cfg.sliding_window}."
+    )
 
 
 def check_features(cfg: ModelConfig, features: tuple) -> None:

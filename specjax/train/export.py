@@ -4,10 +4,11 @@
     # then: --config.drafter.draft_model.source=model with
     #   drafter.draft_model.model = {source: safetensors, path: ...}
 
-The directory holds ``config.json`` (LlamaForCausalLM), ``model.safetensors`` (HF tensor names,
-fp32) and, when the model has a tokenizer, ``tokenizer.json`` / ``tokenizer_config.json`` so the
-draft's tokenizer fingerprint matches the target's. It is written under a temp name and renamed
-into place: a reader never sees half a model.
+The directory holds ``config.json`` (the Llama, Qwen2, Qwen3 or Mistral architecture whose block
+it is), ``model.safetensors`` (HF tensor names, fp32) and, when the model has a tokenizer,
+``tokenizer.json`` / ``tokenizer_config.json`` so the draft's tokenizer fingerprint matches the
+target's. It is written under a temp name and renamed into place: a reader never sees half a
+model.
 """
 
 import json
@@ -25,9 +26,11 @@ from specjax.typing import Params
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-  return {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+  """The HF config.json of ``cfg``: the transformers architecture whose block it is."""
+  arch = architecture(cfg)
+  out = {
+    "architectures": [arch],
+    "model_type": arch.removesuffix("ForCausalLM").lower(),
     "vocab_size": cfg.vocab_size,
     "hidden_size": cfg.dim,
     "num_hidden_layers": cfg.num_layers,
@@ -38,10 +41,37 @@ def hf_config(cfg: ModelConfig) -> dict:
     "rope_theta": cfg.rope_theta,
     "rms_norm_eps": cfg.norm_eps,
     "tie_word_embeddings": cfg.tie_embeddings,
-    "attention_bias": cfg.qkv_bias,
+    "hidden_act": "silu",
     "torch_dtype": "float32",
     "_name_or_path": cfg.name,
   }
+  if cfg.rope_scaling:
+    out["rope_scaling"] = dict(cfg.rope_scaling)
+  if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+    out["attention_bias"] = cfg.out_bias
+  if arch == "LlamaForCausalLM":
+    out["mlp_bias"] = cfg.mlp_bias
+  if arch == "MistralForCausalLM":
+    out["sliding_window"] = cfg.sliding_window or None
+  return out
+
+
+def architecture(cfg: ModelConfig) -> str:
+  """The transformers architecture with exactly ``cfg``'s block, or a ValueError."""
+  llama_bias = cfg.qkv_bias == cfg.out_bias  # Llama's attention_bias covers q, k, v and o
+  if cfg.qk_norm and llama_bias and not cfg.mlp_bias and not cfg.sliding_window:
+    return "Qwen3ForCausalLM"
+  if cfg.sliding_window and not (cfg.qk_norm or cfg.qkv_bias or cfg.out_bias or cfg.mlp_bias):
+    return "MistralForCausalLM"
+  if cfg.qkv_bias and not (cfg.out_bias or cfg.mlp_bias or cfg.qk_norm or cfg.sliding_window):
+    return "Qwen2ForCausalLM"
+  if llama_bias and not (cfg.qk_norm or cfg.sliding_window):
+    return "LlamaForCausalLM"
+  raise ValueError(
+    f"{cfg.name!r} combines qkv_bias={cfg.qkv_bias}, out_bias={cfg.out_bias}, "
+    f"mlp_bias={cfg.mlp_bias}, qk_norm={cfg.qk_norm}, sliding_window={cfg.sliding_window}: "
+    "no transformers architecture has that block, so it cannot be exported."
+  )
 
 
 def hf_tensors(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:

@@ -121,8 +121,9 @@ def widen(trained: dict, cfg: EagleConfig, key: jax.Array) -> dict:
     return trained
   fresh = _fresh_layer(cfg, key)
   grown = dict(layer)
-  for name in ("w_gate", "w_up"):  # [ffn, dim]: new rows
-    grown[name] = jnp.concatenate([layer[name], fresh[name][have:]], axis=0)
+  for name in ("w_gate", "w_up", "b_gate", "b_up"):  # [ffn, dim] or [ffn] (mlp_bias): new rows
+    if name in layer:
+      grown[name] = jnp.concatenate([layer[name], fresh[name][have:]], axis=0)
   down = layer["w_down"]  # [dim, ffn]: new columns, zero
   grown["w_down"] = jnp.concatenate([down, jnp.zeros((down.shape[0], want - have), down.dtype)], 1)
   return trained | {"layer": grown}

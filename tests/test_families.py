@@ -1,0 +1,283 @@
+"""Model families from HF directories: Llama 3.x, Qwen3, Mistral, DeepSeek-R1 distills, refusals.
+
+Each family is a tiny random model built with transformers' own config class and saved with
+``save_pretrained`` (safetensors). specjax must give transformers' fp32 logits at every position,
+transformers' greedy tokens (``generate``), and the same tokens with prompt lookup; leaving out
+the family's feature (scaled RoPE, biases, q/k norms) must break the logits parity.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.decode import generate
+from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.models import checkpoint, llama, rope
+from specjax.train import export
+
+pytestmark = pytest.mark.skipif(
+  not (importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")),
+  reason="torch/transformers absent: pip install torch==2.13.0 transformers accelerate",
+)
+
+_VOCAB = 256
+_BASE = dict(
+  vocab_size=_VOCAB,
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  rms_norm_eps=1e-6,
+  max_position_embeddings=256,
+  bos_token_id=None,
+  eos_token_id=None,
+  pad_token_id=None,
+)
+# Scaling that really moves the frequencies: the original context (32) is below the tested one.
+_LLAMA3 = {
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 32,
+}
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+
+# family -> (transformers config class, its kwargs, the config fields whose loss must show)
+FAMILIES = {
+  "llama3_bias": (
+    "LlamaConfig",
+    dict(rope_scaling=_LLAMA3, attention_bias=True, mlp_bias=True, head_dim=32),
+    dict(rope_inv_freq=(), out_bias=False, mlp_bias=False),
+  ),
+  "llama_linear_tied": (
+    "LlamaConfig",
+    dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, tie_word_embeddings=True),
+    dict(rope_inv_freq=()),
+  ),
+  "qwen3_yarn": (
+    "Qwen3Config",
+    dict(head_dim=32, tie_word_embeddings=True, rope_scaling=_YARN),
+    dict(qk_norm=False, rope_inv_freq=(), rope_attention_factor=1.0),
+  ),
+  "mistral": ("MistralConfig", dict(sliding_window=64, head_dim=16), {}),
+  # DeepSeek-R1-Distill-Llama-8B is a Llama 3.1 config: llama3 RoPE, theta 5e5, untied.
+  "r1_distill_llama": (
+    "LlamaConfig",
+    dict(rope_scaling=_LLAMA3, rope_theta=500_000.0),
+    dict(rope_inv_freq=()),
+  ),
+  # DeepSeek-R1-Distill-Qwen is a Qwen2 config with sliding_window set but use_sliding_window off.
+  "r1_distill_qwen": (
+    "Qwen2Config",
+    dict(sliding_window=4096, use_sliding_window=False, max_window_layers=2),
+    dict(qkv_bias=False),
+  ),
+}
+_PROMPTS = [[7, 8, 9, 10, 11, 7, 8, 9, 200, 13, 14, 15, 7, 8, 9, 10], [40, 41, 42, 40, 41, 42, 43]]
+_NEW = 32  # greedy tokens compared with transformers' generate (64 cost twice the decode time)
+_MAX_LEN = 64  # within Mistral's window of 64
+
+
+def _randomize(model, seed):
+  """Non-trivial weights: random norms and biases too, so a mis-mapped tensor shows."""
+  import torch
+
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.15 * noise)
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+  """``load(name)``: (transformers model, specjax cfg, params, ablations, directory) of one
+  family, built, saved with ``save_pretrained`` and loaded once per module."""
+  import transformers
+
+  loaded = {}
+
+  def load(name):
+    if name not in loaded:
+      config_cls, kw, ablations = FAMILIES[name]
+      config = getattr(transformers, config_cls)(**(_BASE | kw))
+      hf = transformers.AutoModelForCausalLM.from_config(config)
+      _randomize(hf, seed=len(name))
+      hf.eval()
+      path = tmp_path_factory.mktemp(name)
+      hf.save_pretrained(path)
+      loaded[name] = (hf, *checkpoint.load_safetensors(path), ablations, path)
+    return loaded[name]
+
+  return load
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_logits_match_hf_at_every_position(families, name):
+  import torch
+
+  hf, cfg, params, ablations, _ = families(name)
+  ids = np.random.default_rng(0).integers(0, _VOCAB, size=(2, 48))
+  with torch.no_grad():
+    ref = hf(torch.tensor(ids)).logits.numpy()
+  got, _ = llama.logits_of(params, cfg, jnp.asarray(ids))
+  np.testing.assert_allclose(np.asarray(got), ref, atol=1e-4, rtol=0)
+  assert np.abs(ref).max() > 1.0  # The comparison is not between two near-zero tensors.
+  # Teeth: each of the family's features, left out, moves the logits far past the tolerance.
+  for field, value in ablations.items():
+    broken, _ = llama.logits_of(params, dataclasses.replace(cfg, **{field: value}), ids)
+    assert np.abs(np.asarray(broken) - ref).max() > 1e-2, f"{name}: {field} makes no difference"
+
+
+# One family per distinct block (the two left out differ from these only in RoPE and head tying,
+# which the logits test covers): each compiles its own decode loop, ~5 s here.
+@pytest.mark.parametrize("name", ["llama3_bias", "qwen3_yarn", "mistral", "r1_distill_qwen"])
+def test_prompt_lookup_equals_hf_greedy(families, name):
+  """Speculative decoding (prompt lookup) gives transformers' greedy ``generate`` tokens: the
+  target's autoregressive output, through specjax's cache, loop and verification."""
+  import torch
+
+  hf, cfg, params, _, _ = families(name)
+  spec = generate(
+    params, cfg, _PROMPTS, drafter=PromptLookup(4), max_new_tokens=_NEW, max_len=_MAX_LEN
+  )
+  for prompt, tokens in zip(_PROMPTS, spec.tokens, strict=True):
+    with torch.no_grad():
+      out = hf.generate(
+        torch.tensor([prompt]), max_new_tokens=_NEW, min_new_tokens=_NEW, do_sample=False
+      )
+    assert tokens == out[0, len(prompt) :].tolist(), f"{name}: differs from transformers' greedy"
+  assert sum(spec.metrics["accept_hist"][1:]) > 0  # drafts were accepted, not only corrections
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_export_round_trip(families, name, tmp_path):
+  """A draft of the family's shape exports as the same architecture and loads back unchanged."""
+  _, cfg, params, _, _ = families(name)
+  export.save_model(tmp_path / "draft", cfg, params)
+  got_cfg, got = checkpoint.load_safetensors(tmp_path / "draft")
+  assert dataclasses.replace(got_cfg, name=cfg.name) == cfg
+  for want, have in zip(jax.tree.leaves(params), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
+
+
+def test_mistral_window(families, caplog):
+  """Within the window: plain causal attention, said at load; beyond it: one clear error."""
+  _, cfg, params, _, path = families("mistral")
+  with caplog.at_level(logging.INFO):
+    assert checkpoint.load_safetensors(path)[0].sliding_window == 64
+  said = [r.getMessage() for r in caplog.records if "sliding window" in r.getMessage()]
+  assert len(said) == 1 and "plain causal" in said[0], caplog.text
+  with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64"):
+    generate(params, cfg, _PROMPTS, max_new_tokens=4, max_len=65)
+
+
+def _write_config(tmp_path, config):
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  return tmp_path
+
+
+def _llama_json(**changes):
+  from transformers import LlamaConfig
+
+  return LlamaConfig(**_BASE).to_dict() | changes
+
+
+@pytest.mark.parametrize(
+  "changes,message",
+  [
+    ({"architectures": ["Gemma3ForCausalLM"]}, r"'Gemma3ForCausalLM'.*supported: LlamaForCausalLM"),
+    ({"architectures": ["MixtralForCausalLM"]}, r"'MixtralForCausalLM' .*mixture of experts"),
+    ({"architectures": ["DeepseekV3ForCausalLM"]}, r"DeepseekV3ForCausalLM.*latent attention"),
+    ({"architectures": ["NoSuchForCausalLM"]}, r"NoSuchForCausalLM.*Qwen2ForCausalLM"),
+    ({"num_local_experts": 8}, r"num_local_experts=8 .*mixture of experts"),
+    ({"kv_lora_rank": 16}, r"kv_lora_rank.*MLA"),
+    (
+      {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+      r"rope_parameters.rope_type='dynamic' .*supported: default, linear, llama3, yarn",
+    ),
+    (
+      {"rope_parameters": None, "rope_scaling": {"type": "longrope", "factor": 2.0}},
+      r"rope_scaling.rope_type='longrope' .*supported: default, linear, llama3, yarn",
+    ),
+    ({"partial_rotary_factor": 0.5}, r"partial_rotary_factor=0.5"),
+    ({"hidden_act": "gelu_pytorch_tanh"}, r"hidden_act='gelu_pytorch_tanh'"),
+  ],
+)
+def test_unsupported_is_one_error_before_loading(tmp_path, changes, message):
+  """The directory holds config.json only: the error comes from the config, before any weight."""
+  directory = _write_config(tmp_path, _llama_json(**changes))
+  with pytest.raises(ValueError, match=message):
+    checkpoint.load_safetensors(directory)
+
+
+def test_qwen_sliding_layers_refused(tmp_path):
+  from transformers import Qwen3Config
+
+  config = Qwen3Config(**_BASE, use_sliding_window=True, sliding_window=16).to_dict()
+  with pytest.raises(ValueError, match="sliding-window"):
+    checkpoint.load_safetensors(_write_config(tmp_path, config))
+
+
+def test_rope_frequencies_are_transformers(tmp_path):
+  """The inverse frequencies themselves, for every supported type, at a real head size."""
+  import transformers
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  for scaling in (
+    _LLAMA3 | {"original_max_position_embeddings": 8192, "factor": 32.0},
+    {"rope_type": "linear", "factor": 4.0},
+    _YARN | {"original_max_position_embeddings": 4096, "beta_fast": 16},
+    _YARN | {"original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.5},
+  ):
+    config = transformers.LlamaConfig(
+      **(_BASE | {"max_position_embeddings": 131072}),
+      head_dim=128,
+      rope_theta=500_000.0,
+      rope_scaling=dict(scaling),
+    )
+    ref, ref_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, None)
+    got, factor = rope.from_hf(config.to_dict(), 128)
+    np.testing.assert_allclose(np.asarray(got), ref.numpy(), rtol=1e-6, atol=0)
+    assert factor == pytest.approx(ref_factor)
+
+
+def test_eagle_layer_of_a_biased_target_widens():
+  """An EAGLE layer copies the target's block (here Llama biases and Qwen3 q/k norms); widening
+  its MLP widens the gate and up biases with the weights."""
+  from specjax.drafters import eagle
+  from specjax.models import tiny
+
+  cfg = tiny.tiny_config(vocab_size=16, dim=16, mlp_bias=True, out_bias=True, qkv_bias=True)
+  cfg = dataclasses.replace(cfg, qk_norm=True)
+  narrow = eagle.EagleConfig(cfg)
+  wide = dataclasses.replace(narrow, ffn_dim=3 * cfg.ffn_dim)
+  # Shapes only (traced, not run): the test costs no compile.
+  trained = lambda: {"layer": eagle._fresh_layer(narrow, jax.random.key(0))}  # noqa: E731
+  layer = jax.eval_shape(lambda: eagle.widen(trained(), wide, jax.random.key(1))["layer"])
+  top = {"embed": jnp.zeros((1, 16)), "final_norm": jnp.ones(16), "lm_head": jnp.zeros((1, 16))}
+  llama.check_params(dataclasses.replace(wide.layer, vocab_size=1), top | {"layers": (layer,)})
+  assert layer["b_gate"].shape == layer["b_up"].shape == (3 * cfg.ffn_dim,)
+
+
+def test_window_is_checked_before_the_weights_load(families):
+  """``build.check_request`` reads the window from config.json: a too-long max_len is refused
+  before a 7B model's weights would be read."""
+  from configs import tiny as tiny_configs
+  from specjax import build
+  from specjax.models import source
+
+  *_, path = families("mistral")
+  c = tiny_configs.get_config()
+  c.target = source.config(source="safetensors", path=str(path))
+  c.max_len = 65
+  with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64.*config.max_len"):
+    build.check_request(c)
