@@ -254,6 +254,7 @@ def test_eagle_layer_of_a_biased_target_widens():
   """An EAGLE layer copies the target's block (here Llama biases and Qwen3 q/k norms); widening
   its MLP widens the gate and up biases with the weights."""
   from specjax.drafters import eagle
+  from specjax.drafters.eagle import model as eagle_model
   from specjax.models import tiny
 
   cfg = tiny.tiny_config(vocab_size=16, dim=16, mlp_bias=True, out_bias=True, qkv_bias=True)
@@ -261,7 +262,7 @@ def test_eagle_layer_of_a_biased_target_widens():
   narrow = eagle.EagleConfig(cfg)
   wide = dataclasses.replace(narrow, ffn_dim=3 * cfg.ffn_dim)
   # Shapes only (traced, not run): the test costs no compile.
-  trained = lambda: {"layer": eagle._fresh_layer(narrow, jax.random.key(0))}  # noqa: E731
+  trained = lambda: {"layer": eagle_model._fresh_layer(narrow, jax.random.key(0))}  # noqa: E731
   layer = jax.eval_shape(lambda: eagle.widen(trained(), wide, jax.random.key(1))["layer"])
   top = {"embed": jnp.zeros((1, 16)), "final_norm": jnp.ones(16), "lm_head": jnp.zeros((1, 16))}
   llama.check_params(dataclasses.replace(wide.layer, vocab_size=1), top | {"layers": (layer,)})
