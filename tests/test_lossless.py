@@ -208,12 +208,12 @@ def test_skipping_tree_compaction_fails_across_steps(v5_pair, monkeypatch):
   """The carried state shapes samples: with the verified nodes' K/V kept in node order instead
   of along the accepted path (no compaction), later steps attend to a rejected sibling, and
   the case sees it."""
-  from specjax import decode
+  from specjax import loop
 
   node_order = lambda path: jnp.broadcast_to(
     jnp.arange(path.shape[1] + 1), (path.shape[0], path.shape[1] + 1)
   )
-  monkeypatch.setattr(decode, "path_slots", node_order)
+  monkeypatch.setattr(loop, "path_slots", node_order)
   target, _ = v5_pair
   drafter = testing.RandomTreeDrafter(trees.Tree((0, 0, 0)), spread=2.01)  # a fresh trace
   assert min(_v5_pvalues(target, drafter, None)) < P_FAIL

@@ -30,6 +30,16 @@ def target_head(target_params, target_cfg: ModelConfig) -> jax.Array:
   return target_params["embed"] if target_cfg.tie_embeddings else target_params["lm_head"]
 
 
+# Config fields added after drafters were first saved, with their defaults: left out of the
+# hash at their default, so a model that does not use them keeps the fingerprint it had.
+_LATER_FIELDS = {
+  f.name: f.default
+  for f in dataclasses.fields(ModelConfig)
+  if f.name in ("out_bias", "mlp_bias", "qk_norm", "rope_inv_freq", "rope_attention_factor",
+                "rope_scaling", "sliding_window")
+}  # fmt: skip
+
+
 def fingerprint(target) -> str:
   """A short id of a target's weights: its config, its tokenizer and a hash of its head.
 
@@ -40,7 +50,11 @@ def fingerprint(target) -> str:
   head = np.asarray(jax.device_get(target_head(target.params, target.cfg)))
   head = head.astype(jnp.bfloat16).astype(np.float32)
   h = hashlib.sha256()
-  cfg = dataclasses.asdict(target.cfg) | {"name": None}
+  cfg = {
+    k: v
+    for k, v in (dataclasses.asdict(target.cfg) | {"name": None}).items()
+    if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]
+  }
   h.update(json.dumps(cfg, sort_keys=True).encode())
   h.update(head[:: max(1, head.shape[0] // 256)].tobytes())
   if target.tokenizer is not None:

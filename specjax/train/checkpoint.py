@@ -18,6 +18,7 @@ silently continues from zeros or NaN; a checkpoint that cannot be read at all is
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,7 @@ class Checkpointer:
     meta = self._reading(step, lambda: self.read_meta(step))
     self._check_leaves(step, abstract)
     saved = meta.get("signature", {})
+    signature = json.loads(json.dumps(signature))  # as saved: tuples read back as lists
     diff = sorted(k for k in set(saved) | set(signature) if saved.get(k) != signature.get(k))
     if diff:
       raise ValueError(
