@@ -248,7 +248,7 @@ def test_auto_candidates_follow_each_runs_temperature(small_target):
     "medusa": lambda s: testing.medusa_drafter(cfg, Tree.from_spec((2, 1)), 2, sampled=s),
   }
   for make in made.values():
-    auto = make(sampled_candidates(auto_c))[0]
+    auto = make(sampled_candidates(auto_c, "config.drafter.eagle"))[0]
     assert auto.sampled is None
     for t, sampled in ((0.0, False), (1.0, True)):
       assert at_temperature(auto, t) == make(sampled)[0]

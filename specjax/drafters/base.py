@@ -315,12 +315,19 @@ class WithFeatures:
     return getattr(self.inner, attr)
 
 
-def sampled_candidates(c: ml_collections.ConfigDict) -> bool | None:
+CANDIDATES = {"sampled": True, "top_k": False, "auto": None}  # config value -> ``sampled``
+
+
+def sampled_candidates(c: ml_collections.ConfigDict, field: str) -> bool | None:
   """``c.candidates`` as a drafter's ``sampled`` field: ``sampled`` (drawn from the draft,
   verified with q) True, ``top_k`` (deterministic) False, ``auto`` None: decided by each run's
   temperature (``at_temperature``), not when the drafter is built, so one drafter serves a
-  sweep over temperatures."""
-  return {"sampled": True, "top_k": False, "auto": None}[c.candidates]
+  sweep over temperatures. Another value is one error naming ``field``."""
+  if c.candidates not in CANDIDATES:
+    raise ValueError(
+      f"{field}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
+    )
+  return CANDIDATES[c.candidates]
 
 
 def at_temperature(drafter, temperature: float):

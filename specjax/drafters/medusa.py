@@ -59,7 +59,6 @@ from specjax.models.schema import Param
 from specjax.trees import Tree
 
 FIELD = "config.drafter.medusa"
-CANDIDATES = ("auto", "top_k", "sampled")
 HEADS_FILE, META_FILE = "heads.safetensors", "medusa.json"
 FORMAT = 1
 
@@ -211,10 +210,7 @@ class Medusa(Chain):
 
   @classmethod
   def check(cls, c, config):
-    if c.candidates not in CANDIDATES:
-      raise ValueError(
-        f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
-      )
+    sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     tree = parse_tree(c)
     if c.path:
@@ -245,7 +241,7 @@ class Medusa(Chain):
 
   @classmethod
   def build(cls, c, config, target):
-    sampled = sampled_candidates(c)
+    sampled = sampled_candidates(c, FIELD)
     tree = parse_tree(c)
     if c.path:
       heads, params, meta = load(c.path, target)

@@ -338,7 +338,7 @@ class MedusaHeads:
 
   def drafter(self, config: ml_collections.ConfigDict) -> medusa.Medusa:
     c = config.drafter.medusa
-    sampled = sampled_candidates(c)
+    sampled = sampled_candidates(c, medusa.FIELD)
     return medusa.Medusa(self.heads, medusa.parse_tree(c), sampled, prompt_lookup.branch(c))
 
   def export(self, directory: Path, params: Params, target) -> Path:
@@ -559,7 +559,7 @@ class EagleFeatures:
 
   def drafter(self, config: ml_collections.ConfigDict) -> eagle.Eagle:
     c = config.drafter.eagle
-    sampled = sampled_candidates(c)
+    sampled = sampled_candidates(c, eagle.FIELD)
     return eagle.Eagle(self.eagle, c.top_k, c.depth, c.total, sampled, prompt_lookup.branch(c))
 
   def export(self, directory: Path, params: Params, target) -> Path:

@@ -47,7 +47,6 @@ already proposed its token, its renormalised q is zero and it is skipped.
 """
 
 from specjax.drafters.eagle.drafter import (
-  CANDIDATES,
   Eagle,
   EagleState,
   Expanded,
@@ -78,7 +77,7 @@ from specjax.drafters.eagle.model import (
 )
 
 __all__ = [
-  "CANDIDATES", "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED", "WEIGHTS_FILE", "Eagle",
+  "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED", "WEIGHTS_FILE", "Eagle",
   "EagleConfig", "EagleState", "Expanded", "Pool", "check_shape", "frozen_params", "fuse",
   "init_params", "inputs", "layer", "load", "logits", "pool_size", "read_meta", "read_trained",
   "rollout_layer", "save", "widen",

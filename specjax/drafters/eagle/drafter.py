@@ -44,9 +44,6 @@ from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
 from specjax.trees import Tree
 
-CANDIDATES = ("auto", "top_k", "sampled")
-
-
 # --- the drafter ------------------------------------------------------------------------------
 
 
@@ -165,10 +162,7 @@ class Eagle(Chain):
 
   @classmethod
   def check(cls, c, config):
-    if c.candidates not in CANDIDATES:
-      raise ValueError(
-        f"{FIELD}.candidates={c.candidates!r} is unknown; choose one of {', '.join(CANDIDATES)}."
-      )
+    sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     if c.total == "auto" and c.lookup:
       raise ValueError(
@@ -205,7 +199,7 @@ class Eagle(Chain):
         "objective.name=eagle writes one into workdir/draft_final)."
       )
     cfg, params, _ = load(c.path, target)
-    sampled = sampled_candidates(c)
+    sampled = sampled_candidates(c, FIELD)
     # total = "auto": set by build.drafter
     d = cls(cfg, *_budget(c), sampled, prompt_lookup.branch(c))
     d.check_target(target.cfg)
