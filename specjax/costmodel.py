@@ -213,7 +213,7 @@ def _eagle_seconds(drafter, p, t: int, head_rows: int, repeats: int) -> float:
     attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
     x = eagle.inputs(p, drafter.cfg, tokens_1xT, eagle.fuse(p, s_1xTxF))
     out, _, _ = eagle.layer(p, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
-    return eagle.logits(p, out[:, t - head_rows :])
+    return eagle.logits(p, drafter.cfg, out[:, t - head_rows :])
 
   width = drafter.cfg.target.dim * len(drafter.feature_layers)
   s = jnp.ones((1, t, width), jnp.float32)

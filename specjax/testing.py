@@ -244,16 +244,17 @@ def medusa_drafter(
 
 def eagle_drafter(
   target, top_k=2, depth=2, total=3, vocab_ids=None, sampled=True, seed=0, features=("final",),
-  lookup=0,
+  lookup=0, architecture="specjax",
 ):  # fmt: skip
   """An EAGLE drafter with a random layer over the ``target`` (cfg, params) pair and its params
   (``vocab_ids``: a reduced draft vocabulary; ``lookup``: a lookup branch of that many tokens,
-  from 1-gram matches)."""
+  from 1-gram matches; ``architecture``: specjax's, or the published EAGLE-1 / EAGLE-3's)."""
   from specjax.drafters import eagle
 
   tcfg, tparams = target
   ids = np.arange(tcfg.vocab_size) if vocab_ids is None else np.asarray(vocab_ids)
-  cfg = eagle.EagleConfig(tcfg, tuple(features), 0 if vocab_ids is None else len(ids))
+  size = 0 if vocab_ids is None else len(ids)
+  cfg = eagle.EagleConfig(tcfg, tuple(features), size, architecture=architecture)
   params = eagle.init_params(cfg, jax.random.key(seed), tparams, ids)
   branch = PromptLookup(lookup, abstain=False) if lookup else None
   return eagle.Eagle(cfg, top_k, depth, total, sampled, branch), params

@@ -50,8 +50,8 @@ def _reference_children(drafter, params, target, tokens, s_seq=None):
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _reference_jit(drafter, tcfg, params, tparams, seq, extra_s, extra_x):
-  _, (f,) = llama.logits_of(tparams, tcfg, seq, ("final",))
-  s = f[:, :-1]
+  _, feats = llama.logits_of(tparams, tcfg, seq, drafter.feature_layers)
+  s = eagle.fuse(params, jnp.concatenate(feats, axis=-1)[:, :-1])
   nxt = seq[:, 1:]
   for s_x in extra_s:
     s = jnp.concatenate([s, s_x[None, None]], axis=1)
@@ -60,7 +60,7 @@ def _reference_jit(drafter, tcfg, params, tparams, seq, extra_s, extra_x):
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
   x = eagle.inputs(params, drafter.cfg, nxt, s)
   out, _, _ = eagle.layer(params, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
-  return jax.nn.log_softmax(eagle.logits(params, out[0, -1])), out[0, -1]
+  return jax.nn.log_softmax(eagle.logits(params, drafter.cfg, out[0, -1])), out[0, -1]
 
 
 def _propose(drafter, *args):
@@ -98,17 +98,26 @@ def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
 
 
 @pytest.mark.parametrize(
-  "slots, vocab_ids",
-  [(32, None), (512, None), (32, tuple(range(1, 64, 2)))],
-  ids=["one_window", "windowed_cache", "reduced_vocab"],
+  "slots, vocab_ids, architecture, features",
+  [
+    (32, None, "specjax", ("final",)),
+    (512, None, "specjax", ("final",)),
+    (32, tuple(range(1, 64, 2)), "specjax", ("final",)),
+    (32, None, "eagle1", ("final",)),
+    (512, tuple(range(1, 64, 2)), "eagle3", (0, 1, 2)),
+  ],
+  ids=["one_window", "windowed_cache", "reduced_vocab", "eagle1", "eagle3_reduced_vocab"],
 )
-def test_chain_is_the_drafters_own_rollout(small_target, slots, vocab_ids):
+def test_chain_is_the_drafters_own_rollout(small_target, slots, vocab_ids, architecture, features):
   """A 5-deep chain (top_k 1): each token is the argmax after feeding the drafter its own
   outputs and tokens, as a cache-free forward of the pairs computes it (every expansion level
-  checked; with a reduced vocabulary, draft ids map back to the target's before embedding)."""
+  checked; with a reduced vocabulary, draft ids map back to the target's before embedding).
+  The published architectures feed back what they must: EAGLE-1 its raw output, EAGLE-3 its
+  output before the norm its head reads."""
   drafter, params = testing.eagle_drafter(
-    small_target, top_k=1, depth=5, total=5, vocab_ids=vocab_ids, sampled=False
-  )
+    small_target, top_k=1, depth=5, total=5, vocab_ids=vocab_ids, sampled=False,
+    features=features, architecture=architecture,
+  )  # fmt: skip
   prompt, newest = [3, 9, 4, 17, 5, 8, 30, 2], 22
   state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest, slots)
   draft, _ = _propose(drafter, params, state, ctx)
@@ -167,17 +176,20 @@ def test_input_ablation_drops_one_half_of_the_pair(small_target, inputs):
   assert same_without_feature == (inputs == "token")
 
 
-def test_training_rollout_sees_what_decoding_sees(small_target):
+@pytest.mark.parametrize("architecture", ["specjax", "eagle3"])
+def test_training_rollout_sees_what_decoding_sees(small_target, architecture):
   """Training-time test: rollout steps 2 and 3 from every start t at once give the outputs a
   cache-free forward of pairs 0..t followed by the drafter's own outputs gives, as at decode."""
   tcfg, tparams = small_target
-  drafter, params = testing.eagle_drafter(small_target, 2, 3, 6, sampled=False)
+  drafter, params = testing.eagle_drafter(
+    small_target, 2, 3, 6, sampled=False, architecture=architecture
+  )
   tokens = jax.random.randint(jax.random.key(5), (1, 12), 0, tcfg.vocab_size)
   _, (f,) = llama.logits_of(tparams, tcfg, tokens, ("final",))
   t = tokens.shape[1] - 1
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
   pos = jnp.arange(t)[None]
-  x1 = eagle.inputs(params, drafter.cfg, tokens[:, 1:], f[:, :-1])
+  x1 = eagle.inputs(params, drafter.cfg, tokens[:, 1:], eagle.fuse(params, f[:, :-1]))
   out1, k1, v1 = eagle.layer(params, drafter.cfg, x1, pos, None, None, attn)
   nxt2 = jnp.pad(tokens[:, 2:], ((0, 0), (0, 1)))
   out2, k2, v2 = eagle.rollout_layer(
@@ -199,14 +211,26 @@ def test_training_rollout_sees_what_decoding_sees(small_target):
     np.testing.assert_allclose(out3[0, start], want3, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["top_k", "sampled"])
-@pytest.mark.parametrize("vocab_ids", [None, tuple(range(0, 64, 2))], ids=["full", "reduced"])
-def test_greedy_equals_autoregressive(small_target, sampled, vocab_ids):
+@pytest.mark.parametrize(
+  "sampled, vocab_ids, architecture",
+  [
+    (False, None, "specjax"),
+    (True, None, "specjax"),
+    (False, tuple(range(0, 64, 2)), "specjax"),
+    (True, tuple(range(0, 64, 2)), "specjax"),
+    (False, None, "eagle1"),
+    (True, tuple(range(0, 64, 2)), "eagle3"),
+  ],
+  ids=["top_k-full", "sampled-full", "top_k-reduced", "sampled-reduced", "eagle1", "eagle3"],
+)
+def test_greedy_equals_autoregressive(small_target, sampled, vocab_ids, architecture):
   """Batch 4, ragged prompts, a stop id: the tokens are AR's."""
   cfg, params = small_target
   kw = dict(max_new_tokens=24, max_len=48, eos_id=[5])
   ar = generate(params, cfg, PROMPTS, **kw)
-  drafter, dparams = testing.eagle_drafter(small_target, 3, 3, 8, vocab_ids, sampled=sampled)
+  drafter, dparams = testing.eagle_drafter(
+    small_target, 3, 3, 8, vocab_ids, sampled=sampled, architecture=architecture
+  )
   out = generate(params, cfg, PROMPTS, drafter=drafter, drafter_params=dparams, **kw)
   assert out.tokens == ar.tokens
 
@@ -274,9 +298,12 @@ def _tiny_target(seed=0, dim=32):
   return source.Model(*tiny.random_model(seed=seed, vocab_size=64, dim=dim, num_layers=3))
 
 
-def test_saved_drafter_loads_and_decodes_the_same(tmp_path):
+@pytest.mark.parametrize("architecture", ["specjax", "eagle1", "eagle3"])
+def test_saved_drafter_loads_and_decodes_the_same(tmp_path, architecture):
   target = _tiny_target()
-  drafter, params = testing.eagle_drafter((target.cfg, target.params), 2, 3, 5, tuple(range(40)))
+  drafter, params = testing.eagle_drafter(
+    (target.cfg, target.params), 2, 3, 5, tuple(range(40)), architecture=architecture
+  )
   eagle.save(tmp_path / "d", drafter.cfg, params, target)
   cfg, loaded, _ = eagle.load(tmp_path / "d", target)
   assert cfg == drafter.cfg
@@ -417,28 +444,38 @@ def test_bad_input_is_one_clear_error(tmp_path, case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "features, rollout", [(("final",), 1), ((0, 1, 2), 3)], ids=["eagle1", "eagle3_rollout3"]
+  "features, rollout, architecture",
+  [(("final",), 1, "specjax"), ((0, 1, 2), 3, "specjax"), ((0, 1, 2), 3, "eagle3")],
+  ids=["eagle1", "eagle3_rollout3", "official_eagle3"],
 )
-def test_training_raises_tau_and_the_export_decodes_the_same(tmp_path, features, rollout):
+def test_training_raises_tau_and_the_export_decodes_the_same(
+  tmp_path, features, rollout, architecture
+):
   """EAGLE on a random tiny target's own text: teacher-forced top-1 and tau rise, and the
-  exported drafter decodes through ``drafter.eagle.path`` with the tau the run reported."""
+  exported drafter decodes through ``drafter.eagle.path`` with the tau the run reported (the
+  published EAGLE-3 architecture trained as directly as specjax's)."""
   c = _eagle_config(tmp_path, top_k=2, depth=3, total=6)
   c.objective = objectives.default_config("eagle")
   c.objective.eagle.vocab_size = 200
   c.objective.eagle.feature_layers = features
   c.objective.eagle.rollout = rollout
+  c.objective.eagle.architecture = architecture
   c.workdir = str(tmp_path / "run")
   record = train.run(c)
   init, final = record["decode"]["init"], record["decode"]["final"]
   assert final["tau"] > init["tau"] + 0.2, (init, final)
   log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
   logged = [m for m in log if "top1" in m]
-  assert logged[-1]["top1"] > logged[0]["top1"] + 0.2
+  # The published EAGLE-3 trains its own head (from the target's rows) and a 2F-wide
+  # attention: at this tiny budget its top-1 rises less (0.006 -> 0.15) than specjax's.
+  rise = 0.1 if architecture == "eagle3" else 0.2
+  assert logged[-1]["top1"] > logged[0]["top1"] + rise
 
   c.drafter.eagle.path = str(tmp_path / "run" / "draft_final")
   target = build.target(c)
   drafter, params = build.drafter(c, target)
   assert drafter.feature_layers == features and len(params["vocab_ids"]) == 200
+  assert drafter.cfg.architecture == architecture
   req = build.request(c, target)
   outs = [
     generate(target.params, target.cfg, b, drafter=drafter, drafter_params=params,

@@ -24,6 +24,7 @@ heads on the frozen target's final hidden states against its own predictions (Me
 """
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -376,6 +377,9 @@ class EagleFeatures:
   def config() -> ml_collections.ConfigDict:
     """``config.objective.eagle``: what the drafter reads and how it is trained."""
     c = ml_collections.ConfigDict()
+    # specjax | eagle1 | eagle3: specjax's own variant, or the published EAGLE-1/2 or EAGLE-3
+    # architecture exactly (drafters/eagle/model.py), which export_drafter writes for vLLM/SGLang.
+    c.architecture = "specjax"
     c.feature_layers = ("final",)  # target features read ("final" = EAGLE-1)
     c.inputs = "feature+token"  # what each pair feeds the layer: feature+token | feature | token
     c.vocab_size = 0  # draft vocabulary V' (0 = the target's): the most frequent training tokens
@@ -420,11 +424,18 @@ class EagleFeatures:
     f = "config.objective.eagle"
     layers = tuple(c.feature_layers)
     try:
-      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs, c.ffn_dim)
+      cfg = eagle.EagleConfig(
+        target, layers, c.vocab_size, c.inputs, c.ffn_dim, c.get("architecture", "specjax")
+      )
     except ValueError as e:
       raise ValueError(f"{f}: {e}") from None
     if not -1 <= c.copy_layer < target.num_layers:
       raise ValueError(f"{f}.copy_layer={c.copy_layer} must be -1 or in [0, {target.num_layers}).")
+    if c.copy_layer >= 0 and cfg.architecture == "eagle3":
+      raise ValueError(
+        f"{f}.copy_layer={c.copy_layer}: architecture='eagle3' reads 2F-wide pairs, which no "
+        "target layer does; set copy_layer = -1."
+      )
     if c.copy_layer >= 0 and cfg.mlp_width != target.ffn_dim:
       raise ValueError(
         f"{f}.copy_layer={c.copy_layer} copies a target layer, whose MLP is {target.ffn_dim} "
@@ -436,6 +447,11 @@ class EagleFeatures:
         raise ValueError(
           f"{f}.init_from={c.init_from!r} reads features {saved.feature_layers} of a "
           f"{saved.target.dim}-wide target, not {cfg.feature_layers} of {target.dim}."
+        )
+      if saved.architecture != cfg.architecture:
+        raise ValueError(
+          f"{f}.init_from={c.init_from!r} has architecture={saved.architecture!r}, not "
+          f"{cfg.architecture!r}: set {f}.architecture={saved.architecture!r}."
         )
       if saved.inputs != cfg.inputs:
         raise ValueError(
@@ -473,25 +489,24 @@ class EagleFeatures:
     return jnp.asarray(self.vocab_ids, jnp.int32)
 
   def describe(self) -> str:
-    c, f = self.eagle.layer, self.target_cfg.dim
-    n = c.num_params() - c.vocab_size * f * (1 if c.tie_embeddings else 2) - f  # one layer
-    n += 2 * f * f + 2 * f  # fc, its bias, the norm
-    if self.eagle.fused:
-      n += len(self.eagle.feature_layers) * f * f
+    trained = self.eagle.trained
+    shapes = eagle.param_shapes(self.eagle)
+    n = sum(math.prod(s) for k, s in shapes.items() if k.partition(".")[0] in trained)
     return (
-      f"EAGLE drafter reading {list(self.eagle.feature_layers)}, one layer (MLP "
-      f"{self.eagle.mlp_width} wide), draft vocabulary "
+      f"EAGLE drafter ({self.eagle.architecture}) reading {list(self.eagle.feature_layers)}, "
+      f"one layer (MLP {self.eagle.mlp_width} wide), draft vocabulary "
       f"{self.eagle.draft_vocab} ({n / 1e6:.2f} M trained params)"
     )
 
   def init(self, key: jax.Array, frozen: Params) -> Params:
     if self.init_from:
       trained = eagle.read_trained(self.init_from)
-      trained = {k: jax.tree.map(jnp.asarray, v) for k, v in trained.items() if k in eagle.TRAINED}
+      keep = self.eagle.trained
+      trained = {k: jax.tree.map(jnp.asarray, v) for k, v in trained.items() if k in keep}
       return eagle.widen(trained, self.eagle, key)
     copy = None if self.copy_layer < 0 else self.copy_layer
     params = eagle.init_params(self.eagle, key, frozen, self._vocab(), copy)
-    return {k: params[k] for k in eagle.TRAINED if k in params}
+    return {k: params[k] for k in self.eagle.trained if k in params}
 
   def model_params(self, params: Params, frozen: Params) -> Params:
     return dict(params) | eagle.frozen_params(self.eagle, frozen, self._vocab())
@@ -538,7 +553,7 @@ class EagleFeatures:
         out_BxTxF, k, v = eagle.rollout_layer(p, self.eagle, x, positions + j - 1, (k1, v1), rolled)
         rolled.append((k, v))
       terms = losses.eagle_losses(
-        out_BxTxF, later(f_BxTxF, j), eagle.logits(p, out_BxTxF), later(p_BxTxW, j),
+        out_BxTxF, later(f_BxTxF, j), eagle.logits(p, self.eagle, out_BxTxF), later(p_BxTxW, j),
         later(argmax_BxT, j), vocab, later(losses.within_document(mask_BxT, j), 0),
       )  # fmt: skip
       total += self.rollout_decay ** (j - 1) * (

@@ -55,11 +55,12 @@ from specjax.drafters.eagle.drafter import (
   pool_size,
 )
 from specjax.drafters.eagle.model import (
+  ARCHITECTURES,
   FIELD,
   FORMAT,
   INPUTS,
   META_FILE,
-  TRAINED,
+  TRAINED_BY,
   WEIGHTS_FILE,
   EagleConfig,
   frozen_params,
@@ -69,6 +70,7 @@ from specjax.drafters.eagle.model import (
   layer,
   load,
   logits,
+  param_shapes,
   read_meta,
   read_trained,
   rollout_layer,
@@ -77,8 +79,8 @@ from specjax.drafters.eagle.model import (
 )
 
 __all__ = [
-  "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED", "WEIGHTS_FILE", "Eagle",
-  "EagleConfig", "EagleState", "Expanded", "Pool", "check_shape", "frozen_params", "fuse",
-  "init_params", "inputs", "layer", "load", "logits", "pool_size", "read_meta", "read_trained",
-  "rollout_layer", "save", "widen",
+  "ARCHITECTURES", "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED_BY", "WEIGHTS_FILE",
+  "Eagle", "EagleConfig", "EagleState", "Expanded", "Pool", "check_shape", "frozen_params",
+  "fuse", "init_params", "inputs", "layer", "load", "logits", "param_shapes", "pool_size",
+  "read_meta", "read_trained", "rollout_layer", "save", "widen",
 ]  # fmt: skip

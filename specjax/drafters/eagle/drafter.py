@@ -35,11 +35,12 @@ from specjax.drafters.eagle.model import (
   layer,
   load,
   logits,
+  param_shapes,
   read_meta,
   rollout_layer,
 )
 from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import llama, schema, source
+from specjax.models import llama, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
 from specjax.trees import Tree
@@ -123,25 +124,17 @@ class Eagle(Chain):
 
   def check_params(self, params) -> None:
     """The drafter's weights fit its shapes (``load`` / ``init_params`` give such params)."""
-    f, w = self.cfg.target.dim, self.cfg.draft_vocab
-    want = {"fc": (f, 2 * f), "fc_b": (f,), "norm": (f,), "proj": (w, f), "vocab_ids": (w,),
-            "embed": (self.cfg.target.vocab_size, f)}  # fmt: skip
-    if self.cfg.fused:
-      want["fuse"] = (f, len(self.feature_layers) * f)
+    want = {"embed": (self.cfg.target.vocab_size, self.cfg.target.dim)} | param_shapes(self.cfg)
     got = params if isinstance(params, dict) else {}
-    for k, shape in want.items():
-      if k not in got or tuple(np.shape(got[k])) != shape:
-        have = tuple(np.shape(got[k])) if k in got else "missing"
-        raise ValueError(f"EAGLE drafter_params[{k!r}] is {have}, expected {shape}.")
-    layer = got.get("layer") if isinstance(got.get("layer"), dict) else {}
-    for path, p in schema.entries(llama.SCHEMA, self.cfg.layer, 1):
-      if path[0] == "layers":
-        shape, have = p.shape(self.cfg.layer), layer.get(path[2])
-        if have is None or tuple(np.shape(have)) != shape:
-          have = "missing" if have is None else tuple(np.shape(have))
-          raise ValueError(
-            f"EAGLE drafter_params['layer'][{path[2]!r}] is {have}, expected {shape}."
-          )
+    for name, shape in want.items():
+      head, _, tail = name.partition(".")
+      have = got.get(head)
+      if tail:
+        have = have.get(tail) if isinstance(have, dict) else None
+      if have is None or tuple(np.shape(have)) != shape:
+        have = "missing" if have is None else tuple(np.shape(have))
+        key = f"[{head!r}][{tail!r}]" if tail else f"[{head!r}]"
+        raise ValueError(f"EAGLE drafter_params{key} is {have}, expected {shape}.")
 
   def draft_calls_per_step(self) -> int:
     return self.depth
@@ -309,14 +302,16 @@ class Eagle(Chain):
   def propose(self, params, state, ctx: DraftContext):
     keys = jax.random.split(ctx.key, self.depth)
     root_BxF, cache = self._catch_up(params, state, ctx)
-    tok, score, q = self._children(logits(params, root_BxF)[:, None], keys[0], ctx.sampling)
+    tok, score, q = self._children(
+      logits(params, self.cfg, root_BxF)[:, None], keys[0], ctx.sampling
+    )
     pool = Pool.start(tok[:, 0], score[:, 0], None if q is None else q[:, 0], root_BxF)
     expanded = Expanded.empty(ctx.tokens.shape[0])
     for d in range(1, self.depth):
       frontier_BxK = pool.best_of_level(d, self.top_k)
       expanded = expanded.add(frontier_BxK, pool.parent_BxP, d)
       out_BxKxF = self._expand(params, cache, ctx, pool, expanded)
-      tok, score, q = self._children(logits(params, out_BxKxF), keys[d], ctx.sampling)
+      tok, score, q = self._children(logits(params, self.cfg, out_BxKxF), keys[d], ctx.sampling)
       pool = pool.offer(frontier_BxK, tok, score, q, out_BxKxF)
     draft = self._rerank(params, pool)
     if self.lookup is not None:
@@ -472,7 +467,7 @@ def _teacher_forced_chain(target, drafter, p, x_1xS, roots_R) -> jax.Array:
       x = inputs(p, drafter.cfg, shift(x_1xS, j), out)
       out, k, v = rollout_layer(p, drafter.cfg, x, positions + j - 1, (k1, v1), rolled)
       rolled.append((k, v))
-    picks.append(p["vocab_ids"][jnp.argmax(logits(p, out)[0], -1)])
+    picks.append(p["vocab_ids"][jnp.argmax(logits(p, drafter.cfg, out)[0], -1)])
   return jnp.stack(picks, -1)[roots_R - 1]
 
 
