@@ -37,7 +37,6 @@ import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, results, simulate
-from specjax.drafters.eagle import Eagle
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.tasks import sweep
 from specjax.tasks.benchmark import machine
@@ -136,11 +135,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for name, (d, dp) in drafters.items():
     if simulate.is_chain(d):  # tau for every chain length: what num_draft = "auto" reads
       by_k[name] = simulate.tau_by_chain_length(target, d, dp, every_row, k_max)
-  lookups = any(isinstance(d, PromptLookup) for d, _ in drafters.values())
+  kinds = {name: variants[name].drafter.name for name in drafters}
+  lookups = "prompt_lookup" in kinds.values()
   grid = costmodel.lookup_grid(target, every_row, k_max) if lookups else []
   budgets = [tuple(b) for b in cm.get("eagle_budgets", EAGLE_BUDGETS)]
   eagles = {variants[name].drafter.eagle.path: (d, dp)
-            for name, (d, dp) in drafters.items() if isinstance(d, Eagle)}  # fmt: skip
+            for name, (d, dp) in drafters.items() if kinds[name] == "eagle"}  # fmt: skip
   eagle_grid = [
     {"path": path} | g
     for path, (d, dp) in tqdm(eagles.items(), desc="EAGLE budgets", unit="drafter")

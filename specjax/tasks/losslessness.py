@@ -121,13 +121,16 @@ def joint(samples: int, seed: int) -> dict:
 
 def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
+  if config.drafter.name != "draft_model":
+    raise ValueError(
+      f"config.drafter.name={config.drafter.name!r}: task=losslessness compares real logits of "
+      "two models; set drafter.name=draft_model."
+    )
   lc = config.losslessness
   record = {"config": config.to_dict(), "machine": machine()}
   record["random_pairs"] = random_pairs(lc.pairs, lc.rows, lc.vocab, config.seed)
   target = build.target(config)
   drafter, dparams = build.drafter(config, target)
-  if not isinstance(drafter, DraftModel):
-    raise ValueError("config.drafter.name must be draft_model: real q comes from a draft model.")
   record["real_logits"] = real_logits(config, target, drafter, dparams)
   record["joint"] = joint(lc.samples, config.seed)
   pairs = record["random_pairs"]
