@@ -142,7 +142,10 @@ class Eagle(Chain):
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.path = ""  # a drafter saved by task=train with objective.name=eagle (its draft_final)
+    # A drafter saved by task=train with objective.name=eagle (its draft_final), or a published
+    # one's directory (SafeAILab EAGLE-1/2 or EAGLE-3, SpecForge, vLLM speculators).
+    c.path = ""
+    c.format = "auto"  # auto (detected) | specjax | eagle | eagle3 | speculators
     c.top_k = 4  # nodes expanded per level, and children offered by each
     c.depth = 4  # levels drafted (draft forwards per step)
     # Nodes kept for verification (the tree's size), or "auto": the budget (top_k, depth,
@@ -175,11 +178,22 @@ class Eagle(Chain):
       )
     else:
       check_shape(c.top_k, c.depth, c.total)
+    from specjax.interop import eagle as interop
+
+    fmt = c.get("format", "auto")
     if not c.path:  # task=train decodes with the drafter it trains
+      if fmt not in interop.FORMATS:
+        raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose one of {interop.FORMATS}.")
       return None
-    cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
-    d = cls(cfg, *_budget(c), lookup=prompt_lookup.branch(c))
+    layout = interop.layout(c.path, fmt)  # the layout, its config's flags: no weights read
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
+    if layout["fmt"] == "specjax":
+      cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
+    elif target is None:  # a random target: its sizes are known once it is built
+      return None
+    else:
+      cfg = interop.plan(c.path, target.cfg, fmt).cfg  # sizes and tensor headers checked
+    d = cls(cfg, *_budget(c), lookup=prompt_lookup.branch(c))
     if target is not None:
       d.check_target(target.cfg)
     return d
@@ -191,7 +205,7 @@ class Eagle(Chain):
         f"{FIELD}.path is empty: EAGLE decodes with a trained drafter (task=train with "
         "objective.name=eagle writes one into workdir/draft_final)."
       )
-    cfg, params, _ = load(c.path, target)
+    cfg, params, _ = load(c.path, target, c.get("format", "auto"))
     sampled = sampled_candidates(c, FIELD)
     # total = "auto": set by build.drafter
     d = cls(cfg, *_budget(c), sampled, prompt_lookup.branch(c))

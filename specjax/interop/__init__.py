@@ -1,0 +1,1 @@
+"""Checkpoint layouts of other libraries: published drafters in, specjax drafters out."""

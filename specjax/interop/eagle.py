@@ -1,0 +1,693 @@
+"""Published EAGLE drafters in, specjax drafters out: the SafeAILab, SpecForge and vLLM
+``speculators`` checkpoint layouts of EAGLE-1/2 and EAGLE-3.
+
+    fmt = detect(directory)                       # specjax | eagle | eagle3 | speculators
+    cfg, params, meta = load(directory, target)   # decode params of eagle.model (architecture
+                                                  # eagle1 or eagle3)
+    export(cfg, params, out_dir, "speculators", "bfloat16")
+
+Layouts (tensor names; ``L.`` is the layer prefix, F the hidden size, V' the draft vocabulary):
+
+    layout        config.json                      layer prefix   tensors
+    eagle         SafeAILab EAGLE-1/2 (``bias``,    layers.0.      fc.weight [F, 2F], fc.bias [F],
+                  ``qkv_bias``)                                   L.self_attn.{q,k,v,o}_proj,
+                                                                  L.post_attention_layernorm,
+                                                                  L.mlp.{gate,up,down}_proj
+    eagle3        SafeAILab / SpecForge EAGLE-3     midlayer.      fc.weight [F, 3F], norm.weight,
+                  (``draft_vocab_size``)                          lm_head.weight [V', F], d2t, t2d,
+                                                                  L.input_layernorm, L.hidden_norm,
+                                                                  L.self_attn.* (q/k/v over 2F), ...
+    speculators   ``speculators_model_type``        layers.0.      eagle3: as eagle3;
+                  eagle3 (``transformer_layer_      transformer.   eagle: fusion_fc.{weight,bias},
+                  config``, aux layer ids) or eagle                transformer.* (no input norm)
+
+Weights are ``model.safetensors`` (or sharded with an index) or a torch-pickled
+``pytorch_model.bin`` (read by ``specjax.interop.torch_files``). A stored ``embed_tokens.weight``
+must be the target's embedding (specjax drafters read the target's); ``d2t`` maps a draft id to
+the target's (target id = draft id + d2t[draft id]) and ``t2d``, where stored, must agree.
+
+Auxiliary layer ids: speculators/vLLM (``eagle_aux_hidden_state_layer_ids``) and SafeAILab's
+default rule ``[2, L // 2, L - 3]`` name the hidden state fed *into* layer a (0: the
+embeddings), specjax the residual stream after layer a - 1; SGLang/SpecForge's
+``eagle_config.eagle_aux_hidden_state_layer_ids`` name the output of layer a, specjax's own
+index. Features are concatenated in layer order.
+"""
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file, save_file
+
+from specjax.drafters import artifact
+from specjax.models import llama, rope
+from specjax.models.config import ModelConfig
+
+FIELD = "config.drafter.eagle"
+FORMATS = ("auto", "specjax", "eagle", "eagle3", "speculators")
+EXPORTS = ("eagle", "eagle3", "speculators")
+DTYPES = {"float32": np.float32, "bfloat16": jnp.bfloat16, "float16": np.float16}
+NAMES = {
+  "eagle": "SafeAILab EAGLE-1/2",
+  "eagle3": "SafeAILab/SpecForge EAGLE-3",
+  "speculators/eagle3": "vLLM speculators EAGLE-3",
+  "speculators/eagle": "vLLM speculators EAGLE-1",
+}
+# Tensors a published drafter may carry that specjax does not use (checked or ignored).
+_IGNORED = ("rotary_emb.inv_freq", "verifier_norm.weight", "verifier_lm_head.weight")
+_EMBED = "embed_tokens.weight"
+# The layer's tensors: specjax name -> the HF name after the layer prefix (llama.SCHEMA's).
+_LAYER = {p.name: p.hf.removeprefix("model.layers.{i}.") for p in llama.SCHEMA if p.per_layer}
+_LAYER["hidden_norm"] = "hidden_norm.weight"
+_SPECULATORS_VERSION = "0.9.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A drafter directory as read from its config and tensor headers, before its weights load:
+  what it is, the EagleConfig it decodes as, and each tensor it must hold."""
+
+  fmt: str  # eagle | eagle3 | speculators
+  name: str  # the layout's readable name (NAMES)
+  cfg: object  # EagleConfig
+  files: tuple  # weight files
+  expected: dict  # checkpoint name -> (specjax flat name, shape)
+  fc_bias: bool  # eagle1: the checkpoint has fc.bias
+  config: dict  # the drafter's config.json
+
+  def describe(self) -> str:
+    c = self.cfg
+    layers = ", ".join(str(f) for f in c.feature_layers)
+    return (
+      f"EAGLE drafter layout: {self.name} ({self.fmt}; architecture {c.architecture}), "
+      f"{', '.join(f.name for f in self.files)}: features [{layers}], draft vocabulary "
+      f"{c.draft_vocab} of {c.target.vocab_size}, layer {c.layer.num_heads} heads x "
+      f"{c.layer.head_dim}, MLP {c.mlp_width}"
+    )
+
+
+# --- detection ---------------------------------------------------------------------------------
+
+
+def detect(directory) -> str:
+  """The layout of a drafter directory: ``specjax`` (eagle.json), ``speculators``
+  (``speculators_model_type`` in config.json), ``eagle3`` or ``eagle``; one clear error if it
+  is none of them."""
+  directory = Path(directory)
+  if (directory / "eagle.json").is_file():
+    return "specjax"
+  if not directory.is_dir():
+    raise ValueError(f"{FIELD}.path={str(directory)!r} is not a directory.")
+  config = _config(directory)
+  if config is None:  # neither kind: the specjax reader's error (it names medusa.json too)
+    hint = (
+      "point it at a directory written by task=train with objective.name=eagle (draft_final), "
+      "or at a published EAGLE drafter (config.json and its weights)"
+    )
+    artifact.read_meta(directory, "eagle.json", 1, f"{FIELD}.path", hint)
+  if "speculators_model_type" in config:
+    return "speculators"
+  archs = " ".join(config.get("architectures") or ())
+  if "draft_vocab_size" in config or "Eagle3" in archs:
+    return "eagle3"
+  names = set(_header(_weight_files(directory)) or ())
+  if any(n.startswith("midlayer.") for n in names):
+    return "eagle3"
+  return "eagle"
+
+
+def _config(directory: Path) -> dict | None:
+  path = directory / "config.json"
+  if not path.is_file():
+    return None
+  try:
+    config = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{FIELD}: {path} is not valid JSON ({e}).") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"{FIELD}: {path} is not a JSON object.")
+  return config
+
+
+def _weight_files(directory: Path) -> tuple[Path, ...]:
+  for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+    if (directory / index).is_file():
+      try:
+        weight_map = json.loads((directory / index).read_text())["weight_map"]
+      except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{FIELD}: {directory / index} is not a weight index ({e}).") from None
+      return tuple(sorted({directory / f for f in weight_map.values()}))
+  for name in ("model.safetensors", "pytorch_model.bin"):
+    if (directory / name).is_file():
+      return (directory / name,)
+  found = sorted(directory.glob("*.safetensors"))
+  if found:
+    return tuple(found)
+  raise ValueError(
+    f"{FIELD}: {directory} has a config.json but no weights (model.safetensors or "
+    "pytorch_model.bin)."
+  )
+
+
+def _header(files) -> dict | None:
+  """``{name: (shape, dtype)}`` from the safetensors headers alone, or None if a file is a
+  torch pickle (its names are known only once it is read). A damaged or truncated file is one
+  error naming it."""
+  out = {}
+  for f in files:
+    if f.suffix != ".safetensors":
+      return None
+    artifact.check_tensors(f, None, FIELD)  # missing, truncated, damaged header
+    with safe_open(str(f), "np") as sf:
+      for name in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
+        s = sf.get_slice(name)
+        out[name] = (tuple(s.get_shape()), s.get_dtype())
+  return out
+
+
+def _read(files) -> dict[str, np.ndarray]:
+  tensors = {}
+  for f in files:
+    if f.suffix == ".safetensors":
+      try:
+        tensors |= load_file(str(f))
+      except (SafetensorError, OSError) as e:
+        raise ValueError(f"{FIELD}: {f} is damaged or truncated ({e}).") from None
+      continue
+    try:
+      from specjax.interop import torch_files
+    except ImportError:
+      raise ValueError(
+        f"{FIELD}: {f} is a torch pickle, which needs specjax.interop.torch_files; convert it "
+        "to model.safetensors."
+      ) from None
+    try:
+      tensors |= {k: np.asarray(v) for k, v in torch_files.read_tensors(f).items()}
+    except ValueError:
+      raise
+    except Exception as e:  # a pickle reader fails with whatever the bytes trip
+      raise ValueError(f"{FIELD}: {f} is damaged or truncated ({type(e).__name__}: {e}).") from None
+  return tensors
+
+
+# --- the plan: config.json -> EagleConfig and the expected tensors -----------------------------
+
+
+def layout(directory, fmt: str = "auto") -> dict:
+  """What a drafter directory holds, from its config.json alone (no target, no weights): the
+  layout (``fmt``: ``auto`` detects it; another value must match), its readable name, the
+  specjax architecture it decodes as, its config and layer config; one clear error for a
+  format that does not match, an EAGLE variant specjax does not compute, or no weights."""
+  directory = Path(directory)
+  if fmt not in FORMATS:
+    raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose one of {', '.join(FORMATS)}.")
+  found = detect(directory)
+  if fmt not in ("auto", found):
+    raise ValueError(
+      f"{FIELD}.format={fmt!r}, but {FIELD}.path={str(directory)!r} holds a {found!r} "
+      f"drafter ({NAMES.get(found, 'eagle.json')}): set format={found!r} or 'auto'."
+    )
+  out = {"fmt": found, "directory": directory}
+  if found == "specjax":
+    return out
+  config = _config(directory)
+  if found == "speculators":
+    kind = config.get("speculators_model_type")
+    if kind not in ("eagle", "eagle3"):
+      raise ValueError(
+        f"{directory}/config.json: speculators_model_type={kind!r} is not an EAGLE drafter "
+        "(specjax reads eagle and eagle3)."
+      )
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+      raise ValueError(f"{directory}/config.json lacks transformer_layer_config.")
+    name, prefix = NAMES[f"speculators/{kind}"], {"eagle3": "layers.0."}.get(kind, "transformer.")
+  else:
+    layer, kind, name = config, found, NAMES[found]
+    prefix = {"eagle3": "midlayer."}.get(found, "layers.0.")
+  _refuse_flags(config, found)
+  files = _weight_files(directory)
+  arch = "eagle3" if kind == "eagle3" else "eagle1"
+  return out | dict(config=config, layer=layer, kind=kind, name=name, prefix=prefix,
+                    architecture=arch, files=files)  # fmt: skip
+
+
+def plan(directory, target_cfg: ModelConfig, fmt: str = "auto") -> Plan:
+  """Reads a published drafter's config and tensor headers (no weights) and checks that it
+  fits ``target_cfg``; ``fmt`` names the layout (``auto``: detected)."""
+  from specjax.drafters.eagle import model as eagle_model
+
+  lay = layout(directory, fmt)
+  if lay["fmt"] == "specjax":
+    raise ValueError(f"{directory} is a specjax drafter (eagle.json): eagle.load reads it.")
+  config, layer, name = lay["config"], lay["layer"], lay["name"]
+  header = _header(lay["files"])
+  where = f"{FIELD}.path={str(directory)!r}"
+  t = target_cfg
+  hidden = int(layer.get("hidden_size", 0))
+  target_hidden = config.get("target_hidden_size") or hidden
+  vocab = int(layer.get("vocab_size", 0) or config.get("target_vocab_size", 0))
+  if (hidden, target_hidden, vocab) != (t.dim, t.dim, t.vocab_size):
+    raise ValueError(
+      f"{where}: this {name} drafter was made for a target of hidden size {target_hidden} "
+      f"(drafter {hidden}) and vocabulary {vocab}, and cannot read this target {t.name!r} "
+      f"(hidden size {t.dim}, vocabulary {t.vocab_size}): point it at a drafter for this target."
+    )
+  layers = int(layer.get("num_hidden_layers", 1))
+  if layers != 1:
+    raise ValueError(
+      f"{where}: num_hidden_layers={layers}: specjax's EAGLE drafter has one decoder layer."
+    )
+  fields, ffn = _layer(layer, t, lay["fmt"], where)
+  features, draft_vocab = (llama.FINAL,), t.vocab_size
+  if lay["architecture"] == "eagle3":
+    features = _features(config, t, lay["fmt"], where)
+    draft_vocab = int(config.get("draft_vocab_size") or t.vocab_size)
+  try:
+    cfg = eagle_model.EagleConfig(
+      t, features, 0 if draft_vocab == t.vocab_size else draft_vocab, ffn_dim=ffn,
+      architecture=lay["architecture"], layer_fields=fields,
+    )  # fmt: skip
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+  fc_bias = _fc_bias(config, lay["kind"])
+  expected = _expected(cfg, lay["prefix"], fc_bias)
+  if header is not None:
+    check_names(expected, header, name, where)
+  return Plan(lay["fmt"], name, cfg, lay["files"], expected, fc_bias, config)
+
+
+def _refuse_flags(config: dict, fmt: str) -> None:
+  """Variants of EAGLE-3 / EAGLE-1 the specjax architectures do not compute: one error naming
+  the flag. (``norm_output`` means opposite things in SpecForge and speculators.)"""
+  refused = {"fc_norm": True, "norm_before_fc": True, "norm_before_residual": True,
+             "layernorms": True}  # fmt: skip
+  refused["norm_output"] = fmt == "speculators"  # SpecForge: True is the standard final norm
+  what = {
+    "fc_norm": "an RMSNorm on each auxiliary hidden state before fc",
+    "norm_before_fc": "an RMSNorm on the concatenated auxiliary hidden states before fc",
+    "norm_before_residual": "the residual taken after hidden_norm",
+    "layernorms": "HASS's extra embedding and pre-head norms",
+    "norm_output": "the normed output fed back"
+    if fmt == "speculators"
+    else "no final norm before lm_head",
+  }
+  for key, bad in refused.items():
+    value = config.get(key)
+    if key == "norm_output" and fmt != "speculators" and value is None:
+      continue
+    if value is not None and bool(value) == bad:
+      raise ValueError(
+        f"{FIELD}: this drafter's config sets {key}={value!r} ({what[key]}), which specjax's "
+        f"EAGLE architectures do not compute; supported: {key}={not bad}."
+      )
+
+
+def _layer(layer: dict, t: ModelConfig, fmt: str, where: str):
+  """``(layer_fields, ffn_dim)`` of the drafter's decoder layer (what differs from the
+  target's; 0: the target's MLP width), from its HF-style config."""
+  heads = int(layer.get("num_attention_heads") or t.num_heads)
+  kv = int(layer.get("num_key_value_heads") or heads)
+  if fmt in ("eagle", "eagle3"):  # SafeAILab's cnets: head_dim = hidden_size // heads
+    head_dim = int(layer.get("head_dim") or 0) if fmt == "eagle3" else 0
+    head_dim = head_dim or t.dim // heads
+  else:
+    head_dim = int(layer.get("head_dim") or t.dim // heads)
+  model_type = layer.get("model_type", "llama")
+  if model_type not in ("llama", "qwen2", "qwen3"):
+    raise ValueError(f"{where}: a drafter layer of model_type={model_type!r} is unsupported.")
+  act = layer.get("hidden_act", "silu")
+  if act not in ("silu", "swish"):
+    raise ValueError(f"{where}: hidden_act={act!r} is unsupported: specjax's MLP is SwiGLU.")
+  try:
+    inv_freq, factor = rope.from_hf(layer, head_dim)
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+  bias = bool(layer.get("attention_bias")) if fmt == "speculators" else False
+  values = {
+    "num_heads": heads,
+    "num_kv_heads": kv,
+    "head_dim": head_dim,
+    "rope_theta": float(rope.parameters(layer)["rope_theta"]),
+    "rope_inv_freq": inv_freq,
+    "rope_attention_factor": factor,
+    "rope_scaling": rope.scaling(layer),
+    "norm_eps": float(layer.get("rms_norm_eps", 1e-6)),
+    "qkv_bias": bool(layer.get("qkv_bias")) if fmt == "eagle" else bias,
+    "out_bias": bias,
+    "mlp_bias": bool(layer.get("mlp_bias")) if fmt == "speculators" else False,
+    "qk_norm": model_type == "qwen3",
+    "sliding_window": 0,
+  }
+  fields = tuple((k, v) for k, v in values.items() if getattr(t, k) != v)
+  ffn = int(layer.get("intermediate_size") or t.ffn_dim)
+  return fields, 0 if ffn == t.ffn_dim else ffn
+
+
+def _features(config: dict, t: ModelConfig, fmt: str, where: str) -> tuple:
+  """specjax feature layers of an EAGLE-3 drafter, in layer order (see the module docstring)."""
+  sglang = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  ids = config.get("eagle_aux_hidden_state_layer_ids")
+  if ids is None and fmt == "speculators":
+    ids = (config.get("speculators_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  L = t.num_layers
+  if ids is None and sglang is not None:
+    into = [int(a) + 1 for a in sglang]  # SGLang adds one: its ids are layer outputs
+    key = "eagle_config.eagle_aux_hidden_state_layer_ids"
+  elif ids is not None:
+    into, key = [int(a) for a in ids], "eagle_aux_hidden_state_layer_ids"
+  else:
+    into, key = [2, L // 2, L - 3], f"the default rule [2, L // 2, L - 3] (L = {L})"
+  if len(set(into)) != len(into) or not all(1 <= a <= L for a in into):
+    raise ValueError(
+      f"{where}: auxiliary layers {into} (from {key}) must be distinct inputs of layers 1..{L} "
+      f"of target {t.name!r} (hidden state a is the one fed into layer a; 0, the embeddings, "
+      "is not a layer's output): set eagle_aux_hidden_state_layer_ids in the drafter's "
+      "config.json."
+    )
+  return tuple(a - 1 for a in sorted(into))
+
+
+def _fc_bias(config: dict, kind: str) -> bool:
+  """Whether an EAGLE-1 checkpoint has fc's bias (SafeAILab: ``bias``, default True;
+  speculators: ``fusion_bias``, default False)."""
+  if kind == "eagle3":
+    return False
+  if "transformer_layer_config" in config:
+    return bool(config.get("fusion_bias", False))
+  return bool(config.get("bias", True))
+
+
+def _expected(cfg, prefix: str, fc_bias: bool) -> dict:
+  """checkpoint name -> (specjax flat name, shape): every tensor the layout holds, shapes from
+  ``eagle.model.param_shapes``."""
+  from specjax.drafters.eagle import model as eagle_model
+
+  fc = "fusion_fc" if prefix == "transformer." else "fc"
+  names = {"fc": f"{fc}.weight", "fc_b": f"{fc}.bias", "fuse": "fc.weight",
+           "norm": "norm.weight", "proj": "lm_head.weight", "vocab_ids": "d2t"}  # fmt: skip
+  out = {}
+  for name, shape in eagle_model.param_shapes(cfg).items():
+    head, _, tail = name.partition(".")
+    if head == "layer":
+      out[prefix + _LAYER[tail]] = (name, shape)
+    elif cfg.architecture == "eagle1" and name in ("proj", "vocab_ids"):
+      continue  # the target's head over its whole vocabulary
+    elif name == "fc_b" and not fc_bias:
+      continue
+    elif name == "vocab_ids" and not cfg.vocab_size:
+      continue  # no d2t: the draft vocabulary is the target's
+    else:
+      out[names[name]] = (name, shape)
+  return out
+
+
+def check_names(expected: dict, found: dict, name: str, where: str) -> None:
+  """Every expected tensor present with its shape, nothing unknown beside them: else one error
+  listing the layout's expected names and shapes."""
+  have = {k: tuple(v[0]) if isinstance(v, tuple) else tuple(np.shape(v)) for k, v in found.items()}
+  missing = [k for k in expected if k not in have]
+  wrong = [k for k, (_, s) in expected.items() if k in have and have[k] != tuple(s)]
+  optional = {_EMBED, "t2d", "d2t"}
+  unknown = [k for k in have if k not in expected and k not in optional and
+             not k.endswith(_IGNORED)]  # fmt: skip
+  if not (missing or wrong or unknown):
+    return
+  problems = [f"missing {k}" for k in missing] + [
+    f"{k} is {list(have[k])}, expected {list(expected[k][1])}" for k in wrong
+  ]
+  problems += [f"unexpected {k} {list(have[k])}" for k in unknown]
+  table = "\n".join(f"  {k} {list(s)}" for k, (_, s) in expected.items())
+  raise ValueError(
+    f"{where}: the {name} checkpoint does not match its config ({'; '.join(problems)}). "
+    f"This layout holds:\n{table}\n(plus optional embed_tokens.weight, d2t, t2d)."
+  )
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def load(directory, target, fmt: str = "auto"):
+  """``(EagleConfig, decode params, meta)`` of a published drafter for ``target`` (a
+  ``source.Model``): the layout printed, sizes and tensor names checked before its weights
+  load, its embedding (if stored), vocabulary maps and stop tokens checked after."""
+  p = plan(directory, target.cfg, fmt)
+  print(p.describe(), flush=True)
+  where = f"{FIELD}.path={str(directory)!r}"
+  tensors = _read(p.files)
+  check_names(p.expected, tensors, p.name, where)
+  cfg = p.cfg
+  if _EMBED in tensors:
+    _check_embedding(tensors[_EMBED], target, where)
+  flat = {}
+  for ckpt, (name, _) in p.expected.items():
+    if name != "vocab_ids":
+      flat[name] = jnp.asarray(np.asarray(tensors[ckpt], np.float32))
+  if cfg.architecture == "eagle1" and "fc_b" not in flat:
+    flat["fc_b"] = jnp.zeros((cfg.target.dim,), jnp.float32)
+  ids = _vocab_ids(p, tensors, where)
+  artifact.check_vocab(ids, target, where)
+  params = _unflatten(flat)
+  head = artifact.target_head(target.params, target.cfg)
+  params["embed"] = target.params["embed"]
+  params["vocab_ids"] = jnp.asarray(ids, jnp.int32)
+  if cfg.architecture == "eagle1":
+    params["proj"] = head
+  meta = {"format": p.fmt, "layout": p.name, "source": str(directory), "config": p.config}
+  return cfg, params, meta
+
+
+def _vocab_ids(p: Plan, tensors: dict, where: str) -> np.ndarray:
+  """Draft id -> target id: arange + d2t (EAGLE-3), checked against t2d where stored."""
+  cfg = p.cfg
+  w, v = cfg.draft_vocab, cfg.target.vocab_size
+  ids = np.arange(w, dtype=np.int64)
+  d2t = tensors.get("d2t")
+  if d2t is not None and w < v:  # SafeAILab drops d2t when the vocabularies are equal
+    if np.shape(d2t) != (w,):
+      raise ValueError(f"{where}: d2t is {list(np.shape(d2t))}, expected [{w}].")
+    ids = ids + np.asarray(d2t, np.int64)
+  if ids.min() < 0 or ids.max() >= v or len(np.unique(ids)) != w:
+    raise ValueError(
+      f"{where}: d2t maps the {w} draft ids to {ids.min()}..{ids.max()}, not to distinct ids of "
+      f"the target's vocabulary [0, {v}): the file is damaged or for another target."
+    )
+  t2d = tensors.get("t2d")
+  if t2d is not None and w < v and np.asarray(t2d).any():
+    t2d = np.asarray(t2d).astype(bool)
+    if t2d.shape != (v,) or t2d.sum() != w or not t2d[ids].all():
+      raise ValueError(
+        f"{where}: t2d (target ids in the draft vocabulary) disagrees with d2t: the file is "
+        "damaged."
+      )
+  return ids
+
+
+def _check_embedding(stored, target, where: str) -> None:
+  """A stored embedding must be the target's (rows sampled, to the stored dtype's rounding)."""
+  embed = np.asarray(jax.device_get(target.params["embed"]), np.float32)
+  stored = np.asarray(stored)
+  if stored.shape != embed.shape:
+    raise ValueError(
+      f"{where}: the drafter's embed_tokens.weight is {list(stored.shape)}, the target's "
+      f"embedding {list(embed.shape)}: it was made for another target."
+    )
+  rows = np.unique(np.linspace(0, embed.shape[0] - 1, 256).astype(int))
+  s = stored[rows].astype(np.float32)
+  if np.isnan(s).all():
+    return  # never filled (speculators' placeholder): the target's is used
+  e = embed[rows].astype(stored.dtype).astype(np.float32)
+  if not np.allclose(s, e, rtol=1e-2, atol=1e-3 * float(np.abs(e).max() + 1e-12)):
+    raise ValueError(
+      f"{where}: the drafter stores an embedding (embed_tokens.weight) that differs from the "
+      "target's; specjax drafters read the target's embedding, so this drafter would decode "
+      "differently from its reference: it was trained for another target."
+    )
+
+
+def _unflatten(flat: dict) -> dict:
+  out: dict = {}
+  for k, v in flat.items():
+    head, _, tail = k.partition(".")
+    if tail:
+      out.setdefault(head, {})[tail] = v
+    else:
+      out[k] = v
+  return out
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name: str = "") -> Path:
+  """Writes a drafter in a published layout (``fmt``: eagle | eagle3 | speculators) with the
+  config.json that SafeAILab's code, vLLM and SGLang read, into ``out_dir`` atomically
+  (a temporary directory renamed into place). Weights in ``dtype``; ``target_name``: the
+  target's HF id or path, recorded as speculators' verifier."""
+  if fmt not in EXPORTS:
+    raise ValueError(f"export.format={fmt!r} is unknown; choose one of {', '.join(EXPORTS)}.")
+  if dtype not in DTYPES:
+    raise ValueError(f"export.dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}.")
+  arch = cfg.architecture
+  allowed = {"eagle": ("eagle1",), "eagle3": ("eagle3",), "speculators": ("eagle1", "eagle3")}
+  if arch not in allowed[fmt]:
+    want = {"eagle": "eagle1", "eagle3": "eagle3", "speculators": "eagle1 or eagle3"}[fmt]
+    raise ValueError(
+      f"export.format={fmt!r} holds drafters of architecture {want}; this drafter's "
+      f"architecture is {arch!r} (specjax's own variant: its final norm, feature fuse and "
+      "shared head have no place in that layout). Train with the official architecture "
+      f"(architecture={want.split()[0]!r}) to export it."
+    )
+  _check_expressible(cfg, fmt)
+  host = jax.device_get(params)
+  kind = "eagle3" if arch == "eagle3" else "eagle"
+  prefix = {"eagle": "layers.0.", "eagle3": "midlayer."}.get(fmt) or (
+    "layers.0." if kind == "eagle3" else "transformer."
+  )
+  fc_bias = arch == "eagle1" and bool(np.any(np.asarray(host["fc_b"]) != 0))
+  tensors = {}
+  for ckpt, (name, shape) in _expected(cfg, prefix, fc_bias).items():
+    if name == "vocab_ids":
+      continue
+    head, _, tail = name.partition(".")
+    value = np.asarray(host[head][tail] if tail else host[head], np.float32)
+    if value.shape != tuple(shape):
+      raise ValueError(f"export: params[{name!r}] is {list(value.shape)}, expected {list(shape)}.")
+    tensors[ckpt] = value.astype(DTYPES[dtype])
+  ids = np.asarray(host["vocab_ids"], np.int64)
+  if arch == "eagle3" and not np.array_equal(ids, np.arange(cfg.target.vocab_size)):
+    tensors["d2t"] = ids - np.arange(len(ids), dtype=np.int64)
+    t2d = np.zeros((cfg.target.vocab_size,), bool)
+    t2d[ids] = True
+    tensors["t2d"] = t2d
+  config = _export_config(cfg, fmt, kind, dtype, fc_bias, target_name)
+  out_dir = Path(out_dir)
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+  try:
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if out_dir.exists():
+      shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir
+
+
+def _check_expressible(cfg, fmt: str) -> None:
+  """The layer options a layout's readers cannot build: one error naming the option."""
+  layer = cfg.layer
+  fixed = {"sliding_window": 0, "mlp_bias": False, "out_bias": False}
+  if fmt in ("eagle", "eagle3"):  # SafeAILab's cnets, SGLang: no o/MLP biases, no q/k norm
+    fixed |= {"qk_norm": False}
+    if fmt == "eagle3":
+      fixed |= {"qkv_bias": False}
+  if fmt == "speculators" and cfg.architecture == "eagle3":
+    fixed.pop("mlp_bias")
+    fixed.pop("out_bias")
+  for field, value in fixed.items():
+    if getattr(layer, field) != value:
+      raise ValueError(
+        f"export.format={fmt!r}: the drafter's layer has {field}={getattr(layer, field)!r}, "
+        f"which that layout's readers do not build (they assume {field}={value!r})."
+      )
+  if fmt == "speculators" and layer.qkv_bias != layer.out_bias:
+    raise ValueError(
+      "export.format='speculators': attention_bias covers q, k, v and o together; the "
+      f"drafter's layer has qkv_bias={layer.qkv_bias} and out_bias={layer.out_bias}."
+    )
+
+
+def _layer_config(cfg, dtype: str) -> dict:
+  """The HF Llama-style config of the drafter's layer (what every reader builds it from)."""
+  layer = cfg.layer
+  out = {
+    "model_type": "qwen3" if layer.qk_norm else "llama",
+    "hidden_size": layer.dim,
+    "intermediate_size": layer.ffn_dim,
+    "num_attention_heads": layer.num_heads,
+    "num_key_value_heads": layer.num_kv_heads,
+    "head_dim": layer.head_dim,
+    "num_hidden_layers": 1,
+    "hidden_act": "silu",
+    "rms_norm_eps": layer.norm_eps,
+    "rope_theta": layer.rope_theta,
+    "rope_scaling": dict(layer.rope_scaling) or None,
+    "max_position_embeddings": 4096,
+    "vocab_size": cfg.target.vocab_size,
+    "attention_bias": bool(layer.qkv_bias),
+    "mlp_bias": bool(layer.mlp_bias),
+    "tie_word_embeddings": False,
+    "torch_dtype": dtype,
+  }
+  if layer.rope_scaling:
+    out["max_position_embeddings"] = int(
+      dict(layer.rope_scaling).get("original_max_position_embeddings") or 4096
+    ) * int(float(dict(layer.rope_scaling).get("factor", 1)))
+  return out
+
+
+def _export_config(cfg, fmt: str, kind: str, dtype: str, fc_bias: bool, target_name: str) -> dict:
+  into = [int(f) + 1 for f in cfg.feature_layers] if kind == "eagle3" else []
+  base = _layer_config(cfg, dtype)
+  if fmt == "eagle":
+    arch = "Qwen2ForCausalLM" if cfg.layer.qkv_bias else "LlamaForCausalLM"
+    return base | {"architectures": [arch], "bias": fc_bias, "qkv_bias": bool(cfg.layer.qkv_bias)}
+  if fmt == "eagle3":
+    return base | {
+      "architectures": ["LlamaForCausalLMEagle3"],
+      "draft_vocab_size": cfg.draft_vocab,
+      "target_hidden_size": cfg.target.dim,
+      "bias": False,
+      "eagle_aux_hidden_state_layer_ids": into,  # vLLM's convention: the input of layer a
+      "eagle_config": {  # SGLang's convention: the output of layer a (specjax's index)
+        "eagle_aux_hidden_state_layer_ids": [int(f) for f in cfg.feature_layers],
+        "use_aux_hidden_state": True,
+      },
+    }
+  spec = {
+    "algorithm": kind,
+    "proposal_methods": [
+      {"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0}
+    ],
+    "default_proposal_method": "greedy",
+    "verifier": {
+      "name_or_path": target_name or cfg.target.name,
+      "architectures": ["Qwen2ForCausalLM" if cfg.target.qkv_bias else "LlamaForCausalLM"],
+    },
+  }
+  common = {
+    "speculators_model_type": kind,
+    "speculators_version": _SPECULATORS_VERSION,
+    "speculators_config": spec,
+    "transformer_layer_config": base,
+    "tie_word_embeddings": False,
+    "torch_dtype": dtype,
+  }
+  if kind == "eagle":
+    return common | {
+      "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
+      "transformer_layer_architecture": "LlamaDecoderLayer",
+      "layernorms": False,
+      "fusion_bias": fc_bias,
+    }
+  return common | {
+    "architectures": ["Eagle3DraftModel"],
+    "draft_vocab_size": cfg.draft_vocab,
+    "target_hidden_size": cfg.target.dim,
+    "eagle_aux_hidden_state_layer_ids": into,
+    "norm_before_residual": False,
+    "norm_before_fc": False,
+    "fc_norm": False,
+    "norm_output": False,
+    "embed_requires_grad": False,
+  }
