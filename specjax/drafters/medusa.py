@@ -29,7 +29,9 @@ deterministic (one-hot q), tried after the heads' own children, so sampled mode 
 The drafter's state is h for every row: ``init`` takes the prompt's last feature, ``commit``
 the verdict's (along the heads' tree or the lookup branch alike). Heads, their tree and the
 target fingerprint they were trained against are saved together (``save`` / ``load``); loading
-heads onto another target is an error.
+heads onto another target is an error. ``load`` also reads published heads in FasterDecoding's
+or vLLM's layout (``specjax.interop.medusa``; ``format`` in the config section), which carry no
+fingerprint: their sizes are checked against the target's.
 """
 
 import dataclasses
@@ -87,6 +89,10 @@ class HeadsConfig:
   @property
   def reduced(self) -> bool:
     return self.vocab_size < self.target_vocab_size
+
+  @property
+  def name(self) -> str:  # what schema.check_shapes calls these sizes in its errors
+    return "Medusa heads"
 
 
 _proj_shape = lambda c: (c.num_heads if c.own_proj else 1, c.vocab_size, c.dim)  # noqa: E731
@@ -199,7 +205,9 @@ class Medusa(Chain):
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.path = ""  # heads saved by training (task=train, objective medusa); "" = untrained heads
+    c.path = ""  # heads saved by training (task=train, objective medusa) or a published Medusa
+    # directory (FasterDecoding's medusa_lm_head.*, vLLM's Medusa); "" = untrained heads
+    c.format = "auto"  # path's layout: auto | specjax | medusa | vllm_medusa (interop/medusa.py)
     c.num_heads = 4  # untrained heads only (path = ""): how many
     c.tree_spec = (4, 2, 2, 1)  # top-k per depth (the full tree), unless tree_paths is given
     c.tree_paths = ()  # Medusa's path list, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
@@ -213,7 +221,15 @@ class Medusa(Chain):
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     tree = parse_tree(c)
-    if c.path:
+    fmt = source.choice(c.get("format", "auto"), _layouts().FORMATS, "drafter.medusa.format")
+    if c.path and _layouts().detect(c.path, fmt) != "specjax":
+      found = _layouts().peek(c.path, fmt)  # headers only: no tensor is read
+      num_heads = found.heads.num_heads
+      target = source.peek(config.target)
+      if target is not None:
+        _layouts().check_sizes(found, target.cfg)
+      _layouts().check_names(found)
+    elif c.path:
       meta = read_meta(c.path)
       num_heads = meta["heads"]["num_heads"]
       if c.saved_tree and meta.get("tree"):
@@ -244,7 +260,7 @@ class Medusa(Chain):
     sampled = sampled_candidates(c, FIELD)
     tree = parse_tree(c)
     if c.path:
-      heads, params, meta = load(c.path, target)
+      heads, params, meta = load(c.path, target, c.get("format", "auto"))
       if c.saved_tree and meta.get("tree"):
         tree = Tree(tuple(meta["tree"]))
     else:
@@ -387,9 +403,25 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
   return artifact.read_tensors(directory, HEADS_FILE)
 
 
-def load(directory, target) -> tuple[HeadsConfig, dict, dict]:
-  """``(heads, decode params, meta)``; a clear error if they were trained for another target
-  or their vocabulary cannot emit the target's stop tokens."""
+def _layouts():
+  """``specjax.interop.medusa``: the other projects' layouts. It maps their files onto this
+  module's ``HeadsConfig``, so it sits above drafters/ and is imported when first needed."""
+  from specjax.interop import medusa as layouts
+
+  return layouts
+
+
+def load(directory, target, fmt: str = "auto") -> tuple[HeadsConfig, dict, dict]:
+  """``(heads, decode params, meta)`` from heads saved by specjax (``load_saved``) or in
+  another project's layout (``fmt``: auto | specjax | medusa | vllm_medusa; see
+  ``specjax.interop.medusa``). Foreign heads carry no target fingerprint: their sizes are
+  checked against the target's."""
+  return _layouts().load(directory, target, fmt)
+
+
+def load_saved(directory, target) -> tuple[HeadsConfig, dict, dict]:
+  """``(heads, decode params, meta)`` saved by specjax; a clear error if they were trained for
+  another target or their vocabulary cannot emit the target's stop tokens."""
   meta = read_meta(directory)
   heads = HeadsConfig(**meta["heads"])
   field = f"{FIELD}.path={str(directory)!r}"
