@@ -92,7 +92,12 @@ def _read(path: Path, data: bool):
     ) from None
 
 
-def _read_safetensors(path: Path, data: bool):
+def safetensors_layout(path) -> tuple[dict[str, Info], dict[str, tuple[int, int]], int]:
+  """A ``.safetensors`` file's header, checked against the file: each tensor's ``Info``, its
+  byte span ``[begin, end)`` in the data, and the offset where the data starts."""
+  path = Path(path)
+  if not path.is_file():
+    raise TensorFileError(f"{path} does not exist: copy or download it again.")
   size = path.stat().st_size
   with open(path, "rb") as f:
     head = f.read(8)
@@ -104,7 +109,12 @@ def _read_safetensors(path: Path, data: bool):
         f"{path} is truncated (its header claims {n} bytes, the file has {size}): download "
         "or copy it again."
       )
-    header = json.loads(f.read(n))
+    try:
+      header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise TensorFileError(
+        f"{path} is damaged (its header is not JSON: {e}): download or copy it again."
+      ) from None
   header.pop("__metadata__", None)
   body = size - 8 - n
   infos, spans = {}, {}
@@ -128,13 +138,25 @@ def _read_safetensors(path: Path, data: bool):
       f"{max((e for _, e in spans.values()), default=0)} of a {body}-byte body; download or "
       "copy it again."
     )
+  return infos, spans, 8 + n
+
+
+def read_safetensor(f, start: int, span: tuple[int, int], info: Info) -> np.ndarray:
+  """One tensor of an open ``.safetensors`` file (``safetensors_layout``'s start, span and
+  info), read into a fresh array: a plain read, so no page of the file stays resident."""
+  out = np.empty(info.shape, info.dtype)
+  f.seek(start + span[0])
+  if f.readinto(out.reshape(-1).view(np.uint8)) != out.nbytes:
+    raise TensorFileError(f"{f.name} is truncated: download or copy it again.")
+  return out
+
+
+def _read_safetensors(path: Path, data: bool):
+  infos, spans, start = safetensors_layout(path)
   if not data:
     return infos
-  raw = np.memmap(path, np.uint8, mode="r", offset=8 + n, shape=(body,)) if body else b""
-  return {
-    name: np.frombuffer(raw[b:e], infos[name].dtype).reshape(infos[name].shape).copy()
-    for name, (b, e) in spans.items()
-  }
+  with open(path, "rb") as f:
+    return {name: read_safetensor(f, start, spans[name], infos[name]) for name in infos}
 
 
 @dataclasses.dataclass(frozen=True)

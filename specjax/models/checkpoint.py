@@ -9,7 +9,6 @@ the file's own metadata; nothing is typed by hand.
 """
 
 import json
-import struct
 from pathlib import Path
 
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from specjax.interop import torch_files
 from specjax.models import llama, rope, schema
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
@@ -309,38 +309,8 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"No *.safetensors files in {directory}.")
   out = {}
   for f in files:
-    with open(f, "rb") as fh:
-      out |= dict.fromkeys(_safetensors_header(fh, f)[0], f)
+    out |= dict.fromkeys(torch_files.safetensors_layout(f)[0], f)
   return out
-
-
-# safetensors' dtype names as numpy dtypes (bfloat16: ml_dtypes', which jax.numpy exports)
-_SAFETENSORS_DTYPES = {
-  "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16,
-  "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-  "BOOL": np.bool_,
-}  # fmt: skip
-
-
-def _safetensors_header(fh, path: Path) -> tuple[dict, int]:
-  """``({name: {dtype, shape, data_offsets}}, where the data starts)`` of an open file (the
-  format: an 8-byte little-endian header length, the JSON header, then the tensors' bytes)."""
-  size = path.stat().st_size
-  try:
-    (length,) = struct.unpack("<Q", fh.read(8))
-    if not 0 < length <= size - 8:
-      raise ValueError(f"header length {length} in a file of {size} bytes")
-    header = json.loads(fh.read(length))
-    header.pop("__metadata__", None)
-    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    if 8 + length + end != size:
-      raise ValueError(f"the header describes {8 + length + end} bytes, the file has {size}")
-  except (struct.error, ValueError, KeyError, TypeError) as e:
-    raise ValueError(
-      f"Cannot read safetensors file {path} ({e}): it is truncated or damaged; copy or "
-      "re-export the checkpoint."
-    ) from None
-  return header, 8 + length
 
 
 def _stream_safetensors(files: dict[str, Path], names, dtype) -> dict:
@@ -353,18 +323,12 @@ def _stream_safetensors(files: dict[str, Path], names, dtype) -> dict:
     by_file.setdefault(files[name], []).append(name)
   out = {}
   for path, wanted in by_file.items():
-    with open(path, "rb") as fh:
-      header, start = _safetensors_header(fh, path)
+    infos, spans, start = torch_files.safetensors_layout(path)
+    with open(path, "rb") as f:
       for name in wanted:
-        if name not in header:
+        if name not in infos:
           raise ValueError(f"{path} lacks tensor {name!r}, which its index places there.")
-        t = header[name]
-        if t["dtype"] not in _SAFETENSORS_DTYPES:
-          raise ValueError(f"{path}: tensor {name!r} has dtype {t['dtype']}, not a float type.")
-        w = np.empty(t["shape"], _SAFETENSORS_DTYPES[t["dtype"]])
-        fh.seek(start + int(t["data_offsets"][0]))
-        if fh.readinto(w.reshape(-1).view(np.uint8)) != w.nbytes:
-          raise ValueError(f"Cannot read safetensors file {path}: tensor {name!r} is truncated.")
+        w = torch_files.read_safetensor(f, start, spans[name], infos[name])
         out[name] = jax.device_put(w.astype(dtype, copy=False))
         del w
   return out
