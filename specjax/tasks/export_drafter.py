@@ -19,6 +19,7 @@ written whole or not at all (a temporary directory, renamed). ``docs/drafters.md
 layouts, their tensor names and what each engine reads.
 """
 
+import importlib
 from pathlib import Path
 
 import ml_collections
@@ -84,19 +85,13 @@ def check(config: ml_collections.ConfigDict) -> str:
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
-  from specjax.drafters import eagle, medusa
-  from specjax.interop import eagle as eagle_layouts
-  from specjax.interop import medusa as medusa_layouts
-
   kind = check(config)
   e = config.export
   target = build.target(config)
-  if kind == "eagle":
-    cfg, params, _ = eagle.load(e.path, target)
-    written = eagle_layouts.export(cfg, params, e.out, e.format, e.dtype)
-  else:
-    cfg, params, _ = medusa.load(e.path, target)
-    written = medusa_layouts.export(cfg, params, e.out, e.format, e.dtype)
+  drafter = importlib.import_module(f"specjax.drafters.{kind}")
+  layouts = importlib.import_module(f"specjax.interop.{kind}")
+  cfg, params, _ = drafter.load(e.path, target)
+  written = layouts.export(cfg, params, e.out, e.format, e.dtype)
   files = sorted(p.name for p in Path(written).iterdir())
   print(f"wrote {written} ({e.format}, {e.dtype}): {', '.join(files)}")
   return {"path": str(written), "format": e.format, "dtype": e.dtype, "files": files}
