@@ -2,10 +2,16 @@
 bad records, streaming (order, shards, memory, resume), self-distillation from your prompts."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import train_worker
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -290,3 +296,142 @@ def test_resume_at_a_step_gives_the_same_rows(tok, tmp_path):
       np.testing.assert_array_equal(got["tokens"], want[s]["tokens"])
       np.testing.assert_array_equal(got["mask"], want[s]["mask"])
     assert resumed.skipped_rows == skipped  # from the position saved at step 20, or from 0
+
+
+@pytest.mark.multiprocess
+def test_a_large_file_is_streamed_in_little_memory():
+  """10 MB here (scripts/data_files_memory.py --mb 200 --steps 5 is the measured number in
+  docs/data.md): scanning it and reading rows grows the process by a few MB, not the file."""
+  proc = subprocess.run(
+    [sys.executable, str(ROOT / "scripts" / "data_files_memory.py"), "--mb", "10", "--steps", "0"],
+    capture_output=True,
+    text=True,
+    env=train_worker.env(),
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = train_worker.parse(proc.stdout)
+  assert out["file_mb"] >= 10 and out["scan"]["records"] == out["records"]
+  assert out["growth_mb"] < 40, out
+
+
+# -- self-distillation from your prompts ---------------------------------------------------------
+
+
+def test_self_distill_from_your_prompts_writes_shards_that_train(tok, tmp_path):
+  from specjax.models import tiny
+  from specjax.train import distill
+
+  records = [{"messages": conversation(i, turns=2)} for i in range(5)]
+  path = write_jsonl(tmp_path / "p.jsonl", records, bad={2: "{oops"})
+  with pytest.raises(ValueError, match=r"p\.jsonl:2: not JSON"):
+    distill.file_prompts([str(path)], tok, fmt="messages")
+  first = distill.file_prompts([str(path)], tok, fmt="messages", on_error="skip")
+  every = distill.file_prompts([str(path)], tok, fmt="messages", turns="all", on_error="skip")
+  assert len(first.ids) == 5 and len(every.ids) == 10
+  assert first.texts[0] == tok.apply_chat_template(conversation(0)[:1])
+  assert every.texts[1] == tok.apply_chat_template(conversation(0)[:3])  # with the file's reply
+  short = distill.file_prompts([str(path)], tok, fmt="messages", turns="all", max_tokens=70,
+                               on_error="skip")  # fmt: skip
+  assert short.skipped > 0 and all(len(p) <= 70 for p in short.ids)
+
+  cfg, params = tiny.random_model(seed=0, vocab_size=tok.vocab_size, dim=32, num_layers=2)
+  out = tmp_path / "shards"
+  kw = dict(max_new_tokens=6, max_len=160, batch_size=4, shard_size=4, progress=False)
+  manifest = distill.self_distill(params, cfg, first.ids, out, sources=first.sources, **kw)
+  assert manifest["num_examples"] == 5 and len(manifest["shards"]) == 2
+  (out / "manifest.json").unlink()  # as if killed before the end
+  again = distill.self_distill(params, cfg, first.ids, out, sources=first.sources, **kw)
+  assert again["stats"]["new_tokens_this_run"] == 0  # a rerun resumes: its shards are done
+  ds = data.load_dataset([str(out)], None, seq_len=160, max_examples=None)
+  assert len(ds) == 5 and ds.mask.sum() == 5 * 6
+
+
+def test_self_distill_task_checks_prompts_from_before_loading(tmp_path):
+  from configs import self_distill_smollm2
+  from specjax.tasks import self_distill
+
+  c = self_distill_smollm2.get_config()
+  path = write_jsonl(tmp_path / "p.jsonl", [{"text": "hello"}])
+  c.distill.sources, c.distill.prompts_from = (), (str(path),)
+  with pytest.raises(ValueError, match=r"p\.jsonl:1: no 'conversations' list"):
+    self_distill.check(c)
+  c.distill.format = "text"
+  self_distill.check(c)
+  c.distill.turns = "last"
+  with pytest.raises(ValueError, match="config.distill.turns='last'"):
+    self_distill.check(c)
+  c.distill.turns, c.distill.sources = "first", ("kjv",)
+  with pytest.raises(ValueError, match="set config.distill.sources=()"):
+    self_distill.check(c)
+
+
+# -- kill -9 during a data-file training run -------------------------------------------------------
+
+_WORKER = """
+import hashlib, json, sys
+sys.path.insert(0, sys.argv[2])
+import jax, numpy as np
+from specjax import parallel
+from specjax.models import tiny
+from specjax.train import data, loop, objectives
+from test_data_files import byte_chat_tokenizer
+import train_worker
+
+args = json.loads(sys.argv[1])
+tok = byte_chat_tokenizer()
+cfg = {"files": [args["file"]], "format": "sharegpt", "seq_len": 48, "on_error": "skip"}
+train, _ = data.load_files(cfg, tok, state_dir=args["workdir"], process_index=0, process_count=1)
+ds = train_worker.SlowDataset(train, args["slow_s"]) if args.get("slow_s") else train
+tcfg, tparams = tiny.random_model(seed=0, vocab_size=259, dim=32, num_layers=2)
+dcfg = tiny.tiny_config(vocab_size=259, dim=32, num_layers=1, name="draft")
+objective = objectives.DraftDistill(tcfg, dcfg, embed="copy")
+lcfg = loop.LoopConfig(steps=args["steps"], global_batch=4, workdir=args["workdir"], log_every=1,
+                       checkpoint_every=5, progress=False)
+mesh = parallel.make_mesh(parallel.MeshConfig())
+result = loop.train(objective, tparams, ds, None, lcfg, train_worker.OPTIM, mesh)
+leaves = jax.tree.leaves(jax.device_get(result.state.params))
+digest = hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in leaves)).hexdigest()
+print("RESULT " + json.dumps({"start": result.start_step, "digest": digest,
+                              "skipped_rows": train.skipped_rows}), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_kill_9_during_a_file_training_run_resumes_to_the_same_weights(tmp_path):
+  from specjax.train import metrics_log
+
+  path = write_jsonl(tmp_path / "c.jsonl", [sharegpt(conversation(i, turns=1)) for i in range(60)])
+  args = {"file": str(path), "steps": 30}
+
+  def command(workdir, **kw):
+    return [sys.executable, "-c", _WORKER, json.dumps(args | {"workdir": str(workdir)} | kw),
+            str(ROOT / "tests")]  # fmt: skip
+
+  def finish(workdir):
+    proc = subprocess.run(
+      command(workdir), capture_output=True, text=True, env=train_worker.env(), timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return train_worker.parse(proc.stdout)
+
+  straight = finish(tmp_path / "a")
+  metrics = tmp_path / "b" / "metrics.jsonl"
+  proc = subprocess.Popen(
+    command(tmp_path / "b", slow_s=0.1),
+    env=train_worker.env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  deadline = time.time() + 180
+  while len(metrics_log.read(metrics)) < 13 and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  os.kill(proc.pid, signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL
+  killed_at = len(metrics_log.read(metrics))
+  assert 13 <= killed_at < 30
+  resumed = finish(tmp_path / "b")
+  assert 0 < resumed["start"] <= killed_at
+  assert resumed["skipped_rows"] < 4 * data.STATE_EVERY  # from a saved stream position
+  assert resumed["digest"] == straight["digest"]  # bit for bit

@@ -192,6 +192,7 @@ def scan(
   process_index: int = 0,
   process_count: int = 1,
   field: str = "config.data",
+  files_field: str = "",
 ) -> Index:
   """Reads ``paths`` record by record and indexes this process's usable ones (module doc)."""
   check_format(fmt, f"{field}.format")
@@ -243,8 +244,9 @@ def scan(
     names = ", ".join(str(p) for p in paths)
     why = ("; first problems: " + "; ".join(first)) if first else ""
     raise ValueError(
-      f"{field}.files: nothing usable in {names}{where}: {records} record(s), none a {fmt!r} "
-      f"record{why}. Check {field}.format ({', '.join(FORMATS)}) and the files."
+      f"{files_field or field + '.files'}: nothing usable in {names}{where}: {records} "
+      f"record(s), none a {fmt!r} record{why}. Check {field}.format "
+      f"({', '.join(FORMATS)}) and the files."
     )
   return index
 

@@ -616,10 +616,11 @@ def load_files(
   records; eval is ``eval_examples`` rows packed in memory from held-out records (None if 0).
   ``state_dir`` (the run's workdir) keeps the stream's position every ``STATE_EVERY`` steps so a
   resumed run finds its row at once (without it, a resume re-reads the stream from the start)."""
-  import jax  # only for the defaults
+  if process_index is None or process_count is None:
+    import jax
 
-  pi = jax.process_index() if process_index is None else process_index
-  pc = jax.process_count() if process_count is None else process_count
+    process_index, process_count = jax.process_index(), jax.process_count()
+  pi, pc = process_index, process_count
   cfg = FilesConfig.from_config(d)
   index = check_files(d, tokenizer, process_index=pi, process_count=pc)
   sep = separator_id(tokenizer)
