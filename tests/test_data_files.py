@@ -296,6 +296,8 @@ def test_resume_at_a_step_gives_the_same_rows(tok, tmp_path):
       np.testing.assert_array_equal(got["tokens"], want[s]["tokens"])
       np.testing.assert_array_equal(got["mask"], want[s]["mask"])
     assert resumed.skipped_rows == skipped  # from the position saved at step 20, or from 0
+  head = straight.head(8, seed=3)
+  np.testing.assert_array_equal(head.tokens, np.concatenate([want[0]["tokens"], want[1]["tokens"]]))
 
 
 @pytest.mark.multiprocess

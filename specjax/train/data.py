@@ -757,6 +757,17 @@ class FileDataset:
       s += f"; skipped {ix.problems} bad record(s), first: " + "; ".join(ix.first_problems)
     return s
 
+  def head(self, rows: int, seed: int = 0) -> Dataset:
+    """The stream's first ``rows`` rows for ``seed``, in memory (for statistics such as a
+    reduced vocabulary's frequent tokens); this stream's position is left alone."""
+    other = FileDataset(
+      self.index, self.tokenizer, self.cfg, process_index=self.process[0],
+      process_count=self.process[1], sep_id=self.sep_id,
+    )  # fmt: skip
+    b = other.batch(0, rows * self.process[1], seed=seed, process_index=self.process[0],
+                    process_count=self.process[1])  # fmt: skip
+    return Dataset(b["tokens"], b["mask"])
+
   def batch(self, step, global_batch, *, seed=0, process_index=0, process_count=1):
     if global_batch < 1 or step < 0 or seed < 0:
       raise ValueError(f"need global_batch >= 1, step >= 0, seed >= 0 (got {global_batch}, "
