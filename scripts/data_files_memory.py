@@ -5,7 +5,7 @@
 
 Writes a ShareGPT JSONL file of ``--mb`` MB (random-word conversations, 1-4 turns), then, in
 this process: trains a tiny draft model for ``--steps`` steps on random rows in memory (JAX's
-own memory: compiles, buffers), scans the file (``data.check_files``), loads the stream, reads
+own memory: compiles, buffers), scans the file (``files.check_files``), loads the stream, reads
 ``--batches`` batches of 64 rows of 512 tokens, and trains the same model on the file for
 ``--steps`` steps through ``specjax.train.loop.train``. Prints one line ``RESULT {json}``: the
 file size, seconds and resident memory (VmRSS, and the peak VmHWM) after each stage, in MB, and
@@ -57,7 +57,7 @@ def main():
 
   from test_data_files import byte_chat_tokenizer
 
-  from specjax.train import data
+  from specjax.train import data, files
 
   tmp = Path(args.dir or tempfile.mkdtemp(prefix="specjax-data-mem-"))
   path = tmp / "big.jsonl"
@@ -95,10 +95,10 @@ def main():
   out["before"] = base
 
   t0 = time.perf_counter()
-  index = data.check_files(cfg)
+  index = files.check_files(cfg)
   out["scan"] = {"s": round(time.perf_counter() - t0, 1), **_mem(), "records": len(index)}
   t0 = time.perf_counter()
-  train, _ = data.load_files(cfg, tok, process_index=0, process_count=1)
+  train, _ = files.load_files(cfg, tok, process_index=0, process_count=1)
   rows = 0
   for s in range(args.batches):
     rows += len(train.batch(s, 64)["tokens"])

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from specjax.models import registry
 from specjax.models.tokenizer import Tokenizer
 from specjax.train import conversations as cv
-from specjax.train import data
+from specjax.train import data, files
 
 ROOT = Path(__file__).resolve().parents[1]
 # SmolLM2's template with a shorter default system prompt.
@@ -155,7 +155,7 @@ def test_assistant_only_mask_with_smollm2s_tokenizer():
 def test_packed_rows_mask_the_next_token_of_assistant_tokens(tok, tmp_path):
   records = [sharegpt(conversation(i)) for i in range(40)]
   path = write_jsonl(tmp_path / "c.jsonl", records)
-  train, _ = data.load_files(files_config(path, seq_len=256), tok)
+  train, _ = files.load_files(files_config(path, seq_len=256), tok)
   b = train.batch(0, 8)
   sep = data.separator_id(tok)
   for tokens, mask in zip(b["tokens"], b["mask"], strict=True):
@@ -169,8 +169,8 @@ def test_packed_rows_mask_the_next_token_of_assistant_tokens(tok, tmp_path):
 def test_long_records_split_or_truncate(tok, tmp_path):
   long = sharegpt([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a" * 200}])
   path = write_jsonl(tmp_path / "l.jsonl", [long] * 4)
-  split, _ = data.load_files(files_config(path, long="split"), tok)
-  trunc, _ = data.load_files(files_config(path, long="truncate"), tok)
+  split, _ = files.load_files(files_config(path, long="split"), tok)
+  trunc, _ = files.load_files(files_config(path, long="truncate"), tok)
   rows_split = split.batch(0, 16)
   rows_trunc = trunc.batch(0, 4)
   # ~240 tokens: split into 4 rows of 64 (the last partly filled), truncated into 1.
@@ -189,8 +189,8 @@ def test_stop_names_the_file_and_line_and_skip_counts(tok, tmp_path):
     tmp_path / "c.jsonl", records, bad={3: "{not json", 7: '{"conversations": []}'}
   )
   with pytest.raises(ValueError, match=rf"{path}:3: not JSON.*on_error='skip'"):
-    data.check_files(files_config(path))
-  index = data.check_files(files_config(path, on_error="skip"))
+    files.check_files(files_config(path))
+  index = files.check_files(files_config(path, on_error="skip"))
   assert len(index) == 10 and index.problems == 2
   assert [p.split(": ")[0] for p in index.first_problems] == [f"{path}:3", f"{path}:7"]
   assert "skipped 2 bad record(s)" in index.report()
@@ -214,7 +214,7 @@ def test_bad_configs_and_files_are_one_clear_error(tmp_path, write, cfg, message
   write_jsonl(path, [sharegpt(conversation(0))])
   write(path)
   with pytest.raises(ValueError, match=message):
-    data.check_files(files_config(path) | cfg)
+    files.check_files(files_config(path) | cfg)
 
 
 def test_a_template_that_renders_nothing_is_refused_before_loading(tmp_path):
@@ -229,7 +229,7 @@ def test_a_template_that_renders_nothing_is_refused_before_loading(tmp_path):
 
   path = write_jsonl(tmp_path / "c.jsonl", [sharegpt(conversation(0))])
   with pytest.raises(ValueError, match="renders none of the first 1 record.*prefix by prefix"):
-    data.check_files(files_config(path), NoPrefix())
+    files.check_files(files_config(path), NoPrefix())
 
 
 # -- streaming ------------------------------------------------------------------------------------
@@ -247,8 +247,8 @@ def _ids(tok, batch) -> list[str]:
 def test_order_is_deterministic_for_a_seed_and_each_epoch_differs(tok, tmp_path):
   path = write_jsonl(tmp_path / "c.jsonl", [sharegpt(conversation(i, turns=1)) for i in range(24)])
   cfg = files_config(path, seq_len=128)
-  a, _ = data.load_files(cfg, tok)
-  b, _ = data.load_files(cfg, tok)
+  a, _ = files.load_files(cfg, tok)
+  b, _ = files.load_files(cfg, tok)
   run = lambda ds, seed: [ds.batch(s, 4, seed=seed)["tokens"] for s in range(12)]
   first, again, other = run(a, 0), run(b, 0), run(b, 1)
   assert all((x == y).all() for x, y in zip(first, again, strict=True))
@@ -265,7 +265,7 @@ def test_each_process_reads_only_its_shard(tok, tmp_path):
   assert [s.records for s in shards] == [11, 10]
   lines = [set(s.line.tolist()) for s in shards]
   assert not lines[0] & lines[1] and lines[0] | lines[1] == set(range(1, 22))
-  ds, _ = data.load_files(files_config(path, seq_len=128), tok, process_index=1, process_count=2)
+  ds, _ = files.load_files(files_config(path, seq_len=128), tok, process_index=1, process_count=2)
   got = {c for s in range(6) for row in _ids(tok, ds.batch(s, 4, process_index=1,
          process_count=2)) for c in row}  # fmt: skip
   assert got == {str(i) for i in range(1, 21, 2)}
@@ -275,22 +275,22 @@ def test_each_process_reads_only_its_shard(tok, tmp_path):
 
 def test_eval_rows_are_held_out_records(tok, tmp_path):
   path = write_jsonl(tmp_path / "c.jsonl", [sharegpt(conversation(i, turns=1)) for i in range(30)])
-  train, ev = data.load_files(files_config(path, seq_len=128, eval_examples=3), tok)
+  train, ev = files.load_files(files_config(path, seq_len=128, eval_examples=3), tok)
   assert len(ev) == 3 and ev.tokens.shape == (3, 128)
   held = {c for row in _ids(tok, {"tokens": ev.tokens}) for c in row}
   seen = {c for s in range(10) for row in _ids(tok, train.batch(s, 4)) for c in row}
   assert held and not held & seen and len(held | seen) == 30
   with pytest.raises(ValueError, match="eval_examples=50.*leave none to train"):
-    data.load_files(files_config(path, seq_len=128, eval_examples=50), tok)
+    files.load_files(files_config(path, seq_len=128, eval_examples=50), tok)
 
 
 def test_resume_at_a_step_gives_the_same_rows(tok, tmp_path):
   path = write_jsonl(tmp_path / "c.jsonl", [sharegpt(conversation(i)) for i in range(50)])
   cfg = files_config(path, seq_len=80)
-  straight, _ = data.load_files(cfg, tok, state_dir=tmp_path / "w")
+  straight, _ = files.load_files(cfg, tok, state_dir=tmp_path / "w")
   want = [straight.batch(s, 4, seed=3) for s in range(25)]
   for state_dir, skipped in ((tmp_path / "w", 4 * 3), (None, 4 * 23)):
-    resumed, _ = data.load_files(cfg, tok, state_dir=state_dir)
+    resumed, _ = files.load_files(cfg, tok, state_dir=state_dir)
     for s in (23, 24):
       got = resumed.batch(s, 4, seed=3)
       np.testing.assert_array_equal(got["tokens"], want[s]["tokens"])
@@ -376,14 +376,14 @@ sys.path.insert(0, sys.argv[2])
 import jax, numpy as np
 from specjax import parallel
 from specjax.models import tiny
-from specjax.train import data, loop, objectives
+from specjax.train import files, loop, objectives
 from test_data_files import byte_chat_tokenizer
 import train_worker
 
 args = json.loads(sys.argv[1])
 tok = byte_chat_tokenizer()
 cfg = {"files": [args["file"]], "format": "sharegpt", "seq_len": 48, "on_error": "skip"}
-train, _ = data.load_files(cfg, tok, state_dir=args["workdir"], process_index=0, process_count=1)
+train, _ = files.load_files(cfg, tok, state_dir=args["workdir"], process_index=0, process_count=1)
 ds = train_worker.SlowDataset(train, args["slow_s"]) if args.get("slow_s") else train
 tcfg, tparams = tiny.random_model(seed=0, vocab_size=259, dim=32, num_layers=2)
 dcfg = tiny.tiny_config(vocab_size=259, dim=32, num_layers=1, name="draft")
@@ -435,5 +435,5 @@ def test_kill_9_during_a_file_training_run_resumes_to_the_same_weights(tmp_path)
   assert 13 <= killed_at < 30
   resumed = finish(tmp_path / "b")
   assert 0 < resumed["start"] <= killed_at
-  assert resumed["skipped_rows"] < 4 * data.STATE_EVERY  # from a saved stream position
+  assert resumed["skipped_rows"] < 4 * files.STATE_EVERY  # from a saved stream position
   assert resumed["digest"] == straight["digest"]  # bit for bit

@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 from specjax import build, metrics, parallel, results
 from specjax.decode import generate
 from specjax.models import source
-from specjax.train import data, features, loop, objectives, step
+from specjax.train import data, features, files, loop, objectives, step
 
 _SECTIONS = ("objective", "data", "train", "optim", "mesh", "distributed", "evaluate")
 
@@ -104,7 +104,7 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
     )
   model = source.peek(config.target)
   dist = config.distributed
-  data.check_files(
+  files.check_files(
     d,
     model.tokenizer if model is not None else None,
     process_index=dist.process_id if dist.num_processes > 1 else 0,
@@ -166,7 +166,7 @@ def sample_dataset(model: build.Model, num_examples: int, seq_len: int, seed: in
 def _load_data(config, target: build.Model, objective=None):
   d = config.data
   if d.get("files"):  # streamed; eval rows held out from the records
-    return data.load_files(d, target.tokenizer, state_dir=config.workdir or None)
+    return files.load_files(d, target.tokenizer, state_dir=config.workdir or None)
   if d.sources:
     ds = data.load_dataset(
       tuple(d.sources),
@@ -213,11 +213,11 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = source.load(config.target)
   objective = objectives.build(config, target.cfg)
   train_ds, eval_ds = _load_data(config, target, objective)
-  stats = train_ds.head(4096) if isinstance(train_ds, data.FileDataset) else train_ds
+  stats = train_ds.head(4096) if isinstance(train_ds, files.FileDataset) else train_ds
   objective = objective.with_data(stats, target.tokenizer)
   host_target = jax.device_get(target.params)
-  files = isinstance(train_ds, data.FileDataset)
-  rows = train_ds.describe() if files else f"{len(train_ds)} train"
+  streamed = isinstance(train_ds, files.FileDataset)
+  rows = train_ds.describe() if streamed else f"{len(train_ds)} train"
   print(
     f"target {target.cfg.name} ({target.cfg.num_params() / 1e6:.1f} M params), "
     f"{objective.name}: {objective.describe()}, {rows} / "
