@@ -75,6 +75,7 @@ def check(config: ml_collections.ConfigDict) -> str:
       f"{FIELD}.path={e.path!r} is a {kinds[0]} drafter, which format={e.format!r} cannot "
       f"hold: choose one of {', '.join(fits)}."
     )
+  _check_shapes(kinds[0], e)
   if not e.out:
     raise ValueError(f"{FIELD}.out is empty: name the directory to write.")
   out, src = Path(e.out).resolve(), Path(e.path).resolve()
@@ -82,6 +83,20 @@ def check(config: ml_collections.ConfigDict) -> str:
     raise ValueError(f"{FIELD}.out={e.out!r} is inside {FIELD}.path: write it elsewhere.")
   results.check_writable(str(out.parent), f"{FIELD}.out")
   return kinds[0]
+
+
+def _check_shapes(kind: str, e) -> None:
+  """What the saved drafter's JSON says against what ``e.format`` can hold."""
+  if kind == "medusa" and e.format == "medusa":
+    from specjax.drafters import medusa
+
+    heads = medusa.read_meta(e.path, f"{FIELD}.path")["heads"]
+    if heads["vocab_size"] < heads["target_vocab_size"]:
+      raise ValueError(
+        f"{FIELD}.path={e.path!r} has a reduced draft vocabulary ({heads['vocab_size']} of "
+        f"{heads['target_vocab_size']}), which FasterDecoding's layout cannot hold: set "
+        f"{FIELD}.format=vllm_medusa (its token_map holds it)."
+      )
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
