@@ -75,6 +75,11 @@ def get_config(arg: str | None = None):
   c.distill.tasks = False  # True: task prompts (distill.TASKS, chitchat questions)
   c.distill.requests = False  # True: assistant requests made from templates, no corpus
   c.distill.request_set = "basic"  # which templates and slots: a key of distill.REQUEST_SETS
+  # Your own prompts instead (docs/data.md): JSON/JSONL paths or globs; set sources=().
+  c.distill.prompts_from = ()
+  c.distill.format = "sharegpt"  # of prompts_from: sharegpt | messages | text
+  c.distill.turns = "first"  # first: each conversation's first user turn | all: every one
+  c.distill.on_error = "stop"  # a bad record: stop (names file and line) | skip (counted)
 
   if arg == "tiny":
     t = tiny.get_config()

@@ -68,6 +68,11 @@ def get_config():
   c.data.eval_examples = 64  # held out for eval
   c.data.seed = 0  # sampling / packing order
   c.data.feature_cache = ""  # a directory for the target features a feature drafter reads
+  # Your own files instead of sources (docs/data.md): JSON/JSONL paths or globs, streamed.
+  c.data.files = ()
+  c.data.format = "sharegpt"  # sharegpt | messages (OpenAI-style) | text
+  c.data.long = "split"  # a record longer than seq_len: split (several rows) | truncate
+  c.data.on_error = "stop"  # a bad record: stop (names file and line) | skip (counted)
 
   c.train = config_dict.ConfigDict()
   c.train.steps = 150

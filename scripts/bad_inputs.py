@@ -62,6 +62,15 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "question.jsonl").write_text(q(1, "qa", "Why?") + q(2, "rag", "Tell me. " * 200))
   (tmp / "no_turns.jsonl").write_text(q(1, "qa", "Why?") + '{"question_id": 2, "category": "qa"}')
   questions = f"--config.specbench.question_file={tmp}/question.jsonl"
+  export = ["--config=configs/export_drafter.py", f"--config.export.out={tmp}/export"]
+  heads = "--config.export.path=experiments/medusa_smollm2/heads"
+  _published_medusa(tmp)
+  chat = ('{"conversations": [{"from": "human", "value": "Hi"}, '
+          '{"from": "gpt", "value": "Hello."}]}\n')  # fmt: skip
+  (tmp / "chats.jsonl").write_text(chat + '{"conversations": [{"from": "human"\n' + chat)
+  (tmp / "nothing.jsonl").write_text('{"text": "a text record"}\n' * 3)
+  own = ["--config=experiments/eagle_smollm2/config.py", "--config.data.sources=()",
+         "--config.data.feature_cache=", f"--config.workdir={tmp}/own"]  # fmt: skip
   return [
     ("no --config", []),
     ("config file without get_config", [f"--config={tmp}/noget.py"]),
@@ -180,10 +189,55 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      ["--config=configs/train_tiny.py", "--config.distributed.num_processes=2",
       "--config.distributed.process_id=0", f"--config.distributed.coordinator_address={peer}",
       "--config.distributed.initialization_timeout_s=5", f"--config.workdir={tmp}/peer"]),
+    ("export: unknown format", [*export, heads, "--config.export.format=onnx"]),
+    ("export: Medusa heads in an EAGLE layout", [*export, heads, "--config.export.format=eagle3"]),
+    ("export: no drafter at the path",
+     [*export, f"--config.export.path={tmp}/empty", "--config.export.format=medusa"]),
+    ("export: a reduced vocabulary in FasterDecoding's layout",
+     [*export, heads, "--config.export.format=medusa"]),
+    ("published Medusa heads of another hidden size",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/fd_small"]),
+    ("published Medusa heads, truncated file",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/fd_truncated"]),
+    ("published Medusa heads, a pickle that runs code",
+     [*medusa, f"--config.drafter.medusa.path={tmp}/fd_unsafe"]),
+    ("data.files: a malformed line (on_error=stop)",
+     [*own, f"--config.data.files=('{tmp}/chats.jsonl',)", "--config.data.format=sharegpt"]),
+    ("data.files: nothing usable in the format",
+     [*own, f"--config.data.files=('{tmp}/nothing.jsonl',)", "--config.data.format=sharegpt"]),
+    ("data.files: a glob that matches nothing",
+     [*own, "--config.data.files=('/no/chats/*.jsonl',)", "--config.data.format=sharegpt"]),
+    ("data.format unknown",
+     [*own, f"--config.data.files=('{tmp}/chats.jsonl',)", "--config.data.format=alpaca"]),
     ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
   ]  # fmt: skip
+
+
+def _published_medusa(tmp: Path) -> None:
+  """FasterDecoding-layout heads for the bad-input cases: a 64-wide set (SmolLM2 is 576
+  wide), a truncated file and a pickle whose global is not a tensor's."""
+  import pickle
+  import zipfile
+
+  import numpy as np
+
+  from specjax.interop import torch_files
+
+  config = '{"medusa_num_heads": 1, "medusa_num_layers": 1}'
+  small = {"0.0.linear.weight": np.zeros((64, 64), np.float32),
+           "0.0.linear.bias": np.zeros((64,), np.float32),
+           "0.1.weight": np.zeros((49152, 64), np.float32)}  # fmt: skip
+  for name in ("fd_small", "fd_truncated", "fd_unsafe"):
+    (tmp / name).mkdir()
+    (tmp / name / "config.json").write_text(config)
+  torch_files.write_safetensors(tmp / "fd_small" / "medusa_lm_head.safetensors", small)
+  torch_files.write_torch(tmp / "fd_truncated" / "medusa_lm_head.pt", small)
+  data = (tmp / "fd_truncated" / "medusa_lm_head.pt").read_bytes()
+  (tmp / "fd_truncated" / "medusa_lm_head.pt").write_bytes(data[: len(data) // 2])
+  with zipfile.ZipFile(tmp / "fd_unsafe" / "medusa_lm_head.pt", "w") as z:
+    z.writestr("archive/data.pkl", pickle.dumps(os.system))  # os.system: refused unrun
 
 
 # Cases the harness cannot run alone (a second process holding the lock), or that are not

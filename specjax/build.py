@@ -221,9 +221,9 @@ def dtype(config: ml_collections.ConfigDict) -> str:
 
 def target(config: ml_collections.ConfigDict) -> Model:
   """The target, its weights in ``dtype(config)``."""
-  model = source.load(config.target)
-  if dtype(config) == "float32":
-    return model
+  model = source.load(config.target, dtype(config))
+  if dtype(config) == "float32" or config.target.source == "safetensors":
+    return model  # an HF directory loads in the dtype asked for
   return dataclasses.replace(model, params=llama.cast(model.params, dtype(config)))
 
 

@@ -35,6 +35,7 @@ TASKS = {
   "cost_model": "cost_model",
   "peers": "peers",
   "specbench": "specbench",
+  "export_drafter": "export_drafter",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

@@ -282,3 +282,76 @@ def test_window_is_checked_before_the_weights_load(families):
   c.max_len = 65
   with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64.*config.max_len"):
     build.check_request(c)
+
+
+def test_bfloat16_checkpoint_loads_as_transformers_reads_it(families, tmp_path):
+  """An HF directory saved in bfloat16 (how Llama 3.x, Qwen3 and Mistral are published) loads,
+  as float32 equal to transformers' float32 upcast of the same weights and as bfloat16 equal
+  to the file's bits."""
+  import torch
+
+  hf, cfg, _, _, _ = families("llama3_bias")
+  hf.to(torch.bfloat16).save_pretrained(tmp_path)
+  hf.to(torch.float32)  # the fixture's model, as the other tests read it
+  ref = {n: p.detach().to(torch.bfloat16).float().numpy() for n, p in hf.named_parameters()}
+  _, as_f32 = checkpoint.load_safetensors(tmp_path)
+  _, as_bf16 = checkpoint.load_safetensors(tmp_path, jnp.bfloat16)
+  q = ref["model.layers.1.self_attn.q_proj.weight"]
+  np.testing.assert_array_equal(np.asarray(as_f32["layers"][1]["wq"]), q)
+  assert as_bf16["layers"][1]["wq"].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(as_bf16["layers"][1]["wq"], np.float32), q)
+  np.testing.assert_array_equal(np.asarray(as_f32["lm_head"]), ref["lm_head.weight"])
+
+
+_MEASURE = """
+import resource, sys
+import jax, jax.numpy as jnp
+from specjax.models import checkpoint
+jnp.zeros(1).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+cfg, params = checkpoint.load_safetensors(sys.argv[1])
+jax.block_until_ready(params)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024)
+"""
+
+
+@pytest.mark.multiprocess
+def test_sharded_checkpoint_streams_shard_by_shard(tmp_path):
+  """A checkpoint in 8 shards (about 140 MB of float32) with its index loads, and the load's
+  peak host memory grows by at most 1.3 x the largest shard plus the result: tensors are read
+  one by one, never the whole checkpoint at once (which would add all 140 MB)."""
+  import subprocess
+  import sys
+
+  from safetensors.numpy import save_file
+
+  from specjax.models import tiny
+
+  cfg, params = tiny.random_model(seed=0, vocab_size=4096, dim=512, num_layers=8, ffn_dim=2048)
+  export.save_model(tmp_path / "one", cfg, params)
+  tensors = dict(export.hf_tensors(cfg, params))
+  del params
+  names, shards, index = sorted(tensors), 8, {}
+  path = tmp_path / "sharded"
+  path.mkdir()
+  (path / "config.json").write_text((tmp_path / "one" / "config.json").read_text())
+  for k in range(shards):
+    part = {n: tensors[n] for n in names[k::shards]}
+    file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+    save_file(part, str(path / file))
+    index |= dict.fromkeys(part, file)
+  (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+  result = sum(t.nbytes for t in tensors.values())
+  largest = max(f.stat().st_size for f in path.glob("*.safetensors"))
+  assert largest < result / 3  # the bound below is far from "the whole checkpoint"
+  out = subprocess.run(
+    [sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, check=True
+  )
+  grew = int(out.stdout.split()[-1])
+  assert grew <= 1.3 * largest + result, (grew, largest, result)
+  # The same weights as the one-file checkpoint (the index maps every tensor to its shard).
+  _, one = checkpoint.load_safetensors(tmp_path / "one")
+  _, sharded = checkpoint.load_safetensors(path)
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -12,9 +12,11 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from specjax.interop import torch_files
 from specjax.models import llama, rope, schema
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
@@ -291,29 +293,45 @@ def _hf_config(config) -> ModelConfig:
   return cfg
 
 
-def _safetensors_files(directory):
+def _tensor_files(directory: Path) -> dict[str, Path]:
+  """Each tensor's file: from the sharded checkpoint's index, else from every file's header."""
   index = directory / "model.safetensors.index.json"
   if index.is_file():
-    weight_map = json.loads(index.read_text())["weight_map"]
-    return sorted({directory / f for f in weight_map.values()})
+    try:
+      weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise ValueError(
+        f"{index} is not a safetensors index ({e}): re-export the checkpoint."
+      ) from None
+    return {name: directory / f for name, f in weight_map.items()}
   files = sorted(directory.glob("*.safetensors"))
   if not files:
     raise FileNotFoundError(f"No *.safetensors files in {directory}.")
-  return files
-
-
-def _read_safetensors(files):
-  from safetensors import safe_open
-
-  tensors = {}
+  out = {}
   for f in files:
-    try:
-      with safe_open(f, framework="np") as sf:
-        for name in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-          tensors[name] = sf.get_tensor(name)
-    except Exception as e:  # Truncated headers and the like surface as opaque Rust errors.
-      raise ValueError(f"Cannot read safetensors file {f}: {e}") from e
-  return tensors
+    out |= dict.fromkeys(torch_files.safetensors_layout(f)[0], f)
+  return out
+
+
+def _stream_safetensors(files: dict[str, Path], names, dtype) -> dict:
+  """``{name: array}`` of ``names``, read file by file, tensor by tensor, each cast to
+  ``dtype`` on its way to the device: host memory holds one tensor besides the result, never
+  a whole shard (plain reads, not a memory map whose pages would stay resident;
+  ``tests/test_families.py`` measures it on a sharded checkpoint)."""
+  by_file: dict[Path, list[str]] = {}
+  for name in names:
+    by_file.setdefault(files[name], []).append(name)
+  out = {}
+  for path, wanted in by_file.items():
+    infos, spans, start = torch_files.safetensors_layout(path)
+    with open(path, "rb") as f:
+      for name in wanted:
+        if name not in infos:
+          raise ValueError(f"{path} lacks tensor {name!r}, which its index places there.")
+        w = torch_files.read_safetensor(f, start, spans[name], infos[name])
+        out[name] = jax.device_put(w.astype(dtype, copy=False))
+        del w
+  return out
 
 
 def safetensors_config(directory) -> ModelConfig:
@@ -331,25 +349,25 @@ def safetensors_config(directory) -> ModelConfig:
     ) from None
 
 
-def load_safetensors(directory) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors)."""
+def load_safetensors(directory, dtype=jnp.float32) -> tuple[ModelConfig, Params]:
+  """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors, one
+  file or shards with their index), every weight as ``dtype`` (float32 or bfloat16)."""
   directory = Path(directory)
   cfg = safetensors_config(directory)
-  tensors = _read_safetensors(_safetensors_files(directory))
-
-  def load(name):
-    w = tensors.pop(name, None)
-    if w is None:
-      raise ValueError(f"Checkpoint in {directory} lacks tensor {name!r}.")
-    return _to_device(w)
-
+  files = _tensor_files(directory)
   names = schema.checkpoint_names(llama.SCHEMA, cfg, cfg.num_layers, "hf")
-  params = schema.assemble({path: load(n) for n, path in names.items()}, cfg.num_layers)
+  missing = sorted(n for n in names if n not in files)
+  if missing:
+    raise ValueError(
+      f"Checkpoint in {directory} lacks tensor {missing[0]!r} ({len(missing)} missing)."
+    )
+  unused = {n for n in files if n not in names and not n.endswith("rotary_emb.inv_freq")}
   if cfg.tie_embeddings:
-    tensors.pop("lm_head.weight", None)  # Some tied checkpoints still write a copy.
-  leftover = [n for n in tensors if not n.endswith("rotary_emb.inv_freq")]
-  if leftover:
-    raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(leftover)[:8]}")
+    unused.discard("lm_head.weight")  # Some tied checkpoints still write a copy.
+  if unused:
+    raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(unused)[:8]}")
+  tensors = _stream_safetensors(files, names, dtype)
+  params = schema.assemble({path: tensors.pop(n) for n, path in names.items()}, cfg.num_layers)
   llama.check_params(cfg, params)
   if cfg.sliding_window:
     logging.info(

@@ -64,9 +64,10 @@ def check(c: ml_collections.ConfigDict, field: str) -> None:
     raise ValueError(f"config.{field}.path={c.path!r} does not exist.")
 
 
-def load(c: ml_collections.ConfigDict) -> Model:
-  """The model of a config section; weights read from a file must be finite."""
-  model = _load(c)
+def load(c: ml_collections.ConfigDict, dtype="float32") -> Model:
+  """The model of a config section; weights read from a file must be finite. An HF directory
+  is read tensor by tensor straight into ``dtype``; other sources load as float32."""
+  model = _load(c, dtype)
   if c.source != "random":
     check_finite(model.params, c.path or c.name)
   return model
@@ -96,7 +97,7 @@ def check_finite(params, where: str) -> None:
       )
 
 
-def _load(c: ml_collections.ConfigDict) -> Model:
+def _load(c: ml_collections.ConfigDict, dtype="float32") -> Model:
   if c.source == "random":
     cfg, params = tiny.random_model(
       seed=c.seed,
@@ -116,7 +117,7 @@ def _load(c: ml_collections.ConfigDict) -> Model:
   if c.source == "gguf":
     reader = checkpoint.open_gguf(c.path)
     return Model(*checkpoint.load_gguf(reader), Tokenizer.from_gguf(reader))
-  cfg, params = checkpoint.load_safetensors(c.path)
+  cfg, params = checkpoint.load_safetensors(c.path, jnp.dtype(dtype))
   # A draft exported from a random target has no tokenizer: prompts are then token ids.
   has_tokenizer = (Path(c.path) / "tokenizer.json").is_file()
   return Model(cfg, params, Tokenizer.from_directory(c.path) if has_tokenizer else None)

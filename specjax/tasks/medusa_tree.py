@@ -82,6 +82,14 @@ def run(config: ml_collections.ConfigDict) -> dict:
     )
   if config.data.eval_examples < 1:
     raise ValueError("config.data.eval_examples must be >= 1: the held-out rows measured here.")
+  from specjax.interop import medusa as layouts
+
+  if layouts.detect(c.path, c.get("format", "auto")) != "specjax":
+    raise ValueError(
+      f"config.drafter.medusa.path={c.path!r} is not a specjax heads directory: "
+      "task=medusa_tree saves the tree it picks into their medusa.json; give published heads "
+      "a tree with drafter.medusa.tree_spec (or tree_paths) instead."
+    )
   build.check(config)
   target = build.target(config)
   _, params, meta = medusa.load(c.path, target)

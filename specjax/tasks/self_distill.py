@@ -1,23 +1,28 @@
-"""task=self_distill: the target's own continuations of corpus prompts, written as shards.
+"""task=self_distill: the target's own replies to corpus prompts or yours, written as shards.
 
-Prompts are cut from ``config.distill.sources`` (or, with ``config.distill.requests``, made
-from the templates of ``config.distill.request_set`` in ``train/prompt_templates.json``) with
-the target's tokenizer (a random target, which has none, gets seeded random token prompts instead),
-generated in batches of ``config.batch_size`` with the config's sampling knobs, and written
-under ``config.output_dir`` (see specjax/train/distill.py). Training reads the directory back
-with ``specjax.train.data.load_dataset``.
+Prompts are cut from ``config.distill.sources``; or taken from the user turns of your own files
+(``config.distill.prompts_from``, ``format``, ``turns``, ``on_error``: docs/data.md); or, with
+``config.distill.requests``, made from the templates of ``config.distill.request_set`` in
+``train/prompt_templates.json``; all with the target's tokenizer (a random target, which has
+none, gets seeded random token prompts instead). They are generated in batches of
+``config.batch_size`` with the config's sampling knobs and written under ``config.output_dir``
+(see specjax/train/distill.py). Training reads the directory back with
+``specjax.train.data.load_dataset``.
 """
 
 import ml_collections
 import numpy as np
 
 from specjax import build
-from specjax.train import data, distill
+from specjax.train import conversations, data, distill
 
 
 def check(config: ml_collections.ConfigDict) -> None:
   """The distill fields' cheap checks, run before the model is loaded."""
   d = config.distill
+  if d.get("prompts_from"):
+    _check_files(config)
+    return
   if config.target.source == "random":
     if d.sources:
       raise ValueError(
@@ -75,6 +80,79 @@ def check(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def _check_files(config: ml_collections.ConfigDict) -> None:
+  """``distill.prompts_from``: the other prompt kinds off, the fields, every record checked."""
+  d = config.distill
+  if config.target.source == "random":
+    raise ValueError(
+      "config.distill.prompts_from needs a target with a tokenizer and a chat template; a "
+      "random target gets random token prompts: set distill.prompts_from=()."
+    )
+  if d.sources or d.requests or d.tasks:
+    raise ValueError(
+      "config.distill.prompts_from takes the prompts from your files: set "
+      "config.distill.sources=(), requests=False and tasks=False."
+    )
+  if d.get("turns", "first") not in distill.PROMPT_TURNS:
+    raise ValueError(
+      f"config.distill.turns={d.turns!r} is not a choice: {', '.join(distill.PROMPT_TURNS)}."
+    )
+  if d.num_prompts < 0:
+    raise ValueError(f"config.distill.num_prompts must be >= 0 (0 = all), got {d.num_prompts}.")
+  if d.shard_size < 1 or d.shard_size % config.batch_size:
+    raise ValueError(
+      f"config.distill.shard_size={d.shard_size} must be a positive multiple of "
+      f"config.batch_size={config.batch_size}."
+    )
+  paths = conversations.expand(d.prompts_from, field="config.distill.prompts_from")
+  conversations.scan(
+    paths,
+    d.get("format", "sharegpt"),
+    on_error=d.get("on_error", "stop"),
+    field="config.distill",
+    files_field="config.distill.prompts_from",
+  )
+
+
+def _prompts(config, tok):
+  d = config.distill
+  if d.get("prompts_from"):
+    prompts = distill.file_prompts(
+      tuple(d.prompts_from),
+      tok,
+      fmt=d.get("format", "sharegpt"),
+      num_prompts=d.num_prompts,
+      turns=d.get("turns", "first"),
+      max_tokens=config.max_len - config.max_new_tokens,
+      seed=config.seed,
+      chat=config.chat,
+      on_error=d.get("on_error", "stop"),
+    )
+    print(
+      f"{len(prompts.ids)} prompts from {', '.join(map(str, d.prompts_from))}"
+      + (
+        f"; left out {prompts.skipped} longer than max_len - max_new_tokens"
+        if prompts.skipped
+        else ""
+      )  # fmt: skip
+    )
+    return prompts
+  if d.requests:
+    return distill.request_prompts(
+      tok, num_prompts=d.num_prompts, seed=config.seed, name=d.request_set
+    )
+  return distill.corpus_prompts(
+    tuple(d.sources),
+    tok,
+    num_prompts=d.num_prompts,
+    min_tokens=d.prompt_min_tokens,
+    max_tokens=d.prompt_max_tokens,
+    seed=config.seed,
+    chat=config.chat,
+    tasks=d.tasks,
+  )
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
   check(config)
@@ -87,21 +165,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     prompt_ids = [rng.integers(0, target.cfg.vocab_size, size=n).tolist() for n in lengths]
     sources, texts = None, None
   else:
-    if d.requests:
-      prompts = distill.request_prompts(
-        tok, num_prompts=d.num_prompts, seed=config.seed, name=d.request_set
-      )
-    else:
-      prompts = distill.corpus_prompts(
-        tuple(d.sources),
-        tok,
-        num_prompts=d.num_prompts,
-        min_tokens=d.prompt_min_tokens,
-        max_tokens=d.prompt_max_tokens,
-        seed=config.seed,
-        chat=config.chat,
-        tasks=d.tasks,
-      )
+    prompts = _prompts(config, tok)
     prompt_ids, sources, texts = prompts.ids, prompts.sources, prompts.texts
   manifest = distill.self_distill(
     target.params,

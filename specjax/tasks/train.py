@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 from specjax import build, metrics, parallel, results
 from specjax.decode import generate
 from specjax.models import source
-from specjax.train import data, features, loop, objectives, step
+from specjax.train import data, features, files, loop, objectives, step
 
 _SECTIONS = ("objective", "data", "train", "optim", "mesh", "distributed", "evaluate")
 
@@ -56,6 +56,8 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   objectives.check(config)
   if d.eval_examples < 0:
     raise ValueError(f"config.data.eval_examples must be >= 0, got {d.eval_examples}.")
+  if d.get("files"):
+    _check_files(config)
   for src in d.sources:
     if src in data.CORPORA:
       data.corpus_path(src)
@@ -67,12 +69,12 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
         f"({', '.join(data.CORPORA)}) nor an existing self-distillation directory. Create it "
         "with the self_distill task, or fix the path."
       )
-  if not d.sources and config.target.source != "random":
+  if not d.sources and not d.get("files") and config.target.source != "random":
     raise ValueError(
       "config.data.sources is empty: name corpora or self-distilled directories (only a "
       "random target may sample its own training text)."
     )
-  if not d.sources and (d.max_examples < 1 or d.seq_len < 5):
+  if not d.sources and not d.get("files") and (d.max_examples < 1 or d.seq_len < 5):
     raise ValueError(
       "a random target samples config.data.max_examples rows of config.data.seq_len tokens "
       f"(prompts of up to 4): need max_examples >= 1 and seq_len >= 5, got {d.max_examples} "
@@ -83,6 +85,30 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
     distributed=parallel.DistributedConfig(**config.distributed),
     loop=loop.LoopConfig(workdir=config.workdir, **t),
     optim=step.OptimConfig(**config.optim),
+  )
+
+
+def _check_files(config: ml_collections.ConfigDict) -> None:
+  """``config.data.files``: every record of this process's shard, with the target's tokenizer
+  (from its header), before any weight loads."""
+  d = config.data
+  if config.target.source == "random":
+    raise ValueError(
+      "config.data.files needs a target with a tokenizer and a chat template; a random target "
+      "has none: set config.data.files=()."
+    )
+  if d.get("feature_cache"):
+    raise ValueError(
+      "config.data.feature_cache keeps every row's target features; config.data.files streams "
+      "its rows: set config.data.feature_cache=''."
+    )
+  model = source.peek(config.target)
+  dist = config.distributed
+  files.check_files(
+    d,
+    model.tokenizer if model is not None else None,
+    process_index=dist.process_id if dist.num_processes > 1 else 0,
+    process_count=max(dist.num_processes, 1),
   )
 
 
@@ -139,6 +165,8 @@ def sample_dataset(model: build.Model, num_examples: int, seq_len: int, seed: in
 
 def _load_data(config, target: build.Model, objective=None):
   d = config.data
+  if d.get("files"):  # streamed; eval rows held out from the records
+    return files.load_files(d, target.tokenizer, state_dir=config.workdir or None)
   if d.sources:
     ds = data.load_dataset(
       tuple(d.sources),
@@ -185,11 +213,14 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = source.load(config.target)
   objective = objectives.build(config, target.cfg)
   train_ds, eval_ds = _load_data(config, target, objective)
-  objective = objective.with_data(train_ds, target.tokenizer)
+  stats = train_ds.head(4096) if isinstance(train_ds, files.FileDataset) else train_ds
+  objective = objective.with_data(stats, target.tokenizer)
   host_target = jax.device_get(target.params)
+  streamed = isinstance(train_ds, files.FileDataset)
+  rows = train_ds.describe() if streamed else f"{len(train_ds)} train"
   print(
     f"target {target.cfg.name} ({target.cfg.num_params() / 1e6:.1f} M params), "
-    f"{objective.name}: {objective.describe()}, {len(train_ds)} train / "
+    f"{objective.name}: {objective.describe()}, {rows} / "
     f"{len(eval_ds) if eval_ds else 0} eval rows of {train_ds.seq_len} tokens, mesh "
     f"{dict(mesh.shape)} over {jax.process_count()} process(es); setup "
     f"{time.perf_counter() - t0:.1f} s"

@@ -1,6 +1,6 @@
 """Training drafters against a frozen target, on one CPU or a sharded multi-process mesh.
 
-objectives.py   what is trained and its loss (DraftDistill; Medusa/EAGLE plug in here)
+objectives.py   what is trained and its loss (DraftDistill, Medusa; EAGLE's in drafters/eagle)
 losses.py       distillation losses over masked positions
 step.py         TrainState, optax optimiser, the jitted train step with shardings
 loop.py         the loop: data by step, eval, JSONL metrics, progress bar, checkpoints

@@ -55,10 +55,11 @@ from specjax import results, sampling
 from specjax.decode import check_prompts, generate
 from specjax.models import llama
 from specjax.models.config import ModelConfig
-from specjax.train import data
+from specjax.train import conversations, data
 from specjax.train.prompt_templates import INSTRUCTIONS, REQUEST_SETS, TASKS
 
 PLAN = "plan.json"
+PROMPT_TURNS = ("first", "all")  # which user turns of your files become prompts
 _MIN_QUESTION_WORDS = 4  # a chitchat question shorter than this is a greeting, not a task
 _TURN_MARKUP_TOKENS = 5  # ChatML's "<|im_start|>role\n ... <|im_end|>\n" around each turn.
 _WINDOW_CHARS_PER_TOKEN = 8  # Characters read per wanted token: enough for any corpus here.
@@ -69,6 +70,7 @@ class Prompts:
   ids: list[list[int]]  # token ids, ready for generate
   sources: list[str]  # the corpus each prompt was cut from
   texts: list[str]  # the prompt text as the tokenizer saw it
+  skipped: int = 0  # prompts left out (longer than allowed)
 
 
 def corpus_prompts(
@@ -254,6 +256,65 @@ def request_prompts(tokenizer, *, num_prompts: int, seed: int = 0, name: str = "
     out.sources.append("requests")
     out.texts.append(text)
   return out
+
+
+def file_prompts(
+  files: Sequence[str],
+  tokenizer,
+  *,
+  fmt: str,
+  num_prompts: int = 0,
+  turns: str = "first",
+  max_tokens: int = 0,
+  seed: int = 0,
+  chat: bool = True,
+  on_error: str = "stop",
+) -> Prompts:
+  """Prompts from your own files (``conversations.FORMATS``): each record's user turns
+  (``turns="first"``: the conversation up to its first user turn; ``"all"``: up to each user
+  turn, the file's own earlier replies as context; a text is one user turn), rendered with the
+  chat template and its generation prompt (``chat=False``: the user turn's text alone).
+
+  Records are taken in a seeded order until ``num_prompts`` prompts (0: every record, in file
+  order). Prompts longer than ``max_tokens`` (0: no limit) are left out and counted in
+  ``Prompts.sources`` as nothing: the caller reports ``skipped``. Deterministic in its
+  arguments, so a rerun resumes the same plan."""
+  if turns not in PROMPT_TURNS:
+    raise ValueError(
+      f"config.distill.turns={turns!r} is not a choice: first (the first user turn of each "
+      "conversation) or all (every user turn, with the conversation before it)."
+    )
+  if num_prompts < 0:
+    raise ValueError(f"config.distill.num_prompts must be >= 0 (0 = all), got {num_prompts}.")
+  field = "config.distill.prompts_from"
+  paths = conversations.expand(files, field=field)
+  index = conversations.scan(
+    paths, fmt, on_error=on_error, field="config.distill", files_field=field
+  )
+  reader = conversations.Reader(index, fmt)
+  order = np.arange(len(index))
+  if num_prompts:
+    order = np.random.default_rng([seed, zlib.crc32(b"prompts_from")]).permutation(len(index))
+  out, skipped = Prompts([], [], []), 0
+  for i in order:
+    record = reader[int(i)]
+    for messages in conversations.user_prompts(record, turns):
+      text = tokenizer.apply_chat_template(messages) if chat else messages[-1]["content"]
+      ids = list(tokenizer.encode(text))
+      if max_tokens and len(ids) > max_tokens:
+        skipped += 1
+        continue
+      out.ids.append(ids)
+      out.texts.append(text)
+      out.sources.append(Path(index.paths[index.file[i]]).name)
+      if len(out.ids) == num_prompts:
+        return dataclasses.replace(out, skipped=skipped)
+  if not out.ids:
+    raise ValueError(
+      f"{field}: none of the {len(index)} usable record(s) gives a prompt of at most "
+      f"{max_tokens} tokens: raise config.max_len or lower config.max_new_tokens."
+    )
+  return dataclasses.replace(out, skipped=skipped)
 
 
 # -- generation -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ state:
 and feeds ``out_i`` back as s_{i+1} to draft further. EAGLE-1 reads the final normed state
 (``feature_layers = ("final",)``, ``fuse`` the identity) and is trained so out_i matches f_{i+1}.
 EAGLE-3 reads three layers' residual streams, ``fuse`` is a trained linear map from 3F to F, and
-only the token loss trains it (with a simulated multi-step rollout, ``train/objectives.py``).
+only the token loss trains it (with a simulated multi-step rollout, ``objective.py``).
 
 Each step (EAGLE-2's dynamic tree under static shapes, budget ``(top_k, depth, total)``):
 

@@ -1,35 +1,5 @@
-"""Medusa heads (Cai et al. 2024): H small heads on the target's final hidden state draft a tree.
-
-The verify pass that accepted the newest token (the tree's root) also computed h, the target's
-final normed hidden state whose logits gave that token (``Verdict.features`` at index n). Head
-k (1..H) reads h and predicts the token k places after the root, the tree's depth-k nodes:
-
-    x_k = h;  x_k <- x_k + SiLU(W_kr x_k + b_kr)  for each of R residual layers (W zero-init)
-    logits_k = P_k x_k                              P_k: the target's head (shared, frozen) or
-                                                    the head's own, initialised from it
-
-With a *reduced draft vocabulary* the heads score only V' target ids (``vocab_ids``, the most
-frequent tokens of the training data, stop tokens always in): P_k is V' x F, and a draft's q is
-zero outside V', which the verifier handles like any other q (losslessness is untouched).
-
-Candidates. Every node of a static ``Tree`` at depth d is the ``rank``-th child of its parent
-and takes head d's ``rank``-th candidate. ``candidates = "top_k"``: each head's top-ranked
-tokens, deterministic (``Draft.probs=None``, one-hot q), at any temperature. ``"sampled"``:
-under every parent, its children are drawn without replacement from head d's distribution
-q_d = ``sampling.probs(logits_d)`` (Gumbel-top-k, fresh noise per parent) and verified with q_d
-by recursive rejection sampling, so the output is exactly the target's at any temperature,
-top-k or top-p; at temperature 0 the draw is the top-k and the verifier is greedy. ``"auto"``
-(the config default) samples iff the run's temperature is above 0.
-
-A lookup branch (``lookup``: a ``PromptLookup`` chain of K tokens, as EAGLE's) adds the
-continuation of the longest n-gram match in the committed text as the root's last child: the
-copies of the prompt that heads reading one hidden state rarely predict. Its nodes are
-deterministic (one-hot q), tried after the heads' own children, so sampled mode stays exact.
-
-The drafter's state is h for every row: ``init`` takes the prompt's last feature, ``commit``
-the verdict's (along the heads' tree or the lookup branch alike). Heads, their tree and the
-target fingerprint they were trained against are saved together (``save`` / ``load``); loading
-heads onto another target is an error.
+"""Medusa's drafter: the static tree its heads fill, one node per (depth, rank), verified by the
+tree verifier; state, config section and build. The heads are ``model.py``.
 """
 
 import dataclasses
@@ -41,7 +11,6 @@ import numpy as np
 
 from specjax import sampling
 from specjax.drafters import artifact, prompt_lookup
-from specjax.drafters.artifact import target_head
 from specjax.drafters.base import (
   Chain,
   Draft,
@@ -52,86 +21,20 @@ from specjax.drafters.base import (
   sampled_candidates,
   verify_forward,
 )
+from specjax.drafters.medusa.model import (
+  FIELD,
+  SCHEMA,
+  HeadsConfig,
+  _layouts,
+  head_logits,
+  init_heads,
+  load,
+  read_meta,
+)
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import llama, schema, source
 from specjax.models.config import ModelConfig
-from specjax.models.schema import Param
 from specjax.trees import Tree
-
-FIELD = "config.drafter.medusa"
-HEADS_FILE, META_FILE = "heads.safetensors", "medusa.json"
-FORMAT = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class HeadsConfig:
-  """Shapes of a set of Medusa heads (static; hashable)."""
-
-  dim: int  # F: the target's hidden size
-  num_heads: int  # H
-  vocab_size: int  # V': the draft vocabulary (== the target's unless reduced)
-  target_vocab_size: int  # V
-  num_layers: int = 1  # R: residual layers per head
-  own_proj: bool = False  # False: every head uses the target's (frozen) head
-
-  def __post_init__(self):
-    for f in ("dim", "num_heads", "vocab_size", "target_vocab_size", "num_layers"):
-      if int(getattr(self, f)) != getattr(self, f) or getattr(self, f) < 1:
-        raise ValueError(f"Medusa heads: {f} must be an integer >= 1, got {getattr(self, f)}.")
-    if self.vocab_size > self.target_vocab_size:
-      raise ValueError(
-        f"Medusa heads: the draft vocabulary ({self.vocab_size}) cannot exceed the target's "
-        f"({self.target_vocab_size})."
-      )
-
-  @property
-  def reduced(self) -> bool:
-    return self.vocab_size < self.target_vocab_size
-
-
-_proj_shape = lambda c: (c.num_heads if c.own_proj else 1, c.vocab_size, c.dim)  # noqa: E731
-
-# What the heads decode with. ``proj`` is trained only when ``own_proj``; otherwise it is the
-# target's head (its ``vocab_ids`` rows), shared by every head and never trained.
-SCHEMA: schema.Schema = (
-  Param("res_w", lambda c: (c.num_heads, c.num_layers, c.dim, c.dim), "zeros"),
-  Param("res_b", lambda c: (c.num_heads, c.num_layers, c.dim), "zeros"),
-  Param("proj", _proj_shape, "head"),
-)
-TRAINED = {False: ("res_w", "res_b"), True: ("res_w", "res_b", "proj")}
-
-
-def init_heads(cfg: HeadsConfig, target_params, target_cfg: ModelConfig, vocab_ids) -> dict:
-  """Fresh heads: identity residual layers (W = 0, b = 0) and the target's head rows
-  ``vocab_ids`` as every head's projection, so an untrained head k predicts the next token."""
-  head = target_head(target_params, target_cfg)[jnp.asarray(vocab_ids)]
-  params = schema.init_params(SCHEMA, cfg, jax.random.key(0), num_layers=0)
-  params["proj"] = jnp.broadcast_to(head[None], _proj_shape(cfg)).astype(jnp.float32)
-  return params
-
-
-def random_heads(cfg: HeadsConfig, key: jax.Array, scale: float = 1.0) -> dict:
-  """Random heads (unit tests): residual weights ~ N(0, scale / F), random projection."""
-  k1, k2, k3 = jax.random.split(key, 3)
-  shape_w = (cfg.num_heads, cfg.num_layers, cfg.dim, cfg.dim)
-  return {
-    "res_w": scale * jax.random.normal(k1, shape_w) / np.sqrt(cfg.dim),
-    "res_b": 0.1 * jax.random.normal(k2, shape_w[:3]),
-    "proj": jax.random.normal(k3, _proj_shape(cfg)) / np.sqrt(cfg.dim),
-  }
-
-
-def head_logits(params: dict, h_xF: jax.Array) -> jax.Array:
-  """``[..., H, V']`` every head's logits from hidden states ``h[..., F]``."""
-  h = params["res_w"].shape[0]
-  x_xHF = jnp.broadcast_to(h_xF[..., None, :], h_xF.shape[:-1] + (h, h_xF.shape[-1]))
-  for r in range(params["res_w"].shape[1]):
-    y = jnp.einsum("...hf,hgf->...hg", x_xHF, params["res_w"][:, r]) + params["res_b"][:, r]
-    x_xHF = x_xHF + jax.nn.silu(y)
-  proj_HxVxF = params["proj"]
-  if proj_HxVxF.shape[0] == 1:  # one head projection shared by every head
-    return jnp.einsum("...hf,vf->...hv", x_xHF, proj_HxVxF[0])
-  return jnp.einsum("...hf,hvf->...hv", x_xHF, proj_HxVxF)
 
 
 def _ranks(tree: Tree) -> tuple[int, ...]:
@@ -199,7 +102,9 @@ class Medusa(Chain):
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.path = ""  # heads saved by training (task=train, objective medusa); "" = untrained heads
+    c.path = ""  # heads saved by training (task=train, objective medusa) or a published Medusa
+    # directory (FasterDecoding's medusa_lm_head.*, vLLM's Medusa); "" = untrained heads
+    c.format = "auto"  # path's layout: auto | specjax | medusa | vllm_medusa (interop/medusa.py)
     c.num_heads = 4  # untrained heads only (path = ""): how many
     c.tree_spec = (4, 2, 2, 1)  # top-k per depth (the full tree), unless tree_paths is given
     c.tree_paths = ()  # Medusa's path list, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
@@ -213,7 +118,15 @@ class Medusa(Chain):
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     tree = parse_tree(c)
-    if c.path:
+    fmt = source.choice(c.get("format", "auto"), _layouts().FORMATS, "drafter.medusa.format")
+    if c.path and _layouts().detect(c.path, fmt) != "specjax":
+      found = _layouts().peek(c.path, fmt)  # headers only: no tensor is read
+      num_heads = found.heads.num_heads
+      target = source.peek(config.target)
+      if target is not None:
+        _layouts().check_sizes(found, target.cfg)
+      _layouts().check_names(found)
+    elif c.path:
       meta = read_meta(c.path)
       num_heads = meta["heads"]["num_heads"]
       if c.saved_tree and meta.get("tree"):
@@ -244,7 +157,7 @@ class Medusa(Chain):
     sampled = sampled_candidates(c, FIELD)
     tree = parse_tree(c)
     if c.path:
-      heads, params, meta = load(c.path, target)
+      heads, params, meta = load(c.path, target, c.get("format", "auto"))
       if c.saved_tree and meta.get("tree"):
         tree = Tree(tuple(meta["tree"]))
     else:
@@ -360,45 +273,3 @@ class Medusa(Chain):
 
 
 # --- Saving and loading: heads, their tree, and the target they belong to -----------------------
-
-fingerprint = artifact.fingerprint
-check_vocab = artifact.check_vocab
-
-
-def save(directory, heads: HeadsConfig, params: dict, target, tree: Tree | None, extra=None):
-  """Writes ``heads.safetensors`` (the trained tensors and ``vocab_ids``; a shared projection is
-  the target's and is not saved) and ``medusa.json`` into ``directory``, atomically."""
-  keep = TRAINED[heads.own_proj] + ("vocab_ids",)
-  meta = {
-    "format": FORMAT,
-    "heads": dataclasses.asdict(heads),
-    "target": artifact.target_meta(target),
-    "tree": list(tree.parents) if tree is not None else None,
-  } | (extra or {})
-  return artifact.save(directory, {k: params[k] for k in keep}, HEADS_FILE, meta, META_FILE)
-
-
-def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
-  hint = "point it at a directory written by task=train with objective.name=medusa (draft_final)"
-  return artifact.read_meta(directory, META_FILE, FORMAT, field, hint, HEADS_FILE)
-
-
-def read_tensors(directory) -> dict[str, np.ndarray]:
-  return artifact.read_tensors(directory, HEADS_FILE)
-
-
-def load(directory, target) -> tuple[HeadsConfig, dict, dict]:
-  """``(heads, decode params, meta)``; a clear error if they were trained for another target
-  or their vocabulary cannot emit the target's stop tokens."""
-  meta = read_meta(directory)
-  heads = HeadsConfig(**meta["heads"])
-  field = f"{FIELD}.path={str(directory)!r}"
-  artifact.check_target(meta, heads.dim, heads.target_vocab_size, target, field, "heads")
-  tensors = read_tensors(directory)
-  vocab_ids = tensors["vocab_ids"].astype(np.int32)
-  check_vocab(vocab_ids, target, field)
-  params = {k: jnp.asarray(v) for k, v in tensors.items()}
-  if not heads.own_proj:
-    params["proj"] = target_head(target.params, target.cfg)[jnp.asarray(vocab_ids)][None]
-  schema.check_shapes(SCHEMA, heads, {k: v for k, v in params.items() if k != "vocab_ids"}, 0)
-  return heads, params, meta

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the reference implementations that tests/test_interop_*.py compare specjax against:
+# SafeAILab's EAGLE (eagle-llm), FasterDecoding's Medusa (medusa-llm) and vLLM's speculators.
+#
+#   bash scripts/install_oracles.sh
+#
+# Always --no-deps: their pins (torch, transformers, gradio, openai, datasets, ...) conflict with
+# specjax's, and the tests import only their model modules, which need torch and transformers
+# (the `oracle` extra). Tests of an oracle that is absent are skipped with this command as the fix.
+set -euo pipefail
+
+PIP="${PIP:-python -m pip}"
+$PIP install --no-deps "eagle-llm==1.2.1" "medusa-llm==0.1" "speculators==0.9.0"

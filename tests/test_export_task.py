@@ -1,0 +1,92 @@
+"""task=export_drafter: specjax-trained drafters written in the layouts other engines serve.
+
+The layouts themselves (tensor names, the reference loaders' logits) are tested in
+test_interop_medusa.py and test_interop_eagle.py; here the task: its checks, before any weight
+loads, and that what it writes reads back as the drafter it was given.
+"""
+
+import numpy as np
+import pytest
+
+from configs import export_drafter as export_config
+from specjax import build, testing
+from specjax.drafters import medusa
+from specjax.tasks import export_drafter
+from specjax.trees import Tree
+
+TREE = Tree.from_spec((2, 2))
+
+
+def _config(tmp_path, **export):
+  c = export_config.get_config("tiny")
+  c.target.update(vocab_size=64, dim=32, num_layers=3, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  c.export.update(export)
+  return c
+
+
+def _medusa_heads(tmp_path, vocab_ids=None):
+  c = _config(tmp_path)
+  target = build.target(c)
+  drafter, params = testing.medusa_drafter(target.cfg, TREE, 3, vocab_ids, seed=4)
+  medusa.save(tmp_path / "heads", drafter.heads, params, target, TREE)
+  return target, drafter.heads, params
+
+
+@pytest.mark.parametrize("fmt, reduced", [("medusa", False), ("vllm_medusa", True)])
+def test_medusa_heads_export_and_read_back_bit_identical(tmp_path, fmt, reduced):
+  from specjax.interop import medusa as layouts
+
+  ids = tuple(range(0, 64, 2)) if reduced else None
+  target, heads, params = _medusa_heads(tmp_path, ids)
+  c = _config(tmp_path, path=str(tmp_path / "heads"), format=fmt, out=str(tmp_path / "out"))
+  record = export_drafter.run(c)
+  assert record["format"] == fmt and record["files"]
+  assert layouts.detect(tmp_path / "out") == fmt
+  got_heads, got, _ = layouts.load(tmp_path / "out", target)
+  assert (got_heads.num_heads, got_heads.vocab_size) == (heads.num_heads, heads.vocab_size)
+  for name in ("res_w", "res_b", "proj", "vocab_ids"):
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(params[name]))
+
+
+def _bad(tmp_path):
+  _medusa_heads(tmp_path)
+  heads, out = str(tmp_path / "heads"), str(tmp_path / "out")
+  return {
+    "unknown format": ("export.format='onnx' is unknown", dict(path=heads, format="onnx", out=out)),
+    "unknown dtype": (
+      "export.dtype='int8'",
+      dict(path=heads, format="medusa", out=out, dtype="int8"),
+    ),
+    "no drafter there": (
+      "holds neither eagle.json nor medusa.json",
+      dict(path=str(tmp_path), format="medusa", out=out),
+    ),
+    "an EAGLE format for Medusa heads": (
+      "is a medusa drafter, which format='eagle3' cannot hold: choose one of medusa, vllm_medusa",
+      dict(path=heads, format="eagle3", out=out),
+    ),
+    "output inside the drafter": (
+      "is inside config.export.path",
+      dict(path=heads, format="medusa", out=f"{heads}/export"),
+    ),
+    "no output": ("export.out is empty", dict(path=heads, format="medusa")),
+  }
+
+
+BAD = [
+  "unknown format", "unknown dtype", "no drafter there", "an EAGLE format for Medusa heads",
+  "output inside the drafter", "no output",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_clear_error_before_the_target_loads(tmp_path, case, monkeypatch):
+  text, export = _bad(tmp_path)[case]
+
+  def no_target(config):
+    raise AssertionError("the target loaded before the export config was checked")
+
+  monkeypatch.setattr(build, "target", no_target)
+  with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")):
+    export_drafter.run(_config(tmp_path, **export))
+  assert not (tmp_path / "out").exists()
