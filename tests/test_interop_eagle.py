@@ -588,5 +588,126 @@ def test_an_imported_reduced_vocabulary_eagle3_samples_the_targets_distribution(
   pair = (target.cfg, target.params)
   good = testing.exact_pvalues(pair, eagle.Eagle(cfg, 2, 2, 3, sampled=True), params, knobs, **kw)
   assert min(good) > P_PASS / len(good), good
-  broken = _D2tTwice(cfg, 2, 2, 3, sampled=True)
+  broken = _D2tTwice(cfg, 2, 2, 3, sampled=True)  # fails by far (p ~ 1e-100 at these counts)
+  kw |= dict(rows=1000, calls=1)
   assert min(testing.exact_pvalues(pair, broken, params, knobs, **kw)) < P_FAIL
+
+
+# --- bad inputs: one clear error each, before anything compiles -------------------------------
+
+
+def _published(tmp_path, fmt="speculators"):
+  """A published-layout drafter directory (specjax's own export: no torch needed)."""
+  target = _target(layers=4)
+  drafter, params = _trained(target, "eagle3", (0, 1, 3), REDUCED)
+  interop.export(drafter.cfg, params, tmp_path / "d", fmt, "float32", "tiny-llama")
+  return target, tmp_path / "d"
+
+
+def _edit_tensors(directory, edit):
+  path = directory / "model.safetensors"
+  tensors = load_file(str(path))
+  edit(tensors)
+  save_file(tensors, str(path))
+
+
+def _edit_config(directory, **changes):
+  path = directory / "config.json"
+  path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def _truncate(directory):
+  path = directory / "model.safetensors"
+  path.write_bytes(path.read_bytes()[:-100])
+
+
+def _other_embedding(tensors):
+  tensors["embed_tokens.weight"] = np.ones((64, F), np.float32)
+
+
+BAD = {
+  "a tensor missing": (
+    lambda d: _edit_tensors(d, lambda t: t.pop("layers.0.mlp.up_proj.weight")),
+    "missing layers.0.mlp.up_proj.weight.*This layout holds:\n  lm_head.weight \\[21, 32\\]",
+  ),
+  "a tensor misshapen": (
+    lambda d: _edit_tensors(d, lambda t: t.update({"fc.weight": t["fc.weight"][:, :64]})),
+    r"fc.weight is \[32, 64\], expected \[32, 96\]",
+  ),
+  "an unknown tensor": (
+    lambda d: _edit_tensors(d, lambda t: t.update({"extra.weight": t["norm.weight"]})),
+    r"unexpected extra.weight \[32\]",
+  ),
+  "a truncated file": (_truncate, "model.safetensors is damaged or truncated"),
+  "a flag specjax does not compute": (
+    lambda d: _edit_config(d, fc_norm=True), "fc_norm=True .an RMSNorm on each auxiliary"
+  ),
+  "speculators' norm_output": (
+    lambda d: _edit_config(d, norm_output=True), "norm_output=True .the normed output fed back"
+  ),
+  "auxiliary layer 0 (the embeddings)": (
+    lambda d: _edit_config(d, eagle_aux_hidden_state_layer_ids=[0, 1, 3]),
+    "0, the embeddings, is not a layer's output",
+  ),
+  "a two-layer drafter": (
+    lambda d: _edit_config(
+      d, transformer_layer_config=json.loads((d / "config.json").read_text())[
+        "transformer_layer_config"] | {"num_hidden_layers": 2}
+    ),
+    "num_hidden_layers=2: specjax's EAGLE drafter has one decoder layer",
+  ),
+  "d2t out of the target's vocabulary": (
+    lambda d: _edit_tensors(d, lambda t: t.update({"d2t": t["d2t"] + 60})),
+    "d2t maps the 21 draft ids to",
+  ),
+  "an embedding of another target": (
+    lambda d: _edit_tensors(d, _other_embedding), "differs from the target's"
+  ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD, ids=BAD)
+def test_a_bad_published_drafter_is_one_clear_error(tmp_path, case):
+  target, directory = _published(tmp_path)
+  damage, text = BAD[case]
+  damage(directory)
+  with pytest.raises(ValueError, match=text):
+    eagle.load(directory, target)
+
+
+def test_a_target_of_another_hidden_size_is_refused_from_the_headers(tmp_path):
+  """Before any weight loads: the drafter's config against the target's config.json alone
+  (``Eagle.check``, as ``build.check`` runs it), and again in ``load``."""
+  _, directory = _published(tmp_path)
+  wide = transformers.LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=64,
+                                  num_hidden_layers=4, num_attention_heads=4)  # fmt: skip
+  wide.save_pretrained(tmp_path / "wide")  # config.json only: no weights to load
+  c = eagle.Eagle.config()
+  c.path = str(directory)
+  config = types.SimpleNamespace(
+    target=source.config(source="safetensors", path=str(tmp_path / "wide"))
+  )
+  with pytest.raises(ValueError, match="hidden size 32 .drafter 32.*hidden size 48"):
+    eagle.Eagle.check(c, config)
+  c.format = "eagle"
+  with pytest.raises(ValueError, match="format='eagle', but .* holds a 'speculators' drafter"):
+    eagle.Eagle.check(c, config)
+
+
+def test_a_published_drafter_named_by_format_and_its_torch_pickle(tmp_path):
+  """``format`` names the layout (``auto`` detects it); a SafeAILab drafter saved with
+  torch.save reads through specjax.interop.torch_files, or is one clear error without it."""
+  target, directory = _published(tmp_path, "eagle3")
+  cfg, _, meta = eagle.load(directory, target, "eagle3")
+  assert meta["layout"] == interop.NAMES["eagle3"]
+  tensors = load_file(str(directory / "model.safetensors"))
+  torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, directory / "pytorch_model.bin")
+  (directory / "model.safetensors").unlink()
+  try:
+    from specjax.interop import torch_files  # noqa: F401
+  except ImportError:
+    with pytest.raises(ValueError, match="pytorch_model.bin is a torch pickle"):
+      eagle.load(directory, target)
+    return
+  cfg2, params, _ = eagle.load(directory, target)
+  assert cfg2 == cfg and np.array_equal(params["fuse"], tensors["fc.weight"])

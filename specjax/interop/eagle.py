@@ -42,10 +42,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file, save_file
 
 from specjax.drafters import artifact
+from specjax.interop import torch_files
 from specjax.models import llama, rope
 from specjax.models.config import ModelConfig
 
@@ -116,7 +115,7 @@ def detect(directory) -> str:
   archs = " ".join(config.get("architectures") or ())
   if "draft_vocab_size" in config or "Eagle3" in archs:
     return "eagle3"
-  names = set(_header(_weight_files(directory)) or ())
+  names = set(_header(_weight_files(directory)))
   if any(n.startswith("midlayer.") for n in names):
     return "eagle3"
   return "eagle"
@@ -143,7 +142,7 @@ def _weight_files(directory: Path) -> tuple[Path, ...]:
       except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"{FIELD}: {directory / index} is not a weight index ({e}).") from None
       return tuple(sorted({directory / f for f in weight_map.values()}))
-  for name in ("model.safetensors", "pytorch_model.bin"):
+  for name in ("model.safetensors", "pytorch_model.bin", "pytorch_model.pt"):
     if (directory / name).is_file():
       return (directory / name,)
   found = sorted(directory.glob("*.safetensors"))
@@ -155,44 +154,20 @@ def _weight_files(directory: Path) -> tuple[Path, ...]:
   )
 
 
-def _header(files) -> dict | None:
-  """``{name: (shape, dtype)}`` from the safetensors headers alone, or None if a file is a
-  torch pickle (its names are known only once it is read). A damaged or truncated file is one
-  error naming it."""
+def _header(files) -> dict:
+  """``{name: (shape, dtype)}`` from the files' headers alone (safetensors, or torch.save's zip
+  pickles, read without torch and refusing any pickle that names code); a missing, truncated or
+  damaged file is one error naming it."""
   out = {}
   for f in files:
-    if f.suffix != ".safetensors":
-      return None
-    artifact.check_tensors(f, None, FIELD)  # missing, truncated, damaged header
-    with safe_open(str(f), "np") as sf:
-      for name in sf.keys():  # noqa: SIM118 (safe_open is not a dict)
-        s = sf.get_slice(name)
-        out[name] = (tuple(s.get_shape()), s.get_dtype())
+    out |= {k: (tuple(i.shape), i.dtype) for k, i in torch_files.read_shapes(f).items()}
   return out
 
 
 def _read(files) -> dict[str, np.ndarray]:
   tensors = {}
   for f in files:
-    if f.suffix == ".safetensors":
-      try:
-        tensors |= load_file(str(f))
-      except (SafetensorError, OSError) as e:
-        raise ValueError(f"{FIELD}: {f} is damaged or truncated ({e}).") from None
-      continue
-    try:
-      from specjax.interop import torch_files
-    except ImportError:
-      raise ValueError(
-        f"{FIELD}: {f} is a torch pickle, which needs specjax.interop.torch_files; convert it "
-        "to model.safetensors."
-      ) from None
-    try:
-      tensors |= {k: np.asarray(v) for k, v in torch_files.read_tensors(f).items()}
-    except ValueError:
-      raise
-    except Exception as e:  # a pickle reader fails with whatever the bytes trip
-      raise ValueError(f"{FIELD}: {f} is damaged or truncated ({type(e).__name__}: {e}).") from None
+    tensors |= torch_files.read_tensors(f)
   return tensors
 
 
@@ -278,8 +253,7 @@ def plan(directory, target_cfg: ModelConfig, fmt: str = "auto") -> Plan:
     raise ValueError(f"{where}: {e}") from None
   fc_bias = _fc_bias(config, lay["kind"])
   expected = _expected(cfg, lay["prefix"], fc_bias)
-  if header is not None:
-    check_names(expected, header, name, where)
+  check_names(expected, header, name, where)
   return Plan(lay["fmt"], name, cfg, lay["files"], expected, fc_bias, config)
 
 
@@ -426,7 +400,7 @@ def check_names(expected: dict, found: dict, name: str, where: str) -> None:
   table = "\n".join(f"  {k} {list(s)}" for k, (_, s) in expected.items())
   raise ValueError(
     f"{where}: the {name} checkpoint does not match its config ({'; '.join(problems)}). "
-    f"This layout holds:\n{table}\n(plus optional embed_tokens.weight, d2t, t2d)."
+    f"This layout holds:\n{table}\n(and may hold embed_tokens.weight, the target's, and t2d)."
   )
 
 
@@ -530,21 +504,8 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name:
   config.json that SafeAILab's code, vLLM and SGLang read, into ``out_dir`` atomically
   (a temporary directory renamed into place). Weights in ``dtype``; ``target_name``: the
   target's HF id or path, recorded as speculators' verifier."""
-  if fmt not in EXPORTS:
-    raise ValueError(f"export.format={fmt!r} is unknown; choose one of {', '.join(EXPORTS)}.")
-  if dtype not in DTYPES:
-    raise ValueError(f"export.dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}.")
+  check_export(cfg, fmt, dtype)
   arch = cfg.architecture
-  allowed = {"eagle": ("eagle1",), "eagle3": ("eagle3",), "speculators": ("eagle1", "eagle3")}
-  if arch not in allowed[fmt]:
-    want = {"eagle": "eagle1", "eagle3": "eagle3", "speculators": "eagle1 or eagle3"}[fmt]
-    raise ValueError(
-      f"export.format={fmt!r} holds drafters of architecture {want}; this drafter's "
-      f"architecture is {arch!r} (specjax's own variant: its final norm, feature fuse and "
-      "shared head have no place in that layout). Train with the official architecture "
-      f"(architecture={want.split()[0]!r}) to export it."
-    )
-  _check_expressible(cfg, fmt)
   host = jax.device_get(params)
   kind = "eagle3" if arch == "eagle3" else "eagle"
   prefix = {"eagle": "layers.0.", "eagle3": "midlayer."}.get(fmt) or (
@@ -571,8 +532,7 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name:
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
   try:
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-              str(tmp / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    torch_files.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if out_dir.exists():
       shutil.rmtree(out_dir)
@@ -581,6 +541,32 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return out_dir
+
+
+def check_export(cfg, fmt: str, dtype: str = "float32") -> None:
+  """Whether a drafter of ``cfg`` (an EagleConfig, e.g. read from eagle.json before anything
+  loads) can be written as ``fmt``: one clear error naming the format, the architecture or the
+  layer option the layout cannot hold."""
+  if fmt not in EXPORTS:
+    raise ValueError(f"export.format={fmt!r} is unknown; choose one of {', '.join(EXPORTS)}.")
+  if dtype not in DTYPES:
+    raise ValueError(f"export.dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}.")
+  arch = cfg.architecture
+  allowed = {"eagle": ("eagle1",), "eagle3": ("eagle3",), "speculators": ("eagle1", "eagle3")}
+  if arch not in allowed[fmt]:
+    want = " or ".join(allowed[fmt])
+    raise ValueError(
+      f"export.format={fmt!r} holds drafters of architecture {want}; this drafter's "
+      f"architecture is {arch!r}"
+      + (
+        " (specjax's own variant: its final norm, feature fuse and shared head have no place "
+        f"in that layout). Train with objective.eagle.architecture={allowed[fmt][-1]!r} to "
+        "export it."
+        if arch == "specjax"
+        else f": export it as format={'eagle3' if arch == 'eagle3' else 'eagle'} or speculators."
+      )
+    )
+  _check_expressible(cfg, fmt)
 
 
 def _check_expressible(cfg, fmt: str) -> None:
