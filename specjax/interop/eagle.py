@@ -608,17 +608,14 @@ def _layer_config(cfg, dtype: str) -> dict:
     "rms_norm_eps": layer.norm_eps,
     "rope_theta": layer.rope_theta,
     "rope_scaling": dict(layer.rope_scaling) or None,
-    "max_position_embeddings": 4096,
+    # specjax keeps no context limit; readers size RoPE tables and the draft's length by this
+    "max_position_embeddings": 131072,
     "vocab_size": cfg.target.vocab_size,
     "attention_bias": bool(layer.qkv_bias),
     "mlp_bias": bool(layer.mlp_bias),
     "tie_word_embeddings": False,
     "torch_dtype": dtype,
   }
-  if layer.rope_scaling:
-    out["max_position_embeddings"] = int(
-      dict(layer.rope_scaling).get("original_max_position_embeddings") or 4096
-    ) * int(float(dict(layer.rope_scaling).get("factor", 1)))
   return out
 
 
