@@ -452,8 +452,9 @@ def test_training_raises_tau_and_the_export_decodes_the_same(
   tmp_path, features, rollout, architecture
 ):
   """EAGLE on a random tiny target's own text: teacher-forced top-1 and tau rise, and the
-  exported drafter decodes through ``drafter.eagle.path`` with the tau the run reported (the
-  published EAGLE-3 architecture trained as directly as specjax's)."""
+  exported drafter decodes through ``drafter.eagle.path`` with the tau the run reported. The
+  published EAGLE-3 architecture trains as directly as specjax's, and what it trained, written
+  for vLLM (speculators) and SGLang (eagle3), gives the same logits in their reference code."""
   c = _eagle_config(tmp_path, top_k=2, depth=3, total=6)
   c.objective = objectives.default_config("eagle")
   c.objective.eagle.vocab_size = 200
@@ -483,6 +484,10 @@ def test_training_raises_tau_and_the_export_decodes_the_same(
     for b in req.batches()
   ]  # fmt: skip
   assert metrics.summarize(metrics.merge([o.counts for o in outs]))["tau"] == final["tau"]
+  if architecture == "eagle3":  # trained here, served there: the exports' reference logits
+    from test_interop_eagle import eagle3_exports_match_their_references
+
+    eagle3_exports_match_their_references(tmp_path, target, drafter.cfg, params)
 
 
 def test_cached_features_give_the_same_loss_and_are_reused(tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 
 from configs import export_drafter as export_config
 from specjax import build, testing
-from specjax.drafters import medusa
+from specjax.drafters import eagle, medusa
 from specjax.tasks import export_drafter
 from specjax.trees import Tree
 
@@ -48,10 +48,40 @@ def test_medusa_heads_export_and_read_back_bit_identical(tmp_path, fmt, reduced)
     np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(params[name]))
 
 
+def _eagle_drafter(tmp_path, architecture):
+  c = _config(tmp_path)
+  target = build.target(c)
+  ids = tuple(range(0, 64, 2))
+  drafter, params = testing.eagle_drafter(
+    (target.cfg, target.params), 2, 2, 3, ids, features=(0, 1, 2), architecture=architecture
+  )
+  eagle.save(tmp_path / f"eagle_{architecture}", drafter.cfg, params, target)
+  return target, drafter.cfg, params
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+def test_a_trained_eagle3_exports_and_reads_back_bit_identical(tmp_path, fmt):
+  target, cfg, params = _eagle_drafter(tmp_path, "eagle3")
+  out = str(tmp_path / "out")
+  c = _config(tmp_path, path=str(tmp_path / "eagle_eagle3"), format=fmt, out=out)
+  assert export_drafter.run(c)["format"] == fmt
+  got_cfg, got, meta = eagle.load(out, target)
+  assert got_cfg == cfg and meta["format"] == fmt
+  for name in ("fuse", "proj", "vocab_ids", "norm"):
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(params[name]))
+  for name, w in params["layer"].items():
+    np.testing.assert_array_equal(np.asarray(got["layer"][name]), np.asarray(w))
+
+
 def _bad(tmp_path):
   _medusa_heads(tmp_path)
+  _eagle_drafter(tmp_path, "specjax")
   heads, out = str(tmp_path / "heads"), str(tmp_path / "out")
   return {
+    "specjax's EAGLE architecture for vLLM": (
+      "architecture is 'specjax'",
+      dict(path=str(tmp_path / "eagle_specjax"), format="speculators", out=out),
+    ),
     "unknown format": ("export.format='onnx' is unknown", dict(path=heads, format="onnx", out=out)),
     "unknown dtype": (
       "export.dtype='int8'",
@@ -74,8 +104,8 @@ def _bad(tmp_path):
 
 
 BAD = [
-  "unknown format", "unknown dtype", "no drafter there", "an EAGLE format for Medusa heads",
-  "output inside the drafter", "no output",
+  "specjax's EAGLE architecture for vLLM", "unknown format", "unknown dtype", "no drafter there",
+  "an EAGLE format for Medusa heads", "output inside the drafter", "no output",
 ]  # fmt: skip
 
 

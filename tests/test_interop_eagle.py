@@ -487,13 +487,27 @@ def test_exports_load_in_the_reference_code_and_give_the_same_logits(tmp_path):
   _, want = _specjax_forward(drafter.cfg, params, nxt, feats)
   np.testing.assert_allclose(_eagle1_forward(m, target, nxt, feats)[1], want, rtol=1e-4, atol=1e-4)
 
-  core = _speculators()
   drafter, params = _trained(target, "eagle3", (1, 3, 4), REDUCED)
-  nxt, feats = _features(target, (1, 3, 4))
-  out, want = _specjax_forward(drafter.cfg, params, nxt, feats)
-  interop.export(drafter.cfg, params, tmp_path / "s", "speculators", "float32", str(hf_dir))
+  eagle3_exports_match_their_references(tmp_path, target, drafter.cfg, params, hf_dir)
+
+
+def eagle3_exports_match_their_references(tmp_path, target, cfg, params, hf_dir=None):
+  """An EAGLE-3 drafter (``cfg``, decode ``params``) exported for vLLM (speculators' format,
+  read by speculators' ``Eagle3DraftModel.from_pretrained``) and for SGLang / SafeAILab
+  (``eagle3``, read by speculators' SafeAILab layer) gives specjax's logits in both."""
+  if hf_dir is None:  # the verifier speculators reads its layer count and embedding from
+    hf_dir = tmp_path / "target"
+    hf = transformers.LlamaForCausalLM(_target_hf_config(target))
+    hf.load_state_dict({k: _t(v) for k, v in _hf_state(target).items()}, strict=False)
+    hf.save_pretrained(hf_dir)
+  core = _speculators()
+  ids = np.asarray(params["vocab_ids"])
+  aux = [a + 1 for a in cfg.feature_layers]
+  nxt, feats = _features(target, cfg.feature_layers)
+  out, want = _specjax_forward(cfg, params, nxt, feats)
+  interop.export(cfg, params, tmp_path / "s", "speculators", "float32", str(hf_dir))
   m = core.Eagle3DraftModel.from_pretrained(str(tmp_path / "s")).eval()
-  assert m.config.eagle_aux_hidden_state_layer_ids == [2, 4, 5]
+  assert m.config.eagle_aux_hidden_state_layer_ids == aux
   # speculators' own copy of the verifier's embedding (transformers 5 leaves the missing one
   # uninitialised, not the NaN its check for "not loaded yet" looks for)
   m._load_verifier_weights(overwrite_embed_tokens=True)
@@ -501,13 +515,13 @@ def test_exports_load_in_the_reference_code_and_give_the_same_logits(tmp_path):
   got_out, got = _eagle3_forward(m, nxt, feats)
   np.testing.assert_allclose(got_out, out, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  assert np.array_equal(m.d2t.numpy() + np.arange(len(REDUCED)), REDUCED)
+  assert np.array_equal(m.d2t.numpy() + np.arange(len(ids)), ids)
 
-  interop.export(drafter.cfg, params, tmp_path / "g", "eagle3", "float32")
+  interop.export(cfg, params, tmp_path / "g", "eagle3", "float32")
   config = json.loads((tmp_path / "g" / "config.json").read_text())
   layer = transformers.LlamaConfig(**config)
   layer._attn_implementation = "eager"
-  m = _legacy_module(_speculators_config(target, REDUCED, None, layer))
+  m = _legacy_module(_speculators_config(target, tuple(ids), None, layer))
   state = load_file(str(tmp_path / "g" / "model.safetensors"))
   state = {k.replace("midlayer.", "layers.0."): torch.from_numpy(v) for k, v in state.items()}
   missing, unexpected = m.load_state_dict(state, strict=False)

@@ -87,6 +87,12 @@ def check(config: ml_collections.ConfigDict) -> str:
 
 def _check_shapes(kind: str, e) -> None:
   """What the saved drafter's JSON says against what ``e.format`` can hold."""
+  if kind == "eagle":
+    from specjax.drafters import eagle
+    from specjax.interop import eagle as layouts
+
+    cfg = eagle.EagleConfig.fromdict(eagle.read_meta(e.path, f"{FIELD}.path")["eagle"])
+    layouts.check_export(cfg, e.format, e.dtype)
   if kind == "medusa" and e.format == "medusa":
     from specjax.drafters import medusa
 
