@@ -65,6 +65,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   export = ["--config=configs/export_drafter.py", f"--config.export.out={tmp}/export"]
   heads = "--config.export.path=experiments/medusa_smollm2/heads"
   _published_medusa(tmp)
+  _published_eagle3(tmp)
   chat = ('{"conversations": [{"from": "human", "value": "Hi"}, '
           '{"from": "gpt", "value": "Hello."}]}\n')  # fmt: skip
   (tmp / "chats.jsonl").write_text(chat + '{"conversations": [{"from": "human"\n' + chat)
@@ -189,6 +190,11 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      ["--config=configs/train_tiny.py", "--config.distributed.num_processes=2",
       "--config.distributed.process_id=0", f"--config.distributed.coordinator_address={peer}",
       "--config.distributed.initialization_timeout_s=5", f"--config.workdir={tmp}/peer"]),
+    ("export: specjax's EAGLE architecture for vLLM",
+     [*export, "--config.export.path=experiments/eagle_smollm2/drafter",
+      "--config.export.format=speculators"]),
+    ("published EAGLE-3 drafter of another hidden size",
+     [*eagle, f"--config.drafter.eagle.path={tmp}/eagle3_small"]),
     ("export: unknown format", [*export, heads, "--config.export.format=onnx"]),
     ("export: Medusa heads in an EAGLE layout", [*export, heads, "--config.export.format=eagle3"]),
     ("export: no drafter at the path",
@@ -238,6 +244,19 @@ def _published_medusa(tmp: Path) -> None:
   (tmp / "fd_truncated" / "medusa_lm_head.pt").write_bytes(data[: len(data) // 2])
   with zipfile.ZipFile(tmp / "fd_unsafe" / "medusa_lm_head.pt", "w") as z:
     z.writestr("archive/data.pkl", pickle.dumps(os.system))  # os.system: refused unrun
+
+
+def _published_eagle3(tmp: Path) -> None:
+  """An EAGLE-3 drafter in speculators' layout for a 64-wide target (SmolLM2 is 576 wide)."""
+  import jax
+
+  from specjax import testing
+  from specjax.interop import eagle
+  from specjax.models import tiny
+
+  small = tiny.random_model(seed=0, vocab_size=64, dim=64, num_layers=8)
+  drafter, params = testing.eagle_drafter(small, features=(1, 3, 4), architecture="eagle3")
+  eagle.export(drafter.cfg, jax.device_get(params), tmp / "eagle3_small", "speculators")
 
 
 # Cases the harness cannot run alone (a second process holding the lock), or that are not
