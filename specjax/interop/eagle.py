@@ -548,15 +548,19 @@ def check_export(cfg, fmt: str, dtype: str = "float32") -> None:
   loads) can be written as ``fmt``: one clear error naming the format, the architecture or the
   layer option the layout cannot hold."""
   if fmt not in EXPORTS:
-    raise ValueError(f"export.format={fmt!r} is unknown; choose one of {', '.join(EXPORTS)}.")
+    raise ValueError(
+      f"config.export.format={fmt!r} is unknown; choose one of {', '.join(EXPORTS)}."
+    )
   if dtype not in DTYPES:
-    raise ValueError(f"export.dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}.")
+    raise ValueError(
+      f"config.export.dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}."
+    )
   arch = cfg.architecture
   allowed = {"eagle": ("eagle1",), "eagle3": ("eagle3",), "speculators": ("eagle1", "eagle3")}
   if arch not in allowed[fmt]:
     want = " or ".join(allowed[fmt])
     raise ValueError(
-      f"export.format={fmt!r} holds drafters of architecture {want}; this drafter's "
+      f"config.export.format={fmt!r} holds drafters of architecture {want}; this drafter's "
       f"architecture is {arch!r}"
       + (
         " (specjax's own variant: its final norm, feature fuse and shared head have no place "
@@ -583,12 +587,12 @@ def _check_expressible(cfg, fmt: str) -> None:
   for field, value in fixed.items():
     if getattr(layer, field) != value:
       raise ValueError(
-        f"export.format={fmt!r}: the drafter's layer has {field}={getattr(layer, field)!r}, "
+        f"config.export.format={fmt!r}: the drafter's layer has {field}={getattr(layer, field)!r}, "
         f"which that layout's readers do not build (they assume {field}={value!r})."
       )
   if fmt == "speculators" and layer.qkv_bias != layer.out_bias:
     raise ValueError(
-      "export.format='speculators': attention_bias covers q, k, v and o together; the "
+      "config.export.format='speculators': attention_bias covers q, k, v and o together; the "
       f"drafter's layer has qkv_bias={layer.qkv_bias} and out_bias={layer.out_bias}."
     )
 
