@@ -171,6 +171,7 @@ def _speculators():
 
 
 def _speculators_config(target, ids, aux, layer=None):
+  _speculators()  # its modules, past the package __init__ (whichever test runs first)
   from speculators.config import SpeculatorsConfig, VerifierConfig
   from speculators.models.eagle3.config import Eagle3SpeculatorConfig
   from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -555,12 +556,15 @@ def _ar():
   return generate(t.params, t.cfg, PROMPTS, max_new_tokens=24, max_len=48, eos_id=[5])
 
 
-@pytest.mark.parametrize("layout", ["eagle", "speculators"])
+@pytest.mark.parametrize("layout", ["eagle", "safeailab_eagle3", "speculators"])
 def test_greedy_decoding_with_an_imported_drafter_equals_autoregressive(tmp_path, layout):
-  """Batch 4, ragged prompts, a stop id, an EAGLE-2 tree: the tokens are AR's."""
+  """Batch 4, ragged prompts, a stop id, an EAGLE-2 tree: the tokens are AR's (SafeAILab's
+  EAGLE-1 and EAGLE-3 layouts, speculators' EAGLE-3)."""
   target = _GREEDY_TARGET
   if layout == "eagle":
     _eagle1_reference(target, tmp_path / "d")
+  elif layout == "safeailab_eagle3":
+    _eagle3_legacy(target, tmp_path / "d", REDUCED)
   else:
     _eagle3_speculators(target, tmp_path / "d", REDUCED, aux=[1, 4, 8])
   cfg, params, _ = eagle.load(tmp_path / "d", target)
