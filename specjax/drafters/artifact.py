@@ -9,6 +9,7 @@ have none), before any model loads; loading checks the target before any tensor 
 another hidden size or vocabulary, or other weights (fingerprint), is one clear error.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -66,23 +67,42 @@ def target_meta(target) -> dict:
   return {"name": target.cfg.name, "fingerprint": fingerprint(target)}
 
 
-def save(directory, tensors: dict, tensors_file: str, meta: dict, meta_file: str) -> Path:
-  """Writes ``tensors`` and ``meta`` into ``directory`` atomically (replacing what is there)."""
+@contextlib.contextmanager
+def atomic_directory(directory):
+  """Yields a temporary sibling of ``directory`` that replaces it once the block has written
+  everything; if the block fails, the temporary directory goes and ``directory`` is untouched."""
   directory = Path(directory)
-  host = {k: np.ascontiguousarray(v) for k, v in jax.device_get(tensors).items()}
   directory.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
   try:
-    save_file(host, str(tmp / tensors_file))
-    meta = meta | {"sha256": {tensors_file: sha256(tmp / tensors_file)}}
-    (tmp / meta_file).write_text(json.dumps(meta, indent=1))
+    yield tmp
     if directory.exists():
       shutil.rmtree(directory)
     tmp.rename(directory)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  return directory
+
+
+def save(directory, tensors: dict, tensors_file: str, meta: dict, meta_file: str) -> Path:
+  """Writes ``tensors`` and ``meta`` into ``directory`` atomically (replacing what is there)."""
+  host = {k: np.ascontiguousarray(v) for k, v in jax.device_get(tensors).items()}
+  with atomic_directory(directory) as tmp:
+    save_file(host, str(tmp / tensors_file))
+    meta = meta | {"sha256": {tensors_file: sha256(tmp / tensors_file)}}
+    (tmp / meta_file).write_text(json.dumps(meta, indent=1))
+  return Path(directory)
+
+
+def read_json(path: Path, field: str, fix: str = "copy or download it again") -> dict:
+  """A JSON object from ``path``; not JSON, or not an object, is one error naming the file."""
+  try:
+    obj = json.loads(Path(path).read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{field}: {path} is not valid JSON ({e}): {fix}.") from None
+  if not isinstance(obj, dict):
+    raise ValueError(f"{field}: {path} is not a JSON object: {fix}.")
+  return obj
 
 
 def sha256(path) -> str:

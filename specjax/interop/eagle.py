@@ -35,8 +35,6 @@ index. Features are concatenated in layer order.
 
 import dataclasses
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -125,13 +123,7 @@ def _config(directory: Path) -> dict | None:
   path = directory / "config.json"
   if not path.is_file():
     return None
-  try:
-    config = json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{FIELD}: {path} is not valid JSON ({e}).") from None
-  if not isinstance(config, dict):
-    raise ValueError(f"{FIELD}: {path} is not a JSON object.")
-  return config
+  return artifact.read_json(path, FIELD)
 
 
 def _weight_files(directory: Path) -> tuple[Path, ...]:
@@ -427,7 +419,9 @@ def load(directory, target, fmt: str = "auto"):
     flat["fc_b"] = jnp.zeros((cfg.target.dim,), jnp.float32)
   ids = _vocab_ids(p, tensors, where)
   artifact.check_vocab(ids, target, where)
-  params = _unflatten(flat)
+  from specjax.drafters.eagle import model as eagle_model
+
+  params = eagle_model.unflatten(flat)
   head = artifact.target_head(target.params, target.cfg)
   params["embed"] = target.params["embed"]
   params["vocab_ids"] = jnp.asarray(ids, jnp.int32)
@@ -485,17 +479,6 @@ def _check_embedding(stored, target, where: str) -> None:
     )
 
 
-def _unflatten(flat: dict) -> dict:
-  out: dict = {}
-  for k, v in flat.items():
-    head, _, tail = k.partition(".")
-    if tail:
-      out.setdefault(head, {})[tail] = v
-    else:
-      out[k] = v
-  return out
-
-
 # --- export ------------------------------------------------------------------------------------
 
 
@@ -528,19 +511,10 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name:
     t2d[ids] = True
     tensors["t2d"] = t2d
   config = _export_config(cfg, fmt, kind, dtype, fc_bias, target_name)
-  out_dir = Path(out_dir)
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
-  try:
+  with artifact.atomic_directory(out_dir) as tmp:
     torch_files.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if out_dir.exists():
-      shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  return out_dir
+  return Path(out_dir)
 
 
 def check_export(cfg, fmt: str, dtype: str = "float32") -> None:

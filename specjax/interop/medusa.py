@@ -37,8 +37,6 @@ import contextlib
 import dataclasses
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -145,13 +143,7 @@ def _config(d: Path, required: bool = True) -> dict:
     if required:
       raise ValueError(f"{FIELD}.path={str(d)!r} holds no {CONFIG}: copy the whole directory.")
     return {}
-  try:
-    cfg = json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e}): copy or download it again.") from None
-  if not isinstance(cfg, dict):
-    raise ValueError(f"{path} is not a JSON object: copy or download it again.")
-  return cfg
+  return artifact.read_json(path, f"{FIELD}.path")
 
 
 _strip = lambda name: name.removeprefix("medusa_heads.")  # noqa: E731 - vLLM drops this prefix
@@ -535,16 +527,8 @@ def _atomic_dir(out: Path):
       raise ValueError(
         f"{out} exists and holds {sorted(other)[:8]}: export into a new or empty directory."
       )
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-  try:
+  with artifact.atomic_directory(out) as tmp:
     yield tmp
-    if out.exists():
-      shutil.rmtree(out)
-    tmp.rename(out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
 
 
 def main(argv=None) -> None:

@@ -353,7 +353,7 @@ def save(directory, cfg: EagleConfig, params: dict, target, extra=None):
   """Writes the trained tensors and ``vocab_ids`` (``eagle.safetensors``) and ``eagle.json``
   (shapes, the target's fingerprint) into ``directory``, atomically. The frozen embedding and
   head are the target's and are re-read from it on load."""
-  tensors = _flatten({k: params[k] for k in cfg.trained + ("vocab_ids",) if k in params})
+  tensors = flatten({k: params[k] for k in cfg.trained + ("vocab_ids",) if k in params})
   meta = {"format": FORMAT, "eagle": cfg.asdict(), "target": artifact.target_meta(target)}
   return artifact.save(directory, tensors, WEIGHTS_FILE, meta | (extra or {}), META_FILE)
 
@@ -364,7 +364,7 @@ def read_meta(directory, field: str = f"{FIELD}.path") -> dict:
 
 
 def read_trained(directory) -> dict:
-  return _unflatten(artifact.read_tensors(directory, WEIGHTS_FILE))
+  return unflatten(artifact.read_tensors(directory, WEIGHTS_FILE))
 
 
 def load(directory, target, fmt: str = "auto") -> tuple[EagleConfig, dict, dict]:
@@ -389,7 +389,8 @@ def load(directory, target, fmt: str = "auto") -> tuple[EagleConfig, dict, dict]
   return cfg, params, meta
 
 
-def _flatten(params: dict) -> dict:
+def flatten(params: dict) -> dict:
+  """``{"layer": {"wq": ..}}`` as ``{"layer.wq": ..}`` (how a drafter's tensors are stored)."""
   out = {}
   for k, v in params.items():
     if isinstance(v, dict):
@@ -399,7 +400,8 @@ def _flatten(params: dict) -> dict:
   return out
 
 
-def _unflatten(tensors: dict) -> dict:
+def unflatten(tensors: dict) -> dict:
+  """``flatten``'s inverse."""
   out: dict = {}
   for k, v in tensors.items():
     head, _, tail = k.partition(".")
