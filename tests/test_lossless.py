@@ -132,6 +132,11 @@ STATEFUL = {
   "eagle_top_k_lookup": lambda d: testing.eagle_drafter(
     V5_TARGET, 3, 2, 5, sampled=False, lookup=2
   ),  # fmt: skip
+  # The published EAGLE-1 architecture (no input norm, no final norm), sampled candidates (its
+  # EAGLE-3 sibling with a reduced vocabulary: test_interop_eagle.py, imported).
+  "eagle1_official_sampled": lambda d: testing.eagle_drafter(
+    V5_TARGET, 2, 2, 3, architecture="eagle1"
+  ),
 }
 
 
