@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from specjax.decode import generate
+from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import checkpoint, llama, rope
+from specjax.models import checkpoint, llama, rope, tiny
 from specjax.train import export
 
 pytestmark = pytest.mark.skipif(
@@ -67,7 +68,7 @@ FAMILIES = {
     dict(head_dim=32, tie_word_embeddings=True, rope_scaling=_YARN),
     dict(qk_norm=False, rope_inv_freq=(), rope_attention_factor=1.0),
   ),
-  "mistral": ("MistralConfig", dict(sliding_window=64, head_dim=16), {}),
+  "mistral": ("MistralConfig", dict(sliding_window=96, head_dim=16), {}),
   # DeepSeek-R1-Distill-Llama-8B is a Llama 3.1 config: llama3 RoPE, theta 5e5, untied.
   "r1_distill_llama": (
     "LlamaConfig",
@@ -82,8 +83,8 @@ FAMILIES = {
   ),
 }
 _PROMPTS = [[7, 8, 9, 10, 11, 7, 8, 9, 200, 13, 14, 15, 7, 8, 9, 10], [40, 41, 42, 40, 41, 42, 43]]
-_NEW = 32  # greedy tokens compared with transformers' generate (64 cost twice the decode time)
-_MAX_LEN = 64  # within Mistral's window of 64
+_NEW = 64  # greedy tokens compared with transformers' generate
+_MAX_LEN = 96  # within Mistral's window of 96
 
 
 def _randomize(model, seed):
@@ -138,24 +139,30 @@ def test_logits_match_hf_at_every_position(families, name):
 
 
 # One family per distinct block (the two left out differ from these only in RoPE and head tying,
-# which the logits test covers): each compiles its own decode loop, ~5 s here.
+# which the logits test covers): each compiles two decode loops, ~5 s each here.
 @pytest.mark.parametrize("name", ["llama3_bias", "qwen3_yarn", "mistral", "r1_distill_qwen"])
-def test_prompt_lookup_equals_hf_greedy(families, name):
-  """Speculative decoding (prompt lookup) gives transformers' greedy ``generate`` tokens: the
-  target's autoregressive output, through specjax's cache, loop and verification."""
+def test_speculative_decoding_equals_hf_greedy(families, name):
+  """Speculative decoding with prompt lookup and with a draft model (the family's own first
+  layer) gives transformers' greedy ``generate`` tokens, 64 of them: the target's
+  autoregressive output, through specjax's cache, loop and verification."""
   import torch
 
   hf, cfg, params, _, _ = families(name)
-  spec = generate(
-    params, cfg, _PROMPTS, drafter=PromptLookup(4), max_new_tokens=_NEW, max_len=_MAX_LEN
-  )
-  for prompt, tokens in zip(_PROMPTS, spec.tokens, strict=True):
+  want = []
+  for prompt in _PROMPTS:
     with torch.no_grad():
       out = hf.generate(
         torch.tensor([prompt]), max_new_tokens=_NEW, min_new_tokens=_NEW, do_sample=False
       )
-    assert tokens == out[0, len(prompt) :].tolist(), f"{name}: differs from transformers' greedy"
-  assert sum(spec.metrics["accept_hist"][1:]) > 0  # drafts were accepted, not only corrections
+    want.append(out[0, len(prompt) :].tolist())
+  dcfg, dparams = tiny.truncated(cfg, params, 1)
+  for drafter, drafter_params in ((PromptLookup(4), None), (DraftModel(dcfg, 3), dparams)):
+    spec = generate(
+      params, cfg, _PROMPTS, drafter=drafter, drafter_params=drafter_params,
+      max_new_tokens=_NEW, max_len=_MAX_LEN,
+    )  # fmt: skip
+    assert spec.tokens == want, f"{name}: {drafter.name} differs from transformers' greedy"
+    assert sum(spec.metrics["accept_hist"][1:]) > 0  # drafts were accepted, not only corrections
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -173,11 +180,11 @@ def test_mistral_window(families, caplog):
   """Within the window: plain causal attention, said at load; beyond it: one clear error."""
   _, cfg, params, _, path = families("mistral")
   with caplog.at_level(logging.INFO):
-    assert checkpoint.load_safetensors(path)[0].sliding_window == 64
+    assert checkpoint.load_safetensors(path)[0].sliding_window == 96
   said = [r.getMessage() for r in caplog.records if "sliding window" in r.getMessage()]
   assert len(said) == 1 and "plain causal" in said[0], caplog.text
-  with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64"):
-    generate(params, cfg, _PROMPTS, max_new_tokens=4, max_len=65)
+  with pytest.raises(ValueError, match=r"max_len=97 .*sliding window of 96"):
+    generate(params, cfg, _PROMPTS, max_new_tokens=4, max_len=97)
 
 
 def _write_config(tmp_path, config):
@@ -279,8 +286,8 @@ def test_window_is_checked_before_the_weights_load(families):
   *_, path = families("mistral")
   c = tiny_configs.get_config()
   c.target = source.config(source="safetensors", path=str(path))
-  c.max_len = 65
-  with pytest.raises(ValueError, match=r"max_len=65 .*sliding window of 64.*config.max_len"):
+  c.max_len = 97
+  with pytest.raises(ValueError, match=r"max_len=97 .*sliding window of 96.*config.max_len"):
     build.check_request(c)
 
 

@@ -479,7 +479,7 @@ def test_experiment_configs_pass_their_checks(name, arg):
   c = module.get_config() if arg is None else module.get_config(arg)
   configs = [c]
   if c.task in ("sweep", "cost_model"):
-    configs += [sweep._variant_config(c, dict(o)) for o in c.sweep.variants.values()]
+    configs += [sweep.variant_config(c, dict(o)) for o in c.sweep.variants.values()]
   for v in configs:
     build.check(v)
   if c.task == "train":

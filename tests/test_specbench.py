@@ -149,6 +149,24 @@ def test_specbench_writes_answers_json_and_table_and_resumes(config, tmp_path, m
     specbench.run(c)
 
 
+def test_specbench_variants_share_one_ar_run(config, tmp_path):
+  """``specbench.variants``: every drafter beside one AR run, an answer file and a table row
+  each, every greedy answer checked against AR's; AR's own name is refused."""
+  config.specbench.categories = ("translation",)
+  config.specbench.variants = {"draft": {}, "lookup": {"name": "prompt_lookup"}}
+  record = specbench.run(config)
+  assert list(record["methods"]) == ["vanilla", "draft", "lookup"]
+  files = [tmp_path / "out" / "model_answer" / f"{m['model_id']}.jsonl"
+           for m in record["methods"].values()]  # fmt: skip
+  turns = [[a["choices"][0]["turns"] for a in _answers(f)] for f in files]
+  assert len(turns[0]) == 2 and turns[0] == turns[1] == turns[2]
+  assert record["columns"]["overall"]["draft"]["tau"] > 1.0
+  assert "| lookup |" in (tmp_path / "out" / "specbench.md").read_text()
+  config.specbench.variants = {"vanilla": {}}
+  with pytest.raises(ValueError, match=r"variants names a variant 'vanilla'"):
+    specbench.check(config)
+
+
 def test_accept_lengths_number_the_forwards_and_sum_to_the_tokens():
   """Prefill 1, then n + 1 per step that accepted n (grouped by n); a step cut short by the
   budget trims the largest."""

@@ -120,7 +120,7 @@ def replay_table(c, runs: dict, budgets: dict, texts: dict) -> list[dict]:
   target, table = None, []
   for run, (path, cells) in runs.items():
     for budget, (top_k, depth, total, lookup) in budgets.items():
-      vc = sweep._variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
+      vc = sweep.variant_config(c, E.eagle_variant(path, top_k, depth, total, lookup=lookup))
       if target is None:
         target = build.target(vc)
       if not set(c.sweep.categories) <= set(texts):

@@ -135,7 +135,7 @@ def main(names: list[str]) -> None:
   kept = json.loads(path.read_text())["rows"] if names and path.exists() else []
   out = [row for row in kept if row["drafter"] not in names]
   for drafter in names or DRAFTERS:
-    v = sweep._variant_config(c, variant(drafter))
+    v = sweep.variant_config(c, variant(drafter))
     if not Path(DRAFTERS[drafter]).is_dir():
       print(f"skipping {drafter}: {DRAFTERS[drafter]} is not there")
       continue

@@ -48,13 +48,13 @@ def _named(taus: dict, budgets, suffix: str = "") -> dict:
 
 def main() -> None:
   c = E.get_config("sweep_b1")
-  plain = sweep._variant_config(c, E.eagle_variant(E.DRAFTER, *VOCAB_BUDGETS[0]))
+  plain = sweep.variant_config(c, E.eagle_variant(E.DRAFTER, *VOCAB_BUDGETS[0]))
   target = build.target(plain)
   saved, params = build.drafter(plain, target)
   full = dataclasses.replace(saved, cfg=dataclasses.replace(saved.cfg, vocab_size=0))
   every_id = np.arange(full.cfg.draft_vocab)
   full_params = params | eagle.frozen_params(full.cfg, target.params, every_id)
-  branch = sweep._variant_config(c, E.eagle_variant(E.DRAFTER, *WIDE_BUDGETS[0], lookup=LOOKUP))
+  branch = sweep.variant_config(c, E.eagle_variant(E.DRAFTER, *WIDE_BUDGETS[0], lookup=LOOKUP))
   lookup, _ = build.drafter(branch, target)
   in_vocab = set(np.asarray(params["vocab_ids"]).tolist())
   vocab_rows, tree_rows = [], []

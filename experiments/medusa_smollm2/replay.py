@@ -46,7 +46,7 @@ def main() -> None:
   decoded, table = decoded_taus(), []
   for nodes in BUDGETS:
     for lookup in (0, M.LOOKUP):
-      drafter, params = build.drafter(sweep._variant_config(c, variant(nodes, lookup)), target)
+      drafter, params = build.drafter(sweep.variant_config(c, variant(nodes, lookup)), target)
       row = {"nodes": nodes, "lookup": lookup, "depth": drafter.tree.max_depth}
       name = f"requests_sparse_{nodes}" + (f"_lookup{lookup}" if lookup else "")  # the sweep's
       for cat, rows in texts.items():

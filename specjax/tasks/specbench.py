@@ -9,7 +9,9 @@ each) and 80 each of translation, summarization, qa, math_reasoning and rag. Eac
 ``question_id``, ``category`` and ``turns`` (a list of strings).
 
 Every question is decoded batch 1, in the target's chat template, once autoregressively and
-once with ``config.drafter``, in this process, one after the other: first turns only
+once with each drafter, in this process, one after the other: ``config.drafter``, or each of
+``specbench.variants`` (name -> ``drafter`` overrides, as ``sweep.variants``: several drafters
+share one AR run and one answer file each). First turns only
 (``specbench.turns = 1``, the default) or every turn (``2``: the second is asked after the
 method's own first answer, as Spec-Bench does). ``specbench.categories`` and
 ``specbench.per_category`` (the first N of each) take a subset. At temperature 0 every turn's
@@ -25,6 +27,8 @@ tokens/s and speedup, computed from the answer files as speed.py computes them:
 See docs/specbench.md.
 """
 
+import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -52,7 +56,22 @@ def default_config() -> ml_collections.ConfigDict:
   c.categories = ()  # categories to run; () = every category in the file
   c.per_category = config_dict.placeholder(int)  # the first N of each category; None = all
   c.resume = True  # skip the questions the answer files hold; False: start afresh
+  c.variants = {}  # name -> config.drafter overrides (as sweep.variants); {} = config.drafter
   return c
+
+
+def variants(config: ml_collections.ConfigDict) -> dict:
+  """The drafters to run beside AR: name -> config (``specbench.variants``, or the config's
+  own drafter under its name)."""
+  given = dict(config.specbench.get("variants") or {})
+  if not given:
+    return {config.drafter.name: config}
+  if AR in given:
+    raise ValueError(
+      f"config.specbench.variants names a variant {AR!r}, Spec-Bench's name for the "
+      "autoregressive answers: call it something else."
+    )
+  return {name: sweep.variant_config(config, dict(o)) for name, o in given.items()}
 
 
 def read_questions(path: str) -> list[dict]:
@@ -142,7 +161,8 @@ def check(config: ml_collections.ConfigDict) -> list[dict]:
   if not (isinstance(config.max_new_tokens, int) and config.max_new_tokens >= 1):
     raise ValueError(f"config.max_new_tokens must be >= 1, got {config.max_new_tokens!r}.")
   questions = select(config, read_questions(s.question_file))
-  build.check(config)
+  for c in variants(config).values():
+    build.check(c)
   encoder = Encoder(source.peek(config.target), build.header_config(config.target).vocab_size)
   longest = max(questions, key=lambda q: len(encoder.prompt(q["turns"][:1], [])))
   encoder.check_fits(longest, encoder.prompt(longest["turns"][:1], []), config)
@@ -276,7 +296,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   name = build.header_config(config.target).name
   methods = {
     m: f"{name}-{m}-{build.dtype(config)}-temp-{float(config.temperature):.1f}"
-    for m in (AR, config.drafter.name)
+    for m in (AR, *variants(config))
   }
   files = {m: out_dir / "model_answer" / f"{model_id}.jsonl" for m, model_id in methods.items()}
   done = _resumed(config, record_path, files, questions)
@@ -327,38 +347,39 @@ def _resumed(config, record_path: Path, files: dict, questions: list[dict]) -> s
 
 
 def _decode(config, pending: list[dict], methods: dict, files: dict, total: int) -> None:
-  """Decodes ``pending`` with AR and the drafter, appending each question's answers."""
+  """Decodes ``pending`` with AR and every drafter, appending each question's answers."""
   target = build.target(config)
-  drafter, dparams = build.drafter(config, target)
-  mesh, tparams, dparams = build.placed(config, target, drafter, dparams)
   stop = None
   if target.tokenizer is not None and config.stop_at_eos:
     stop = tuple(sorted(target.tokenizer.stop_ids))
   kw = {"max_new_tokens": config.max_new_tokens, "max_len": config.max_len,
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-        "seed": config.seed, "eos_id": stop, "mesh": mesh}  # fmt: skip
-  verifier = build.verifier(config)
-  fns = {
-    AR: lambda p: generate(tparams, target.cfg, p, **kw),
-    config.drafter.name: lambda p: generate(
-      tparams, target.cfg, p, drafter=drafter, drafter_params=dparams, verifier=verifier, **kw
-    ),
-  }
+        "seed": config.seed, "eos_id": stop}  # fmt: skip
+  fns = {}
+  for name, c in variants(config).items():
+    drafter, dparams = build.drafter(c, target)
+    mesh, tparams, dparams = build.placed(c, target, drafter, dparams)
+    target = dataclasses.replace(target, params=tparams)  # placed once: the others reuse it
+    fns[name] = functools.partial(generate, tparams, target.cfg, drafter=drafter,
+                                  drafter_params=dparams, verifier=build.verifier(c), mesh=mesh,
+                                  **kw)  # fmt: skip
+  fns = {AR: functools.partial(generate, target.params, target.cfg, mesh=mesh, **kw)} | fns
   encoder = Encoder(target, target.cfg.vocab_size)
   files[AR].parent.mkdir(parents=True, exist_ok=True)
   bar = tqdm(pending, desc="specbench", unit="question", initial=total - len(pending), total=total)
-  steps = tokens = 0  # the drafter's, over this run's questions: the running τ
+  steps, tokens = {m: 0 for m in fns if m != AR}, {m: 0 for m in fns if m != AR}  # running τ
   for q in bar:
     lines, ids = {}, {}
     for m, fn in fns.items():
       lines[m], ids[m] = answer(q, fn, encoder, config, methods[m])
-    if config.temperature == 0:
-      _check_equal(q, ids[AR], ids[config.drafter.name], config.drafter.name)
+      if m != AR and config.temperature == 0:
+        _check_equal(q, ids[AR], ids[m], m)
     for m in methods:
       _append(files[m], lines[m])
-    lengths = lines[config.drafter.name]["choices"][0]["accept_lengths"]
-    steps, tokens = steps + len(lengths), tokens + sum(lengths)
-    bar.set_postfix(tau=f"{tokens / steps:.2f}", refresh=False)
+    for m in steps:
+      lengths = lines[m]["choices"][0]["accept_lengths"]
+      steps[m], tokens[m] = steps[m] + len(lengths), tokens[m] + sum(lengths)
+    bar.set_postfix({f"tau[{m}]": f"{tokens[m] / steps[m]:.2f}" for m in steps}, refresh=False)
 
 
 def _check_equal(question: dict, ar: list, spec: list, name: str) -> None:

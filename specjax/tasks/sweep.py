@@ -128,7 +128,7 @@ def _nothing_left(config, kept: dict | None) -> bool:
   return verify_done and all(job in kept["jobs"] for job in _jobs(config))
 
 
-def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
+def variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
   """``config`` with a variant's overrides: ``verifier``/``typical`` at the top level (e.g.
   Medusa's typical acceptance for one variant), every other key under ``config.drafter``."""
   c = copy.deepcopy(config)
@@ -142,7 +142,7 @@ def _variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
 
 def check(config: ml_collections.ConfigDict) -> dict:
   """The variants' configs (name -> config), every field checked before any model loads."""
-  variants = {name: _variant_config(config, dict(o)) for name, o in config.sweep.variants.items()}
+  variants = {name: variant_config(config, dict(o)) for name, o in config.sweep.variants.items()}
   if not variants or not config.sweep.categories:
     raise ValueError("config.sweep.variants and config.sweep.categories must be non-empty.")
   for name, prompts in config.sweep.categories.items():
@@ -240,7 +240,7 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
   ``sweep.json``) and the AR rows of the jobs it measured, per ``(temperature, batch,
   category)``: ``(prompt ids, new ids)`` for every row."""
   verifiers = {
-    name: build.verifier(_variant_config(config, dict(config.sweep.variants.get(name, {}))))
+    name: build.verifier(variant_config(config, dict(config.sweep.variants.get(name, {}))))
     for name in drafters
   }
   ar_rows = {}
