@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import decode, drafters, parallel, placement, results, sampling, verify
+from specjax import decode, drafters, parallel, placement, precision, results, sampling, verify
 from specjax.models import llama, source, tiny
 from specjax.models.source import Model
 
@@ -60,7 +60,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   source.check(config.target, "target")
   drafters.check(config)
   source.choice(config.verifier, VERIFIERS, "verifier")
-  dtype(config)
+  source.choice(config.get("dtype", "auto"), DTYPES, "dtype")  # resolved once the target is known
   verifier(config)
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
@@ -205,15 +205,18 @@ def distributed(config: ml_collections.ConfigDict) -> parallel.DistributedConfig
   return parallel.DistributedConfig(**config.distributed)
 
 
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "measure", "float32", "bfloat16")
 
 
 def dtype(config: ml_collections.ConfigDict) -> str:
-  """``config.dtype`` of weights and caches: ``auto`` is bfloat16 on an accelerator (half the
-  bytes every step reads) and float32 on a CPU, where every committed result was measured (on
-  this project's 2-core CPU a bfloat16 AR token in the decode loop costs what a float32 one
-  does; experiments/verify_cost)."""
+  """``config.dtype`` of weights and caches. ``auto`` is bfloat16 on an accelerator (half the
+  bytes every step reads) and float32 on a CPU, where every committed result and test was
+  measured. ``measure`` is bfloat16 on an accelerator too; on a CPU it is whichever dtype
+  this machine runs the target's forward faster in, timed once per machine and model
+  (``specjax/precision.py``): bfloat16 pays on some CPUs and not on others."""
   name = source.choice(config.get("dtype", "auto"), DTYPES, "dtype")
+  if name == "measure":
+    return precision.choose(header_config(config.target), config.drafter.name != "none")
   if name == "auto":
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
   return name

@@ -301,7 +301,7 @@ def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
 
   cmd = [sys.executable, "-m", "specjax.run", "--config=configs/demo.py",
          f"--config.output_dir={tmp_path}",
-         "--config.drafter.prompt_lookup.num_draft=4"]  # fmt: skip  # no step timing first
+         "--config.drafter.prompt_lookup.num_draft=4", "--config.dtype=auto"]  # fmt: skip  # no timing first
   proc = subprocess.Popen(
     cmd, cwd=request.config.rootpath, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
   )

@@ -1,0 +1,70 @@
+"""dtype = "measure": float32 or bfloat16 by timing this machine, once per machine and model."""
+
+import json
+
+import jax.numpy as jnp
+import pytest
+
+from configs import tiny as tiny_config
+from specjax import build, precision
+
+
+def test_the_rule_needs_a_margin_and_guards_one_token():
+  wins = {1: 1.0, 2: 0.6, 8: 0.8}  # verify forwards 20-40% cheaper, one token the same
+  assert precision.decide(wins, speculative=True) == "bfloat16"
+  assert precision.decide(wins, speculative=False) == "float32"  # AR alone gains nothing
+  assert precision.decide(wins | {1: 1.2}, speculative=True) == "float32"  # AR steps 20% slower
+  assert precision.decide({1: 0.8, 2: 0.95, 8: 0.92}, speculative=True) == "float32"  # < margin
+  assert precision.decide({1: 0.8, 2: 0.95, 8: 0.92}, speculative=False) == "bfloat16"
+
+
+@pytest.fixture
+def measuring(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  monkeypatch.setattr(precision, "_CHOSEN", {})  # a fresh process
+  c = tiny_config.get_config()
+  c.dtype = "measure"
+  return c, tmp_path / "dtype.json"
+
+
+def test_measured_once_then_read_from_the_cache(measuring, monkeypatch, capsys):
+  """The first run times both dtypes (real forwards of the model's shapes) and says what it
+  chose and why; a later process reads the cache, times nothing and chooses the same; the
+  cache's ratios decide, and the target and drafter load in the chosen dtype."""
+  c, path = measuring
+  first = build.dtype(c)
+  said = capsys.readouterr().out
+  assert f"dtype measure: {first} for a speculative run" in said and "T=8:" in said
+  (entry,) = json.loads(path.read_text()).values()
+  assert sorted(map(int, entry)) == list(precision.SIZES) and all(r > 0 for r in entry.values())
+
+  monkeypatch.setattr(precision, "_CHOSEN", {})
+  monkeypatch.setattr(precision, "ratios", lambda cfg: pytest.fail("timed again"))
+  assert build.dtype(c) == first
+  (key,) = json.loads(path.read_text())
+  path.write_text(json.dumps({key: {"1": 1.0, "2": 0.5, "8": 0.6}}))
+  monkeypatch.setattr(precision, "_CHOSEN", {})
+  assert build.dtype(c) == "bfloat16"
+  model = build.target(c)
+  assert model.params["layers"][0]["wq"].dtype == jnp.bfloat16
+  c.drafter.name = "none"  # AR alone: one token decides, and it is no faster here
+  assert build.dtype(c) == "float32"
+
+
+def test_another_model_shape_is_timed_anew(measuring, monkeypatch):
+  c, path = measuring
+  path.write_text(json.dumps({precision.key(build.header_config(c.target)): {"1": 2.0, "2": 2.0,
+                                                                            "8": 2.0}}))  # fmt: skip
+  assert build.dtype(c) == "float32"
+  timed = []
+  monkeypatch.setattr(precision, "ratios", lambda cfg: timed.append(cfg.dim) or {1: 0.5, 2: 0.5, 8: 0.5})
+  c.target.dim = 2 * c.target.dim
+  assert build.dtype(c) == "bfloat16" and timed == [c.target.dim]
+  assert len(json.loads(path.read_text())) == 2
+
+
+def test_unknown_dtype_is_refused_before_anything_loads():
+  c = tiny_config.get_config()
+  c.dtype = "fp8"
+  with pytest.raises(ValueError, match=r"config.dtype='fp8' is unknown; choose one of auto, measure"):
+    build.check(c)
