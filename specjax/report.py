@@ -2,9 +2,10 @@
 
     python -m specjax.report experiments/attention_window [experiments/feature_cost ...]
 
-An experiment's ``config.py`` defines ``report(results_dir) -> str`` (Markdown built from the JSON
-under ``results/``); this writes it between the ``<!-- results -->`` and ``<!-- /results -->``
-lines of the experiment's ``README.md`` (atomically; the rest of the README is kept).
+An experiment's ``report.py`` (or, in the older experiments, its ``config.py``) defines
+``report(results_dir) -> str`` (Markdown built from the JSON under ``results/``, figures drawn
+there too); this writes it between the ``<!-- results -->`` and ``<!-- /results -->`` lines of
+the experiment's ``README.md`` (atomically; the rest of the README is kept).
 """
 
 import importlib.util
@@ -23,20 +24,14 @@ def render(experiment: str | Path) -> Path:
     raise ValueError(f"{folder} does not exist: pass an experiment folder (experiments/NAME).")
   if not folder.is_dir():
     raise ValueError(f"{folder} is a file: pass its experiment folder (experiments/NAME).")
-  spec = importlib.util.spec_from_file_location(f"_experiment_{folder.name}", folder / "config.py")
-  if spec is None or not (folder / "config.py").is_file():
-    raise ValueError(f"{folder} has no config.py: pass an experiment folder (experiments/NAME).")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "report"):
-    raise ValueError(f"{folder}/config.py defines no report(results_dir): nothing to render.")
+  report = load(folder)
   readme = folder / "README.md"
   if not readme.is_file():
     raise ValueError(f"{folder} has no README.md to fill.")
   text = readme.read_text()
   if BEGIN not in text or END not in text:
     raise ValueError(f"{readme} has no {BEGIN} ... {END} block to fill.")
-  block = f"{BEGIN}\n{module.report(folder / 'results').strip()}\n{END}"
+  block = f"{BEGIN}\n{report(folder / 'results').strip()}\n{END}"
   text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".README.", suffix=".tmp")
   with os.fdopen(fd, "w") as f:
@@ -44,6 +39,19 @@ def render(experiment: str | Path) -> Path:
   os.chmod(tmp, 0o644)
   os.replace(tmp, readme)
   return readme
+
+
+def load(folder: Path):
+  """The experiment's ``report`` function: from its ``report.py``, else its ``config.py``."""
+  path = next((folder / f for f in ("report.py", "config.py") if (folder / f).is_file()), None)
+  if path is None:
+    raise ValueError(f"{folder} has no config.py: pass an experiment folder (experiments/NAME).")
+  spec = importlib.util.spec_from_file_location(f"_experiment_{folder.name}_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "report"):
+    raise ValueError(f"{path} defines no report(results_dir): nothing to render.")
+  return module.report
 
 
 def main(argv: list[str]) -> None:

@@ -150,7 +150,6 @@ def test_exact_distribution_across_steps(v5_pair, make):
   assert min(pvalues) > P_PASS / len(pvalues), pvalues
 
 
-
 # bfloat16 weights and caches (the accelerator default; float32 activations, bfloat16 products
 # accumulated in float32): the same carried-state case with the target and the drafter's weights
 # cast, against the bfloat16 target's own enumerated distribution. One chain, one Medusa and one
@@ -160,7 +159,10 @@ BF16 = {
   "draft_model_k2": (STATEFUL["draft_model_k2"], None),
   "medusa_sampled_lookup": (STATEFUL["medusa_sampled_lookup"], None),
   "eagle_sampled_lookup": (STATEFUL["eagle_sampled_lookup"], None),
-  "eagle_keep_rejected_candidate": (STATEFUL["eagle_sampled_2x2_3"], testing.keep_rejected_candidate),
+  "eagle_keep_rejected_candidate": (
+    STATEFUL["eagle_sampled_2x2_3"],
+    testing.keep_rejected_candidate,
+  ),
 }
 
 
@@ -171,13 +173,16 @@ def test_exact_distribution_in_bfloat16(v5_pair, make, verifier):
   (tcfg, tparams), (dcfg, dparams) = v5_pair
   drafter, params = make((dcfg, dparams))
   params, target = bf16(params), (tcfg, bf16(tparams))
-  floats = {x.dtype for x in jax.tree.leaves((params, target[1])) if jnp.issubdtype(x.dtype, jnp.floating)}
+  floats = {
+    x.dtype for x in jax.tree.leaves((params, target[1])) if jnp.issubdtype(x.dtype, jnp.floating)
+  }
   assert floats == {jnp.dtype(jnp.bfloat16)}
   pvalues = _v5_pvalues(target, drafter, params, verifier)
   if verifier is None:
     assert min(pvalues) > P_PASS / len(pvalues), pvalues
   else:
     assert min(pvalues) < P_FAIL, pvalues
+
 
 BROKEN_ACROSS_STEPS = {
   "resample_from_target": (STATEFUL["draft_model_k1"], testing.resample_from_target),

@@ -301,7 +301,8 @@ def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
 
   cmd = [sys.executable, "-m", "specjax.run", "--config=configs/demo.py",
          f"--config.output_dir={tmp_path}",
-         "--config.drafter.prompt_lookup.num_draft=4", "--config.dtype=auto"]  # fmt: skip  # no timing first
+         "--config.drafter.prompt_lookup.num_draft=4",  # no timing first
+         "--config.dtype=auto"]  # fmt: skip
   proc = subprocess.Popen(
     cmd, cwd=request.config.rootpath, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
   )
@@ -428,6 +429,10 @@ def test_report_fills_the_readme_block_from_json(tmp_path):
   text = (folder / "README.md").read_text()
   assert "| a | b |" in text and "| 1 | 0.5 |" in text and "old" not in text
   assert text.startswith("# exp") and text.endswith("end\n")
+  # An experiment's own report.py, where it has one, renders instead of config.py's report.
+  (folder / "report.py").write_text("def report(d):\n  return 'from report.py'\n")
+  report.render(folder)
+  assert "<!-- results -->\nfrom report.py\n<!-- /results -->" in (folder / "README.md").read_text()
   # A folder that is missing, empty or a file: one error line (as the CLI prints it).
   (tmp_path / "empty").mkdir()
   cases = {
