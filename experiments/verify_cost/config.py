@@ -1,12 +1,53 @@
-"""The verify-cost experiment's report (its run is ``verify_cost.py``, a script: it times bare
-programs, not a configured generation).
+"""The verify-cost experiment: its timing script, the drafters decoded in bfloat16, the report.
 
-    python experiments/verify_cost/verify_cost.py
+    python experiments/verify_cost/verify_cost.py                      # the forward vs its matrices
+    python -m specjax.run --config=experiments/verify_cost/config.py   # drafters in bfloat16
     python -m specjax.report experiments/verify_cost
+
+The config (task=sweep) decodes the training_free prompts (12, four categories), 64 new
+tokens, batch 1, greedy, with bfloat16 weights and caches: AR, prompt lookup (K = 4), the
+committed Medusa heads (tree (3, 2, 2, 1) + the 4-token lookup branch) and the committed EAGLE
+drafter (a 16-node EAGLE-2 tree of top-4, depth 6, + the lookup branch), each text compared with
+bfloat16 AR's. The same EAGLE and lookup variants in float32 are experiments/eagle_smollm2's
+``:sweep_lookup``. About 10 minutes here.
 """
 
 import importlib.util
 from pathlib import Path
+
+from configs import demo
+from experiments.training_free import config as training_free
+from specjax.tasks import sweep
+
+MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
+EAGLE_DRAFTER = "experiments/eagle_smollm2/drafter"
+BF16_VARIANTS = {  # name -> config.drafter overrides; the EAGLE and lookup names as in float32
+  "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  "medusa_3221_lookup4": {
+    "name": "medusa",
+    "medusa": {"path": MEDUSA_HEADS, "tree_spec": (3, 2, 2, 1), "lookup": 4},
+  },
+  "eagle_tree_4x6_16_lookup4": {
+    "name": "eagle",
+    "eagle": {"path": EAGLE_DRAFTER, "top_k": 4, "depth": 6, "total": 16, "lookup": 4},
+  },
+}
+FLOAT32_SWEEP = "experiments/eagle_smollm2/results/sweep_lookup/sweep.json"
+
+
+def get_config():
+  c = demo.base()
+  c.task = "sweep"
+  c.dtype = "bfloat16"
+  c.output_dir = "experiments/verify_cost/results/bf16_sweep"
+  c.prompts = training_free.CATEGORIES["chat"]
+  c.max_new_tokens = 64
+  c.max_len = 384
+  c.benchmark.repeats = 1
+  c.sweep = sweep.default_config()
+  c.sweep.categories = training_free.CATEGORIES
+  c.sweep.variants = BF16_VARIANTS
+  return c
 
 
 def _script():
@@ -48,4 +89,40 @@ def report(results_dir):
     out += ["", "The forward before (weights promoted to float32 in every product; "
             "`results/verify_cost_before.json`, 5 rounds) and after:", ""]  # fmt: skip
     out.append(results.markdown_table(rows, tuple(rows[0])))
-  return "\n".join(out)
+  return "\n".join(out + _bf16_sweep(Path(results_dir)))
+
+
+def _bf16_sweep(results_dir: Path) -> list[str]:
+  """The drafters decoded in bfloat16 beside the same variants in float32 (another run: each
+  speedup is a ratio within its own run)."""
+  import json
+
+  from specjax import results
+
+  path = results_dir / "bf16_sweep" / "sweep.json"
+  if not path.exists():
+    return []
+  bf16 = json.loads(path.read_text())
+  f32 = json.loads(Path(FLOAT32_SWEEP).read_text())
+  f32_runs = {(r["variant"], r["category"]): r for r in f32["runs"] if not r.get("temperature")}
+  rows = []
+  for r in bf16["runs"]:
+    if r["variant"] == "ar":
+      continue
+    row = {"category": r["category"], "variant": r["variant"], "tau_bf16": round(r["tau"], 3)}
+    row |= {"speedup_bf16": round(r["speedup"], 2), "identical_to_bf16_ar": r["identical"]}
+    was = f32_runs.get((r["variant"], r["category"]))
+    if was:
+      row |= {"tau_f32": round(was["tau"], 3), "speedup_f32": round(was["speedup"], 2)}
+    rows.append(row)
+  same = sum(r["identical_to_bf16_ar"] is True for r in rows)
+  return [
+    "",
+    "### The drafters in bfloat16",
+    "",
+    "Greedy, batch 1, 64 new tokens, the training_free prompts: `results/bf16_sweep/sweep.json` "
+    f"(bfloat16) beside `{FLOAT32_SWEEP}` (float32, its own run). {same} of {len(rows)} "
+    "(category, drafter) texts equal bfloat16 AR's token for token.",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+  ]
