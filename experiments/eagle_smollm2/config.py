@@ -215,105 +215,73 @@ def ablation_variants(sweep: str) -> dict:
   }
 
 
+# Runs that continue a trained drafter (``init_from``) on other rows, at learning rate 1e-3
+# decaying over all but the first 20 steps. name: the drafter, the data, how many rows, the
+# feature cache's suffix, steps, and any other data / objective.eagle fields.
+def _continued(init_from, sources, rows, cache, steps=300, data=None, objective=None) -> dict:
+  return {"init_from": init_from, "sources": sources, "rows": rows, "cache": cache,
+          "steps": steps, "data": data or {}, "objective": objective or {}}  # fmt: skip
+
+
+_REQUESTS, _BROAD = f"{WORKDIR}_requests/draft_final", f"{WORKDIR}_broad/draft_final"
+_BOTH_SETS = (BROAD_DATA, REQUESTS_DATA, "python")  # 384 replies to each request set, 384 Python
+CONTINUED = {
+  "tasks": _continued(DRAFTER, (TASKS_DATA, GREEDY_DATA), 2000, "tasks"),  # task replies + 1.'s
+  "requests": _continued(DRAFTER, (REQUESTS_DATA, "python"), 768, "requests"),
+  "broad": _continued(_REQUESTS, _BOTH_SETS, 1152, "broad"),
+  "more": _continued(_BROAD, _BOTH_SETS, 1152, "broad"),  # the same rows, 300 more steps
+  "wide": _continued(_BROAD, _BOTH_SETS, 1152, "broad", objective={"ffn_dim": WIDE_FFN}),
+  "volume": _continued(DRAFTER, ("chitchat",), 1600, "volume", 400, data={"seed": 1}),
+  **{  # n replies, half per request set; 16 held out (8 per set)
+    run: _continued(DRAFTER, (BROAD_DATA, REQUESTS_DATA), n + 16, run, data={"eval_examples": 16})
+    for run, n in SCALE_RUNS.items()
+  },
+  LONG_RUN: _continued(
+    DRAFTER,
+    (BROAD_DATA, REQUESTS_DATA),
+    SCALE_RUNS["rows_768"] + 16,
+    "rows_768",
+    900,
+    data={"eval_examples": 16},
+  ),  # fmt: skip
+}
+
+# Decoding sweeps on the training_free categories (64 new tokens, batch 1 unless named): the
+# variants, the categories, and the temperature (or temperatures, in one process).
+_ALL = training_free.CATEGORIES
+_CHATS = {"chat": _ALL["chat"], "chat_new": CHAT_NEW}
+SWEEPS = {
+  "sweep_b1": (variants, _ALL, {}),
+  "sweep_b4": (variants, _ALL, {"batch": 4}),
+  "sweep_t1": (t1_variants, _ALL, {"temperature": 1.0}),  # sampled, verified with q
+  "sweep_nalpha": (nalpha_variants, _ALL, {}),
+  "sweep_tasks": (functools.partial(continued_variants, "tasks"), _ALL, {}),
+  "sweep_volume": (functools.partial(continued_variants, "volume"), _ALL, {}),
+  "sweep_requests": (
+    functools.partial(continued_variants, "requests", lookup=True),
+    {**_ALL, "chat_new": CHAT_NEW},
+    {},
+  ),  # fmt: skip
+  "sweep_requests_t1": (requests_t1_variants, _CHATS, {"temperature": 1.0}),
+  "sweep_lookup": (lookup_variants, _ALL, {"temperatures": (0.0, 1.0)}),
+  "sweep_broad": (broad_variants, {**_CHATS, "code": _ALL["code"]}, {}),  # the Python share fell
+  "sweep_scale_t1": (scale_t1_variants, _CHATS, {"temperature": 1.0}),
+  **{name: (functools.partial(ablation_variants, name), _ALL, {}) for name in ABLATION_SWEEPS},
+}
+
+
 def get_config(arg: str | None = None):
-  c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
-  c.task = "train"
-  c.workdir = WORKDIR
-  c.drafter.name = "eagle"
-  c.drafter.eagle.update(top_k=4, depth=5, total=16)
-  c.benchmark.repeats = 1
-  t = train_tiny.get_config()
-  for section in ("data", "train", "optim", "mesh", "distributed", "evaluate"):
-    c[section] = t[section]
-
-  c.objective = objectives.default_config("eagle")
+  c = _training()
   o = c.objective.eagle
-  o.feature_layers = ("final",)
-  o.vocab_size = 8192
-  o.copy_layer = -1
-  o.noise = 0.2
-  o.feature_weight = 1.0
-  o.token_weight = 1.0
-
-  c.data.sources = (GREEDY_DATA, *_FIXED)
-  c.data.seq_len = 256
-  c.data.max_examples = 3000
-  c.data.eval_examples = 32
-  c.data.seed = 0
-  c.data.feature_cache = FEATURES  # the target's features of every row, computed once
-
-  c.train.steps = 1000
-  c.train.global_batch = 8
-  c.train.log_every = 10
-  c.train.eval_every = 100
-  c.train.eval_batches = 2
-  c.train.checkpoint_every = 50
-  c.train.keep = 2
-
-  c.optim.learning_rate = 2e-3
-  c.optim.warmup_steps = 20
-  c.optim.decay_steps = 980
-  c.optim.weight_decay = 0.0
-
-  if arg == "tasks":  # continue DRAFTER on the target's replies to task prompts (and 1.'s)
-    c.workdir = f"{WORKDIR}_tasks"
-    o.init_from = DRAFTER
-    c.data.sources = (TASKS_DATA, GREEDY_DATA)
-    c.data.max_examples = 2000  # 1000 task replies, the 768 greedy replies
-    c.data.feature_cache = f"{FEATURES}_tasks"
-    c.train.steps = 300
-    c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = 280
-  elif arg == "requests":  # continue DRAFTER on the target's replies to assistant requests
-    c.workdir = f"{WORKDIR}_requests"
-    o.init_from = DRAFTER
-    c.data.sources = (REQUESTS_DATA, "python")
-    c.data.max_examples = 768  # 384 replies to requests, 384 rows of Python
-    c.data.feature_cache = f"{FEATURES}_requests"
-    c.train.steps = 300
-    c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = 280
-  elif arg == "broad":  # continue :requests' drafter on both request sets' replies
-    c.workdir = f"{WORKDIR}_broad"
-    o.init_from = f"{WORKDIR}_requests/draft_final"
-    c.data.sources = (BROAD_DATA, REQUESTS_DATA, "python")
-    c.data.max_examples = 1152  # 384 replies to broad requests, 384 to basic ones, 384 Python
-    c.data.feature_cache = f"{FEATURES}_broad"
-    c.train.steps = 300
-    c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = 280
-  elif arg in ("more", "wide"):  # continue :broad's drafter 300 more steps on :broad's rows
+  if arg in CONTINUED:
+    r = CONTINUED[arg]
     c.workdir = f"{WORKDIR}_{arg}"
-    o.init_from = f"{WORKDIR}_broad/draft_final"
-    c.data.sources = (BROAD_DATA, REQUESTS_DATA, "python")
-    c.data.max_examples = 1152  # the same rows, and the same cached features
-    c.data.feature_cache = f"{FEATURES}_broad"
-    c.train.steps = 300
-    c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = 280
-    if arg == "wide":  # its MLP widened 3x (new units start silent: eagle.widen)
-      o.ffn_dim = WIDE_FFN
-  elif arg in SCALE_RUNS or arg == LONG_RUN:  # continue DRAFTER on n replies, half per set
-    rows = "rows_768" if arg == LONG_RUN else arg
-    c.workdir = f"{WORKDIR}_{arg}"
-    o.init_from = DRAFTER
-    c.data.sources = (BROAD_DATA, REQUESTS_DATA)
-    c.data.eval_examples = 16  # evenly spaced: 8 per set
-    c.data.max_examples = SCALE_RUNS[rows] + 16
-    c.data.feature_cache = f"{FEATURES}_{rows}"
-    c.train.steps = 900 if arg == LONG_RUN else 300
-    c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = c.train.steps - 20
-  elif arg == "volume":  # continue DRAFTER on more chat text: 1,600 chitchat rows, seed 1
-    c.workdir = f"{WORKDIR}_volume"
-    o.init_from = DRAFTER
-    c.data.sources = ("chitchat",)
-    c.data.seed = 1  # another document order: mostly conversations DRAFTER has not seen
-    c.data.max_examples = 1600
-    c.data.feature_cache = f"{FEATURES}_volume"
-    c.train.steps = 400
-    c.optim.learning_rate = 1e-3
-    c.optim.decay_steps = 380
+    o.init_from = r["init_from"]
+    c.data.update({"sources": r["sources"], "max_examples": r["rows"],
+                   "feature_cache": f"{FEATURES}_{r['cache']}"} | r["data"])  # fmt: skip
+    o.update(r["objective"])
+    c.train.steps = r["steps"]
+    c.optim.update(learning_rate=1e-3, decay_steps=r["steps"] - 20)
   elif arg in ("ttt_300", "eagle1_300"):  # equal budget: 300 steps of the same schedule
     c.train.steps = 300
     c.workdir = f"{WORKDIR}_{arg}"
@@ -335,49 +303,53 @@ def get_config(arg: str | None = None):
     c.data.feature_cache = FEATURES_3
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
-  elif arg in ("sweep_b1", "sweep_b4", "sweep_t1", "sweep_nalpha", "sweep_tasks",
-               "sweep_volume", "sweep_requests", "sweep_requests_t1", "sweep_lookup",
-               "sweep_broad", "sweep_scale_t1", *ABLATION_SWEEPS):  # fmt: skip
+  elif arg in SWEEPS:
+    pick, categories, how = SWEEPS[arg]
     c.task = "sweep"
     c.drafter.eagle.path = DRAFTER
     c.output_dir = f"{RESULTS}/{arg}"
     c.prompts = training_free.CATEGORIES["chat"]
     c.max_new_tokens = 64
     c.max_len = 384
+    c.temperature = how.get("temperature", c.temperature)
     c.sweep = sweep.default_config()
-    c.sweep.batch_sizes = (4,) if arg == "sweep_b4" else (1,)
-    if arg in ("sweep_t1", "sweep_requests_t1", "sweep_scale_t1"):  # sampled, verified with q
-      c.temperature = 1.0
-    if arg == "sweep_lookup":  # greedy, then temperature 1, in one process
-      c.sweep.temperatures = (0.0, 1.0)
-    c.sweep.categories = training_free.CATEGORIES
-    if arg == "sweep_requests":
-      c.sweep.categories = {**training_free.CATEGORIES, "chat_new": CHAT_NEW}
-    if arg in ("sweep_requests_t1", "sweep_scale_t1"):  # the chat prompts only
-      c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW}
-    if arg == "sweep_broad":  # both chat sets, and code (the Python rows' share fell)
-      c.sweep.categories = {"chat": training_free.CATEGORIES["chat"], "chat_new": CHAT_NEW,
-                            "code": training_free.CATEGORIES["code"]}  # fmt: skip
+    c.sweep.batch_sizes = (how.get("batch", 1),)
+    if "temperatures" in how:
+      c.sweep.temperatures = how["temperatures"]
+    c.sweep.categories = categories
     c.sweep.verify_sizes = ()
-    if arg in ABLATION_SWEEPS:
-      c.sweep.variants = ablation_variants(arg)
-    else:
-      pick = {"sweep_nalpha": nalpha_variants, "sweep_t1": t1_variants,
-              "sweep_lookup": lookup_variants,
-              "sweep_tasks": functools.partial(continued_variants, "tasks"),
-              "sweep_volume": functools.partial(continued_variants, "volume"),
-              "sweep_requests": functools.partial(continued_variants, "requests",
-                                                  lookup=True),
-              "sweep_requests_t1": requests_t1_variants,
-              "sweep_scale_t1": scale_t1_variants,
-              "sweep_broad": broad_variants}  # fmt: skip
-      c.sweep.variants = pick.get(arg, variants)()
+    c.sweep.variants = pick()
   elif arg:
+    runs = [*CONTINUED, "eagle1_300", "ttt_300", "eagle3", *ABLATIONS, *SWEEPS]
     raise ValueError(
-      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose tasks, volume, requests, broad, "
-      f"more, wide, {', '.join(SCALE_RUNS)}, {LONG_RUN}, eagle1_300, ttt_300, eagle3, "
-      f"{', '.join(ABLATIONS)}, sweep_b1, sweep_b4, sweep_t1, sweep_nalpha, sweep_tasks, "
-      "sweep_volume, sweep_requests, sweep_requests_t1, sweep_broad, sweep_lookup, sweep_scale_t1, "
-      f"{', '.join(ABLATION_SWEEPS)}."
+      f"unknown variant {arg!r} of eagle_smollm2/config.py; choose {', '.join(runs)}."
     )
+  return c
+
+
+def _training():
+  """1.: EAGLE-1 on the regenerated data, 1000 steps; what every variant changes."""
+  c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
+  c.task = "train"
+  c.workdir = WORKDIR
+  c.drafter.name = "eagle"
+  c.drafter.eagle.update(top_k=4, depth=5, total=16)
+  c.benchmark.repeats = 1
+  t = train_tiny.get_config()
+  for section in ("data", "train", "optim", "mesh", "distributed", "evaluate"):
+    c[section] = t[section]
+  c.objective = objectives.default_config("eagle")
+  c.objective.eagle.update(feature_layers=("final",), vocab_size=8192, copy_layer=-1, noise=0.2,
+                           feature_weight=1.0, token_weight=1.0)  # fmt: skip
+  c.data.update(
+    sources=(GREEDY_DATA, *_FIXED),
+    seq_len=256,
+    max_examples=3000,
+    eval_examples=32,
+    seed=0,
+    feature_cache=FEATURES,
+  )  # the target's features of every row, once
+  c.train.update(steps=1000, global_batch=8, log_every=10, eval_every=100, eval_batches=2,
+                 checkpoint_every=50, keep=2)  # fmt: skip
+  c.optim.update(learning_rate=2e-3, warmup_steps=20, decay_steps=980, weight_decay=0.0)
   return c
