@@ -11,6 +11,7 @@ Python and JAX start-up, about 3 s here); the message is the last line the proce
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,6 +65,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   questions = f"--config.specbench.question_file={tmp}/question.jsonl"
   export = ["--config=configs/export_drafter.py", f"--config.export.out={tmp}/export"]
   heads = "--config.export.path=experiments/medusa_smollm2/heads"
+  (tmp / "run").mkdir()  # a finished Medusa run: the committed heads and a train.json
+  shutil.copytree(ROOT / "experiments/medusa_smollm2/heads", tmp / "run" / "draft_final")
+  (tmp / "run" / "train.json").write_text("{}")
   _published_medusa(tmp)
   _published_eagle3(tmp)
   chat = ('{"conversations": [{"from": "human", "value": "Hi"}, '
@@ -201,6 +205,11 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      [*export, f"--config.export.path={tmp}/empty", "--config.export.format=medusa"]),
     ("export: a reduced vocabulary in FasterDecoding's layout",
      [*export, heads, "--config.export.format=medusa"]),
+    ("promote: a run that has not finished",
+     ["--config=experiments/eagle_smollm2/config.py:promote", f"--config.promote.run={tmp}"]),
+    ("promote: a destination that is not a drafter",
+     ["--config=experiments/medusa_smollm2/config.py:promote", f"--config.promote.run={tmp}/run",
+      f"--config.promote.to={tmp}"]),  # fmt: skip
     ("published Medusa heads of another hidden size",
      [*medusa, f"--config.drafter.medusa.path={tmp}/fd_small"]),
     ("published Medusa heads, truncated file",

@@ -36,6 +36,7 @@ TASKS = {
   "peers": "peers",
   "specbench": "specbench",
   "export_drafter": "export_drafter",
+  "promote": "promote",
 }
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file.", lock_config=True

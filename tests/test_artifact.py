@@ -109,3 +109,75 @@ def test_a_drafter_of_the_other_kind_or_target_is_named_before_the_target_loads(
   c = _config("medusa", num_heads=0)
   with pytest.raises(ValueError, match=r"config.drafter.medusa.num_heads must be an integer >= 1"):
     medusa.Medusa.check(c.drafter.medusa, c)
+
+
+# --- task=promote: a trained run's drafter to the path that decodes it -------------------------
+
+
+def _run_dir(tmp_path, saved, kind="eagle", **record):
+  """A workdir as task=train leaves it: draft_final and train.json."""
+  run = tmp_path / f"run_{kind}"
+  run.mkdir(parents=True)
+  _copy(saved[kind], run / "draft_final")
+  record = {"config": {"objective": {"name": kind}, "data": {"sources": ["chitchat"]},
+                       "train": {"steps": 7}}, "train_s": 90.0,
+            "decode": {"init": {"tau": 1.1}, "final": {"tau": 1.4}}} | record  # fmt: skip
+  (run / "train.json").write_text(json.dumps(record))
+  return run
+
+
+def _promote(run, to):
+  from specjax.tasks import promote
+
+  c = train_tiny.get_config()
+  c.task = "promote"
+  c.promote = promote.default_config()
+  c.promote.update(run=str(run), to=str(to))
+  return promote.run(c)
+
+
+def test_promote_copies_the_drafter_with_its_provenance(tmp_path, saved):
+  """The drafter's files arrive byte for byte beside a manifest naming the run, its data and
+  steps and its held-out τ; a second promotion replaces the first."""
+  run, to = _run_dir(tmp_path, saved), tmp_path / "committed" / "drafter"
+  manifest = _promote(run, to)
+  for f in saved["eagle"].iterdir():
+    assert (to / f.name).read_bytes() == f.read_bytes()
+  on_disk = json.loads((to / "manifest.json").read_text())
+  assert on_disk == manifest and manifest["from"] == str(run.resolve())
+  assert manifest["held_out"]["final"]["tau"] == 1.4 and manifest["steps"] == 7
+  assert manifest["train_minutes"] == 1.5 and manifest["data"]["sources"] == ["chitchat"]
+  assert manifest["sha256"][FILES["eagle"]] == artifact.sha256(saved["eagle"] / FILES["eagle"])
+  _check("eagle", to)  # decodes from there as from the run
+  (run / "draft_final" / "eagle.json").write_text(
+    (run / "draft_final" / "eagle.json").read_text().replace("}", ', "note": 2}', 1)
+  )
+  _promote(run, to)
+  assert '"note": 2' in (to / "eagle.json").read_text()
+
+
+@pytest.mark.parametrize("case", ["unfinished", "damaged", "foreign_to", "other_kind"])
+def test_promote_refuses_before_writing(tmp_path, saved, case):
+  """An unfinished run, a drafter whose tensors changed since saved, or a destination that is
+  not a drafter of the same kind: one error, and the destination untouched."""
+  run, to = _run_dir(tmp_path, saved), tmp_path / "to"
+  message = {
+    "unfinished": "has no train.json: the run has not finished",
+    "damaged": "does not match the SHA-256 recorded when it was saved",
+    "foreign_to": r"exists and holds \['notes.txt'\], not a eagle drafter",
+    "other_kind": r"exists and holds \['heads.safetensors', 'medusa.json'\], not a eagle drafter",
+  }[case]
+  if case == "unfinished":
+    (run / "train.json").unlink()
+  elif case == "damaged":
+    path = run / "draft_final" / FILES["eagle"]
+    path.write_bytes(bytes(_flip_last(bytearray(path.read_bytes()))))
+  elif case == "foreign_to":
+    to.mkdir()
+    (to / "notes.txt").write_text("keep me")
+  else:
+    _copy(saved["medusa"], to)
+  before = sorted(p.name for p in to.iterdir()) if to.exists() else None
+  with pytest.raises(ValueError, match=message):
+    _promote(run, to)
+  assert (sorted(p.name for p in to.iterdir()) if to.exists() else None) == before

@@ -162,6 +162,11 @@ def test_specbench_variants_share_one_ar_run(config, tmp_path):
   assert len(turns[0]) == 2 and turns[0] == turns[1] == turns[2]
   assert record["columns"]["overall"]["draft"]["tau"] > 1.0
   assert "| lookup |" in (tmp_path / "out" / "specbench.md").read_text()
+  # Another drafter under a kept name: its answers are not reused, before any model loads.
+  k2 = {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 2}}
+  config.specbench.variants = {"draft": {}, "lookup": k2}
+  with pytest.raises(ValueError, match=r"specbench.resume: .*config.specbench.variants"):
+    specbench.run(config)
   config.specbench.variants = {"vanilla": {}}
   with pytest.raises(ValueError, match=r"variants names a variant 'vanilla'"):
     specbench.check(config)

@@ -4,7 +4,7 @@
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:greedy
     C=experiments/eagle_smollm2/config.py
     nice -n 10 python -m specjax.run --config=$C                   # 1. train (regenerated data)
-    cp -r results/eagle_smollm2/draft_final experiments/eagle_smollm2/drafter
+    python -m specjax.run --config=$C:promote                      #    -> experiments/.../drafter
     python -m specjax.run --config=$C:sweep_b1                     # 2. decode vs AR and Medusa
     python -m specjax.report experiments/eagle_smollm2
 
@@ -46,7 +46,7 @@ import functools
 
 from configs import demo, train_tiny
 from experiments.training_free import config as training_free
-from specjax.tasks import sweep
+from specjax.tasks import promote, sweep
 from specjax.train import objectives
 
 WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
@@ -303,6 +303,10 @@ def get_config(arg: str | None = None):
     c.data.feature_cache = FEATURES_3
     o.feature_layers = EAGLE3_LAYERS
     o.rollout = 3
+  elif arg == "promote":  # 1.'s drafter to DRAFTER, with its manifest (task=promote)
+    c.task = "promote"
+    c.promote = promote.default_config()
+    c.promote.update(run=WORKDIR, to=DRAFTER)
   elif arg in SWEEPS:
     pick, categories, how = SWEEPS[arg]
     c.task = "sweep"
@@ -320,7 +324,7 @@ def get_config(arg: str | None = None):
     c.sweep.verify_sizes = ()
     c.sweep.variants = pick()
   elif arg:
-    runs = [*CONTINUED, "eagle1_300", "ttt_300", "eagle3", *ABLATIONS, *SWEEPS]
+    runs = [*CONTINUED, "eagle1_300", "ttt_300", "eagle3", *ABLATIONS, "promote", *SWEEPS]
     raise ValueError(
       f"unknown variant {arg!r} of eagle_smollm2/config.py; choose {', '.join(runs)}."
     )

@@ -3,10 +3,10 @@
     bash scripts/install_models.sh smollm2 && bash scripts/install_corpora.sh all
     C=experiments/medusa_smollm2/config.py
     nice -n 10 python -m specjax.run --config=$C                    # 1. train on corpora
-    cp -r results/medusa_smollm2/draft_final experiments/medusa_smollm2/heads_corpora
+    python -m specjax.run --config=$C:promote_corpora              #    -> heads_corpora
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:greedy
     nice -n 10 python -m specjax.run --config=$C:self_distilled     # 2. continue on greedy text
-    cp -r results/medusa_smollm2_sd/draft_final experiments/medusa_smollm2/heads
+    python -m specjax.run --config=$C:promote                      #    -> heads
     python -m specjax.run --config=$C:tree                          # 3. grow the tree, save it
     python -m specjax.run --config=$C:sweep_b1                      # 4. decode vs AR
     python -m specjax.run --config=$C:sweep_b4                      #    batch 4
@@ -14,7 +14,7 @@
     python -m specjax.run --config=$C:sweep_t1                      # 6. temperature 1, batch 1, 4
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
     nice -n 10 python -m specjax.run --config=$C:requests           # 7. continue on requests
-    cp -r results/medusa_smollm2_requests/draft_final experiments/medusa_smollm2/heads_requests
+    python -m specjax.run --config=$C:promote_requests             #    -> heads_requests
     R=experiments/medusa_smollm2/results/requests && mkdir -p $R
     cp results/medusa_smollm2_requests/train.json results/medusa_smollm2_requests/metrics.jsonl $R/
     python -m specjax.run --config=$C:sweep_requests                #    decode both heads
@@ -58,7 +58,7 @@ from ml_collections import config_dict
 from configs import demo, train_tiny
 from experiments.eagle_smollm2 import config as eagle
 from experiments.training_free import config as training_free
-from specjax.tasks import sweep
+from specjax.tasks import promote, sweep
 from specjax.train import objectives
 from specjax.trees import Tree
 
@@ -73,6 +73,11 @@ WORKDIR_REQUESTS = "results/medusa_smollm2_requests"
 HEADS_REQUESTS = f"{HERE}/heads_requests"  # committed copy of WORKDIR_REQUESTS/draft_final
 RESULTS = f"{HERE}/results"
 CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+PROMOTE = {  # :name -> (the run's workdir, the committed path its heads are decoded from)
+  "promote_corpora": (WORKDIR, HEADS_CORPORA),
+  "promote": (WORKDIR_SD, HEADS),
+  "promote_requests": (WORKDIR_REQUESTS, HEADS_REQUESTS),
+}
 # task=sweep variants of get_config
 SWEEPS = (
   *("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests"),
@@ -214,6 +219,10 @@ def get_config(arg: str | None = None):
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 10
     c.optim.decay_steps = 140
+  elif arg in PROMOTE:  # a trained run's heads to their committed path, with a manifest
+    c.task = "promote"
+    c.promote = promote.default_config()
+    c.promote.run, c.promote.to = PROMOTE[arg]
   elif arg == "tree":
     c.task = "medusa_tree"
     c.output_dir = RESULTS
@@ -248,6 +257,6 @@ def get_config(arg: str | None = None):
   elif arg:
     raise ValueError(
       f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, requests, "
-      f"tree, benchmark or one of {', '.join(SWEEPS)}."
+      f"{', '.join(PROMOTE)}, tree, benchmark or one of {', '.join(SWEEPS)}."
     )
   return c

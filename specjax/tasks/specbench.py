@@ -332,8 +332,9 @@ def _resumed(config, record_path: Path, files: dict, questions: list[dict]) -> s
   if record_path.is_file():
     then = json.loads(record_path.read_text())
     differ = sweep.differing_fields(then, config)
-    if then["config"].get("specbench", {}).get("turns") != config.specbench.turns:
-      differ.append("specbench.turns")
+    was = then["config"].get("specbench", {})
+    now = json.loads(json.dumps(config.specbench.to_dict(), default=str))
+    differ += [f"specbench.{k}" for k in ("turns", "variants") if was.get(k) != now.get(k)]
   if differ or not record_path.is_file():
     what = f"other config.{', config.'.join(differ)}" if differ else "no specbench.json beside"
     raise ValueError(

@@ -1,0 +1,48 @@
+"""Spec-Bench on SmolLM2-135M-Instruct: prompt lookup, Medusa and EAGLE beside one AR run.
+
+    bash scripts/install_models.sh smollm2
+    python -m specjax.run --config=experiments/specbench_smollm2/config.py \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl
+    python -m specjax.report experiments/specbench_smollm2       # README tables, figure (report.py)
+
+task=specbench over the first question of each of Spec-Bench's 13 categories (13 first
+turns), 256 new tokens, greedy, batch 1, float32 (``dtype = auto`` on a CPU). Each question is
+answered by AR and by the three drafters one after the other, every drafter's tokens checked
+equal to AR's: prompt lookup (K = 4); the committed Medusa heads
+(experiments/medusa_smollm2/heads, tree (3, 2, 2, 1) plus prompt lookup's 4-token branch); the
+committed EAGLE drafter (experiments/eagle_smollm2/drafter) with the tree budget the cost model
+picks for this machine (``total = auto`` over experiments/cost_model's measured grid: a 16-node
+tree reaches a higher τ, but verifying 16 float32 rows costs about 5 one-token forwards here,
+experiments/verify_cost). Writes results/: specbench.json, specbench.md and Spec-Bench's answer
+files (model_answer/, one per method; Spec-Bench's evaluation/speed.py reads them). An
+interrupted run resumes at the next question. The question file is Spec-Bench's
+(github.com/hemingkx/Spec-Bench; nothing of it ships here). AR and three drafters at 256 tokens
+take 100-180 s a question on this 2-core CPU, so this run takes one question per category
+(about 35 minutes); ``--config.specbench.per_category=5`` (Spec-Bench's subset of 65) keeps
+the answers and adds the rest.
+"""
+
+from configs import specbench as specbench_config
+
+MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
+EAGLE_DRAFTER = "experiments/eagle_smollm2/drafter"
+EAGLE_COSTS = "experiments/cost_model/results/smollm2_eagle/cost_model.json"
+VARIANTS = {  # name -> config.drafter overrides
+  "prompt_lookup": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  "medusa": {
+    "name": "medusa",
+    "medusa": {"path": MEDUSA_HEADS, "tree_spec": (3, 2, 2, 1), "lookup": 4},
+  },  # fmt: skip
+  "eagle": {
+    "name": "eagle",
+    "eagle": {"path": EAGLE_DRAFTER, "total": "auto", "auto_from": EAGLE_COSTS},
+  },  # fmt: skip
+}
+
+
+def get_config():
+  c = specbench_config.get_config()
+  c.output_dir = "experiments/specbench_smollm2/results"
+  c.specbench.variants = VARIANTS
+  c.specbench.per_category = 1  # 4 methods x 256 tokens take 100-180 s a question here
+  return c

@@ -1,0 +1,106 @@
+"""``task=promote``: a trained drafter copied to the path that decodes it, with its provenance.
+
+    python -m specjax.run --config=experiments/eagle_smollm2/config.py:promote
+    python -m specjax.run --config=configs/tiny.py --config.task=promote \
+      --config.promote.run=results/my_run --config.promote.to=drafters/mine
+
+``promote.run`` is a workdir ``task=train`` wrote; its ``draft_final`` (an EAGLE drafter or
+Medusa heads) goes to ``promote.to``, the directory an experiment's variants or README's commands
+decode from, replacing the drafter there. Checked before anything is written: the run finished
+(``train.json`` and ``draft_final`` are there), the drafter's tensors still have the SHA-256
+recorded when they were saved, and ``promote.to`` is absent, empty or a drafter of the same kind
+(a directory holding anything else is never replaced). Written whole or not at all, with
+``manifest.json``: the run it came from, its objective, data, steps and training time, the
+held-out τ and target calls its training run measured before and after (``train.json``'s
+``decode``), each file's SHA-256, and when.
+"""
+
+import datetime
+import json
+import shutil
+from pathlib import Path
+
+import ml_collections
+
+from specjax.drafters import artifact
+
+FIELD = "config.promote"
+MANIFEST = "manifest.json"
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The ``promote`` config section's defaults."""
+  c = ml_collections.ConfigDict()
+  c.run = ""  # a workdir task=train wrote (it holds draft_final/ and train.json)
+  c.to = ""  # the directory to write (an existing drafter there is replaced)
+  return c
+
+
+def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
+  """``(draft_final, its kind, train.json)``, every field checked before anything is written."""
+  if "promote" not in config:
+    raise ValueError(
+      "task=promote needs a config.promote section: c.promote = "
+      "specjax.tasks.promote.default_config(), with run and to set."
+    )
+  p = config.promote
+  run = Path(p.run)
+  if not p.run or not run.is_dir():
+    raise ValueError(f"{FIELD}.run={p.run!r} is not a directory: name a workdir task=train wrote.")
+  draft, record = run / "draft_final", run / "train.json"
+  if not draft.is_dir() or not record.is_file():
+    missing = " and ".join(str(x.name) for x in (draft, record) if not x.exists())
+    raise ValueError(
+      f"{FIELD}.run={p.run!r} has no {missing}: the run has not finished (rerun its task=train; "
+      "it resumes from its newest checkpoint)."
+    )
+  kind = _kind(draft, f"{FIELD}.run")
+  meta = artifact.read_json(draft / f"{kind}.json", f"{FIELD}.run")
+  for name, digest in (meta.get("sha256") or {}).items():
+    artifact.check_tensors(draft / name, digest, f"{FIELD}.run")
+  if not p.to:
+    raise ValueError(f"{FIELD}.to is empty: name the directory the drafter is decoded from.")
+  to = Path(p.to)
+  if to.exists():
+    held = sorted(q.name for q in to.iterdir()) if to.is_dir() else [to.name]
+    if held and (not to.is_dir() or _kind(to, f"{FIELD}.to", strict=False) != kind):
+      raise ValueError(
+        f"{FIELD}.to={p.to!r} exists and holds {held[:6]}, not a {kind} drafter: promote into "
+        "a new directory, or the one the drafter was promoted to before."
+      )
+  return draft, kind, artifact.read_json(record, f"{FIELD}.run")
+
+
+def _kind(directory: Path, field: str, strict: bool = True) -> str | None:
+  kinds = [kind for f, kind in artifact.KINDS.items() if (directory / f).is_file()]
+  if not kinds and strict:
+    raise ValueError(
+      f"{field}: {directory} holds neither {' nor '.join(artifact.KINDS)}: not a drafter "
+      "task=train saved."
+    )
+  return kinds[0] if kinds else None
+
+
+def run(config: ml_collections.ConfigDict) -> dict:
+  draft, kind, record = check(config)
+  p = config.promote
+  trained = record.get("config", {})
+  manifest = {
+    "from": str(Path(p.run).resolve()),
+    "kind": kind,
+    "objective": trained.get("objective", {}).get("name"),
+    "data": {k: trained.get("data", {}).get(k) for k in ("sources", "files", "max_examples")},
+    "steps": trained.get("train", {}).get("steps"),
+    "train_minutes": round(record["train_s"] / 60, 1) if "train_s" in record else None,
+    "held_out": record.get("decode"),  # tau and target calls before and after training
+    "sha256": {f.name: artifact.sha256(f) for f in sorted(draft.iterdir()) if f.is_file()},
+    "promoted": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+  }
+  with artifact.atomic_directory(p.to) as tmp:
+    for f in draft.iterdir():
+      if f.is_file():
+        shutil.copy2(f, tmp / f.name)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+  tau = (manifest["held_out"] or {}).get("final", {}).get("tau")
+  print(f"promoted {draft} -> {p.to} ({kind}" + (f", held-out τ {tau:.3f})" if tau else ")"))
+  return manifest
