@@ -12,9 +12,9 @@ Prompt lookup's ``num_draft = "auto"`` picks the draft length K and ``min_ngram`
 tokens must match before it guesses; otherwise the step is an AR step) for the machine it runs
 on: τ and abstentions for every setting come from ``experiments/cost_model`` (replayed
 offline over other prompts), the step costs from the target's forwards timed here first (a
-few seconds). ``dtype = "measure"`` picks float32 or bfloat16 weights the same way: whichever
-this machine runs the target's verify forwards faster in (timed once per machine, then cached;
-on a CPU without fast bfloat16 products it stays float32). Fix them with ``--config.drafter.prompt_lookup.num_draft=4`` (and
+few seconds). Weights are float32 on a CPU (``dtype = auto``). ``--config.dtype=measure`` takes
+bfloat16 where this machine verifies faster in it (specjax/precision.py): 1.17x here, but its
+greedy text can differ from bfloat16 AR's (experiments/verify_cost), which this run checks. Fix them with ``--config.drafter.prompt_lookup.num_draft=4`` (and
 ``min_ngram``), or swap the drafter with ``--config.drafter.name=draft_model`` (the target's
 first ``drafter.draft_model.num_layers`` layers).
 """
@@ -38,7 +38,6 @@ def get_config():
   c.output_dir = "results/demo/" + c.drafter.get_ref("name")
   c.drafter.prompt_lookup.num_draft = "auto"  # K and min_ngram for this machine
   c.drafter.prompt_lookup.auto_from = str(LOOKUP_GRID)
-  c.dtype = "measure"  # float32 or bfloat16, whichever verifies faster here (specjax/precision.py)
   return c
 
 
