@@ -12,11 +12,13 @@ Prompt lookup's ``num_draft = "auto"`` picks the draft length K and ``min_ngram`
 tokens must match before it guesses; otherwise the step is an AR step) for the machine it runs
 on: τ and abstentions for every setting come from ``experiments/cost_model`` (replayed
 offline over other prompts), the step costs from the target's forwards timed here first (a
-few seconds). Weights are float32 on a CPU (``dtype = auto``). ``--config.dtype=measure`` takes
-bfloat16 where this machine verifies faster in it (specjax/precision.py): 1.17x here, but its
-greedy text can differ from bfloat16 AR's (experiments/verify_cost), which this run checks. Fix them with ``--config.drafter.prompt_lookup.num_draft=4`` (and
+few seconds). Fix them with ``--config.drafter.prompt_lookup.num_draft=4`` (and
 ``min_ngram``), or swap the drafter with ``--config.drafter.name=draft_model`` (the target's
 first ``drafter.draft_model.num_layers`` layers).
+
+Weights are float32 on a CPU (``dtype = auto``). ``--config.dtype=measure`` takes bfloat16 where
+this machine verifies faster in it (specjax/precision.py): 1.17x here, but its greedy text can
+differ from bfloat16 AR's (experiments/verify_cost), which this run checks and reports.
 """
 
 from pathlib import Path
