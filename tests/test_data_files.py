@@ -322,19 +322,21 @@ def test_a_large_file_is_streamed_in_little_memory():
 
 def test_self_distill_from_your_prompts_writes_shards_that_train(tok, tmp_path):
   from specjax.models import tiny
-  from specjax.train import distill
+  from specjax.train import distill, distill_prompts
 
   records = [{"messages": conversation(i, turns=2)} for i in range(5)]
   path = write_jsonl(tmp_path / "p.jsonl", records, bad={2: "{oops"})
   with pytest.raises(ValueError, match=r"p\.jsonl:2: not JSON"):
-    distill.file_prompts([str(path)], tok, fmt="messages")
-  first = distill.file_prompts([str(path)], tok, fmt="messages", on_error="skip")
-  every = distill.file_prompts([str(path)], tok, fmt="messages", turns="all", on_error="skip")
+    distill_prompts.file_prompts([str(path)], tok, fmt="messages")
+  first = distill_prompts.file_prompts([str(path)], tok, fmt="messages", on_error="skip")
+  every = distill_prompts.file_prompts(
+    [str(path)], tok, fmt="messages", turns="all", on_error="skip"
+  )
   assert len(first.ids) == 5 and len(every.ids) == 10
   assert first.texts[0] == tok.apply_chat_template(conversation(0)[:1])
   assert every.texts[1] == tok.apply_chat_template(conversation(0)[:3])  # with the file's reply
-  short = distill.file_prompts([str(path)], tok, fmt="messages", turns="all", max_tokens=70,
-                               on_error="skip")  # fmt: skip
+  short = distill_prompts.file_prompts([str(path)], tok, fmt="messages", turns="all",
+                                       max_tokens=70, on_error="skip")  # fmt: skip
   assert short.skipped > 0 and all(len(p) <= 70 for p in short.ids)
 
   cfg, params = tiny.random_model(seed=0, vocab_size=tok.vocab_size, dim=32, num_layers=2)

@@ -14,7 +14,7 @@ from specjax.models import llama, registry, tiny
 from specjax.models.tokenizer import Tokenizer
 from specjax.tasks import self_distill as task
 from specjax.tasks import train as train_task
-from specjax.train import data, distill
+from specjax.train import corpora, data, distill, distill_prompts
 
 KW = dict(max_new_tokens=6, max_len=24, batch_size=3, shard_size=6, temperature=1.0, seed=7)
 
@@ -156,29 +156,32 @@ def test_hidden_states_are_the_targets(model, prompts, tmp_path):
 
 def test_corpus_prompts_are_deterministic_and_mixed():
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
-  make = lambda seed: distill.corpus_prompts(
-    data.CORPORA, tok, num_prompts=12, min_tokens=16, max_tokens=24, seed=seed
+  make = lambda seed: distill_prompts.corpus_prompts(
+    corpora.CORPORA, tok, num_prompts=12, min_tokens=16, max_tokens=24, seed=seed
   )
   a, b, c = make(0), make(0), make(1)
   assert a == b and a.ids != c.ids
-  assert a.sources == list(data.CORPORA) * 3
+  assert a.sources == list(corpora.CORPORA) * 3
   for ids, text, source in zip(a.ids, a.texts, a.sources, strict=True):
     assert ids == tok.encode(text)
     assert text.endswith("<|im_start|>assistant\n")
     if source != "chitchat":
-      body = text.split(distill.INSTRUCTIONS[source].split("{")[0], 1)[1].split("<|im_end|>")[0]
+      wrapper = distill_prompts.INSTRUCTIONS[source].split("{")[0]
+      body = text.split(wrapper, 1)[1].split("<|im_end|>")[0]
       assert 16 <= len(tok.encode(body)) <= 24 + 1  # +1: decode/encode may split a token.
-  raw = distill.corpus_prompts(["kjv"], tok, num_prompts=3, min_tokens=8, max_tokens=8, chat=False)
+  raw = distill_prompts.corpus_prompts(
+    ["kjv"], tok, num_prompts=3, min_tokens=8, max_tokens=8, chat=False
+  )
   assert all(len(ids) == 8 for ids in raw.ids) and "<|im_start|>" not in "".join(raw.texts)
 
 
 def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
-  make = lambda seed: distill.corpus_prompts(
-    data.CORPORA, tok, num_prompts=48, min_tokens=16, max_tokens=24, seed=seed, tasks=True
+  make = lambda seed: distill_prompts.corpus_prompts(
+    corpora.CORPORA, tok, num_prompts=48, min_tokens=16, max_tokens=24, seed=seed, tasks=True
   )
   a, b = make(0), make(0)
-  assert a == b and a.sources == list(data.CORPORA) * 12
+  assert a == b and a.sources == list(corpora.CORPORA) * 12
   used = set()
   for text, source in zip(a.texts, a.sources, strict=True):
     user = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
@@ -186,7 +189,7 @@ def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
       assert text.count("<|im_start|>user") == 1 and text.endswith("<|im_start|>assistant\n")
       assert user.endswith("?") and len(user.split()) >= 4
       continue
-    wrappers = [w for w in distill.TASKS[source] if user.startswith(w.split("{")[0])]
+    wrappers = [w for w in distill_prompts.TASKS[source] if user.startswith(w.split("{")[0])]
     wrappers = [w for w in wrappers if user.endswith(w.split("}")[-1])]
     assert wrappers, user
     used.add(wrappers[0])
@@ -195,21 +198,24 @@ def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
   held_out = [p for ps in training_free.CATEGORIES.values() for p in ps]
   assert not any(h[:40] in t for h in held_out for t in a.texts)
   with pytest.raises(ValueError, match="tasks=True .* chat=True"):
-    distill.corpus_prompts(["kjv"], tok, num_prompts=1, min_tokens=8, max_tokens=8, chat=False,
-                           tasks=True)  # fmt: skip
+    distill_prompts.corpus_prompts(["kjv"], tok, num_prompts=1, min_tokens=8, max_tokens=8,
+                                   chat=False, tasks=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(distill.REQUEST_SETS))
+@pytest.mark.parametrize("name", sorted(distill_prompts.REQUEST_SETS))
 def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prompts(name):
   from experiments.eagle_smollm2 import config as eagle
 
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
-  a, b = (distill.request_prompts(tok, num_prompts=512, seed=0, name=name) for _ in range(2))
+  a, b = (
+    distill_prompts.request_prompts(tok, num_prompts=512, seed=0, name=name) for _ in range(2)
+  )
   assert (
-    a == b and a.texts != distill.request_prompts(tok, num_prompts=512, seed=1, name=name).texts
+    a == b
+    and a.texts != distill_prompts.request_prompts(tok, num_prompts=512, seed=1, name=name).texts
   )
   assert a.sources == ["requests"] * 512 and len(set(a.texts)) == 512
-  every = distill.all_requests(name)
+  every = distill_prompts.all_requests(name)
   users = []
   for ids, text in zip(a.ids, a.texts, strict=True):
     assert ids == tok.encode(text) and text.endswith("<|im_start|>assistant\n")
@@ -221,11 +227,12 @@ def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prom
   held_out = [*(p for ps in training_free.CATEGORIES.values() for p in ps), *eagle.CHAT_NEW]
   assert not {h.lower() for h in held_out} & {r.lower() for r in every}
   # The sets are disjoint: data made from one is new text next to data made from another.
-  for other in set(distill.REQUEST_SETS) - {name}:
-    assert not every & distill.all_requests(other)
+  for other in set(distill_prompts.REQUEST_SETS) - {name}:
+    assert not every & distill_prompts.all_requests(other)
   with pytest.raises(ValueError, match=f"make {len(every)} distinct requests"):
-    distill.request_prompts(tok, num_prompts=len(every) + 1, name=name)
-  distill.request_prompts(tok, num_prompts=len(every), name=name)  # all of them: the loop ends
+    distill_prompts.request_prompts(tok, num_prompts=len(every) + 1, name=name)
+  # All of them: the loop ends.
+  distill_prompts.request_prompts(tok, num_prompts=len(every), name=name)
 
 
 # sha256 of the JSON list of the 512 prompt texts of seed 0, recorded when the "broad" set was
@@ -240,7 +247,7 @@ def test_the_basic_request_prompts_stay_the_ones_the_committed_data_was_made_fro
   import hashlib
 
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
-  prompts = distill.request_prompts(tok, num_prompts=512, seed=0)
+  prompts = distill_prompts.request_prompts(tok, num_prompts=512, seed=0)
   digest = hashlib.sha256(json.dumps(prompts.texts).encode()).hexdigest()
   assert digest == BASIC_REQUESTS_SHA256
 
@@ -260,15 +267,15 @@ def test_broad_requests_name_no_topic_of_a_held_out_chat_prompt():
   held_out = " ".join([*training_free.CATEGORIES["chat"], *eagle.CHAT_NEW]).lower()
   topic = re.compile(rf"\b({'|'.join(HELD_OUT_TOPICS)})\b")
   assert len(set(topic.findall(held_out))) >= 12  # the list does name the held-out topics
-  named = sorted(r for r in distill.all_requests("broad") if topic.search(r.lower()))
+  named = sorted(r for r in distill_prompts.all_requests("broad") if topic.search(r.lower()))
   assert not named, named
-  assert any(topic.search(r.lower()) for r in distill.all_requests("basic"))
+  assert any(topic.search(r.lower()) for r in distill_prompts.all_requests("basic"))
 
 
 def test_the_broad_config_passes_its_checks_and_names_its_bound():
   config = self_distill_smollm2.get_config("requests_broad")
   task.check(config)
-  config.distill.num_prompts = len(distill.all_requests("broad")) + 1
+  config.distill.num_prompts = len(distill_prompts.all_requests("broad")) + 1
   with pytest.raises(ValueError, match="'broad' request templates make 1169 distinct"):
     task.check(config)
 

@@ -491,10 +491,10 @@ def test_experiment_configs_pass_their_checks(name, arg):
     from pathlib import Path
 
     from specjax.tasks import train
-    from specjax.train import data
+    from specjax.train import corpora, data
 
     # Self-distilled data is not in git: missing or unfinished, one error naming the fix.
-    made = [s for s in c.data.sources if s not in data.CORPORA]
+    made = [s for s in c.data.sources if s not in corpora.CORPORA]
     generated = [s for s in made if not (Path(s) / data.MANIFEST).exists()]
     drafter = c.objective.get(c.objective.name)  # a run continued from another run's workdir
     init_from = drafter.get("init_from", "") if drafter is not None else ""

@@ -26,7 +26,7 @@ from specjax.drafters import DraftModel, eagle
 from specjax.drafters.base import Draft
 from specjax.models import llama, tiny
 from specjax.tasks.benchmark import machine
-from specjax.train import data
+from specjax.train import corpora
 
 
 def random_pairs(num_pairs: int, rows: int, vocab: int, seed: int) -> list[dict]:
@@ -48,7 +48,7 @@ def random_pairs(num_pairs: int, rows: int, vocab: int, seed: int) -> list[dict]
 def real_logits(config, target, drafter, dparams) -> dict:
   """Teacher-forced p and q on corpus text; one verified draw per position."""
   lc = config.losslessness
-  docs = data.corpus_documents(lc.corpus)
+  docs = corpora.corpus_documents(lc.corpus)
   tok = target.tokenizer
   ids = []
   for doc in docs:

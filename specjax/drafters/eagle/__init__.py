@@ -46,14 +46,7 @@ exact: the siblings drawn without replacement are all tried before it, and if on
 already proposed its token, its renormalised q is zero and it is skipped.
 """
 
-from specjax.drafters.eagle.drafter import (
-  Eagle,
-  EagleState,
-  Expanded,
-  Pool,
-  check_shape,
-  pool_size,
-)
+from specjax.drafters.eagle.drafter import Eagle, EagleState
 from specjax.drafters.eagle.model import (
   ARCHITECTURES,
   FIELD,
@@ -77,6 +70,7 @@ from specjax.drafters.eagle.model import (
   save,
   widen,
 )
+from specjax.drafters.eagle.tree import Expanded, Pool, check_shape, pool_size
 
 __all__ = [
   "ARCHITECTURES", "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED_BY", "WEIGHTS_FILE",
