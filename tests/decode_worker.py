@@ -54,7 +54,13 @@ def cases() -> dict:
     "prompt_lookup_tree": (PromptLookup(3, max_ngram=2, num_branches=2), None),
     "eagle_tree": testing.eagle_drafter(TARGET, top_k=2, depth=3, total=5, sampled=False),
     "eagle3_tree": testing.eagle_drafter(
-      TARGET, 2, 3, 5, tuple(range(0, 96, 2)), sampled=False, features=(0, 1, 2),
+      TARGET,
+      2,
+      3,
+      5,
+      tuple(range(0, 96, 2)),
+      sampled=False,
+      features=(0, 1, 2),
       architecture="eagle3",
     ),  # fmt: skip
     "medusa_tree": testing.medusa_drafter(TARGET[0], Tree.from_spec((2, 2)), 2, sampled=False),
