@@ -5,7 +5,10 @@
 An experiment's ``report.py`` (or, in the older experiments, its ``config.py``) defines
 ``report(results_dir) -> str`` (Markdown built from the JSON under ``results/``, figures drawn
 there too); this writes it between the ``<!-- results -->`` and ``<!-- /results -->`` lines of
-the experiment's ``README.md`` (atomically; the rest of the README is kept).
+the experiment's ``README.md``. Where the module also defines ``details(results_dir) -> str``
+(the full tables, kept out of a README that shows the headline ones), that goes between the same
+lines of the ``notes.md`` beside it. Each file is written atomically and the rest of it is kept;
+both are checked, and both blocks rendered, before either is written.
 """
 
 import importlib.util
@@ -18,31 +21,49 @@ from pathlib import Path
 BEGIN, END = "<!-- results -->", "<!-- /results -->"
 
 
-def render(experiment: str | Path) -> Path:
+def render(experiment: str | Path) -> list[Path]:
+  """Fills the experiment's README.md (and notes.md, where its report module has ``details``);
+  returns the files written."""
   folder = Path(experiment)
   if not folder.exists():
     raise ValueError(f"{folder} does not exist: pass an experiment folder (experiments/NAME).")
   if not folder.is_dir():
     raise ValueError(f"{folder} is a file: pass its experiment folder (experiments/NAME).")
-  report = load(folder)
-  readme = folder / "README.md"
-  if not readme.is_file():
-    raise ValueError(f"{folder} has no README.md to fill.")
-  text = readme.read_text()
+  module = load_module(folder)
+  blocks = {folder / "README.md": module.report}
+  if hasattr(module, "details"):
+    blocks[folder / "notes.md"] = module.details
+  texts = {path: _text(path) for path in blocks}  # every target checked before any is filled
+  texts = {path: _filled(text, blocks[path](folder / "results")) for path, text in texts.items()}
+  for path, text in texts.items():
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  return list(texts)
+
+
+def _text(path: Path) -> str:
+  """The file's text, which must have a results block to fill."""
+  if not path.is_file():
+    why = ": its report defines details(results_dir)" if path.name == "notes.md" else ""
+    raise ValueError(f"{path.parent} has no {path.name} to fill{why}.")
+  text = path.read_text()
   if BEGIN not in text or END not in text:
-    raise ValueError(f"{readme} has no {BEGIN} ... {END} block to fill.")
-  block = f"{BEGIN}\n{report(folder / 'results').strip()}\n{END}"
-  text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".README.", suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.chmod(tmp, 0o644)
-  os.replace(tmp, readme)
-  return readme
+    raise ValueError(f"{path} has no {BEGIN} ... {END} block to fill.")
+  return text
 
 
-def load(folder: Path):
-  """The experiment's ``report`` function: from its ``report.py``, else its ``config.py``."""
+def _filled(text: str, markdown: str) -> str:
+  """``text`` with its results block holding ``markdown`` (as it is: no escapes read)."""
+  block = f"{BEGIN}\n{markdown.strip()}\n{END}"
+  return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+
+
+def load_module(folder: Path):
+  """The experiment's report module: its ``report.py``, else its ``config.py``; it defines
+  ``report`` (and may define ``details``)."""
   path = next((folder / f for f in ("report.py", "config.py") if (folder / f).is_file()), None)
   if path is None:
     raise ValueError(f"{folder} has no config.py: pass an experiment folder (experiments/NAME).")
@@ -51,7 +72,12 @@ def load(folder: Path):
   spec.loader.exec_module(module)
   if not hasattr(module, "report"):
     raise ValueError(f"{path} defines no report(results_dir): nothing to render.")
-  return module.report
+  return module
+
+
+def load(folder: Path):
+  """The experiment's ``report`` function: from its ``report.py``, else its ``config.py``."""
+  return load_module(folder).report
 
 
 def main(argv: list[str]) -> None:
@@ -59,7 +85,8 @@ def main(argv: list[str]) -> None:
     sys.exit("usage: python -m specjax.report experiments/NAME [experiments/NAME ...]")
   for folder in argv:
     try:
-      print(f"wrote {render(folder)}")
+      for path in render(folder):
+        print(f"wrote {path}")
     except ValueError as e:  # bad input: one line, as python -m specjax.run gives it
       sys.exit(f"error: {e}")
 

@@ -1,5 +1,6 @@
-"""Every experiment README's results block is what its report() renders from the committed JSON:
-no number in the docs is typed by hand or left stale."""
+"""Every experiment README's results block (and its notes.md block, where the report defines
+``details``) is what its report renders from the committed JSON: no number in the docs is typed
+by hand or left stale."""
 
 import re
 import shutil
@@ -17,6 +18,12 @@ EXPERIMENTS = sorted(
 )
 
 
+def _block(path: Path) -> str | None:
+  block = re.escape(report.BEGIN) + r"(.*?)" + re.escape(report.END)
+  got = re.search(block, path.read_text(), re.S)
+  return None if got is None else got[1].strip()
+
+
 def test_there_are_experiments_to_check():
   assert {"losslessness", "speculative_theory", "eagle_smollm2"} <= set(EXPERIMENTS)
 
@@ -26,7 +33,33 @@ def test_readme_results_block_matches_the_json(name, tmp_path):
   folder = ROOT / "experiments" / name
   results = tmp_path / "results"
   shutil.copytree(folder / "results", results)  # figures are redrawn here, not in the tree
-  want = report.load(folder)(results).strip()
-  text = (folder / "README.md").read_text()
-  got = re.search(re.escape(report.BEGIN) + r"(.*?)" + re.escape(report.END), text, re.S)
-  assert got is not None and got[1].strip() == want, f"run: python -m specjax.report {folder}"
+  module = report.load_module(folder)
+  hint = f"run: python -m specjax.report {folder}"
+  assert _block(folder / "README.md") == module.report(results).strip(), hint
+  if hasattr(module, "details"):
+    assert _block(folder / "notes.md") == module.details(results).strip(), hint
+
+
+def test_details_fill_the_notes_beside_the_readme(tmp_path):
+  folder = tmp_path / "exp"
+  (folder / "results").mkdir(parents=True)
+  (folder / "report.py").write_text(
+    "def report(d):\n  return 'headline'\ndef details(d):\n  return 'every table'\n"
+  )
+  (folder / "README.md").write_text("# exp\n\n<!-- results -->\nold\n<!-- /results -->\n")
+  (folder / "notes.md").write_text("# notes\n\n<!-- results -->\n<!-- /results -->\n\nprose\n")
+  assert report.render(folder) == [folder / "README.md", folder / "notes.md"]
+  assert "<!-- results -->\nheadline\n<!-- /results -->" in (folder / "README.md").read_text()
+  notes = (folder / "notes.md").read_text()
+  assert notes == "# notes\n\n<!-- results -->\nevery table\n<!-- /results -->\n\nprose\n"
+  # notes.md without its block, or missing: one error, and the README is left as it was.
+  (folder / "README.md").write_text("<!-- results -->\nold\n<!-- /results -->\n")
+  for text, message in (("# notes\n", "notes.md has no <!-- results -->"), (None, "no notes.md")):
+    if text is None:
+      (folder / "notes.md").unlink()
+    else:
+      (folder / "notes.md").write_text(text)
+    with pytest.raises(SystemExit) as e:
+      report.main([str(folder)])
+    assert str(e.value.code).startswith("error: ") and message in str(e.value.code)
+    assert (folder / "README.md").read_text() == "<!-- results -->\nold\n<!-- /results -->\n"

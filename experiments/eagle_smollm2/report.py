@@ -1,5 +1,8 @@
-"""The eagle_smollm2 experiment's report: the README's results block and figures from its
-results/ (``python -m specjax.report experiments/eagle_smollm2``)."""
+"""The eagle_smollm2 experiment's report: the README's results block (the headline tables),
+notes.md's (every table) and the figures, from its results/ (``python -m specjax.report
+experiments/eagle_smollm2``)."""
+
+import json
 
 from experiments.eagle_smollm2.config import (
   ABLATION_SWEEPS,
@@ -9,6 +12,38 @@ from experiments.eagle_smollm2.config import (
 )
 from specjax import results
 from specjax.tasks import sweep
+
+CONTINUED_RUNS = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS, LONG_RUN)
+TRAINED = ("eagle1", *CONTINUED_RUNS, "ttt_300")  # runs with a results/<run>/train.json
+SWEEP_TITLES = {
+  "sweep_b1": "Greedy, batch 1",
+  "sweep_b4": "Greedy, batch 4",
+  "sweep_t1": "Temperature 1, batch 1 (sampled children, verified with their q)",
+  "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
+  "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
+  "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
+  "sweep_requests": "Continued for 300 steps on the target's replies to assistant requests "
+  "(five categories: chat_new is six more chat prompts)",
+  "sweep_requests_t1": "The same two drafters at temperature 1, chat prompts (sampled "
+  "children, verified with their q)",
+  "sweep_broad": "Continued for 300 more steps on replies to the broad request set too "
+  "(from the requests-continued drafter)",
+  "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
+  "sweep_scale_t1": "The most-data drafters (768 request replies; 300 and 900 steps) at "
+  "temperature 1, chat prompts (sampled children, verified with their q)",
+}
+ABLATION_TITLES = {
+  "sweep_inputs": "Inputs: feature + shifted token vs token only vs feature only",
+  "sweep_data": "Regenerated vs fixed data",
+  "sweep_eagle3": "EAGLE-3 vs EAGLE-1",
+  "sweep_init": "The layer started from the target's last layer vs random (fixed data)",
+  "sweep_official_eagle3": "The published EAGLE-3 model on eagle3_300's features, rollout and "
+  "loss (temperature 0 and 1)",
+}
+
+
+def _read(path):
+  return json.loads(path.read_text()) if path.exists() else None
 
 
 def _train_rows(record: dict) -> list[dict]:
@@ -30,18 +65,26 @@ def _train_rows(record: dict) -> list[dict]:
 
 
 def report(results_dir):
-  """The README's results block: training, teacher-forced acceptance, the sweeps."""
-  import json
-
+  """The README's results block: the training runs, every sweep's means, the committed
+  drafter's sweep per category and the ablations; draws every figure (notes.md's too)."""
   out = []
   if figure(results_dir):
     out += ["![tau per category and acceptance by draft position](results/figure.png)", ""]
-  continued = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS, LONG_RUN)
-  for run in ("eagle1", *continued, "ttt_300"):
-    path = results_dir / run / "train.json"
-    if not path.exists():
+  scale = _read(results_dir / "scale.json")
+  if scale:
+    scale_figure(results_dir, scale)
+  out += _runs(results_dir) + _summary(results_dir) + _main_sweep(results_dir)
+  return "\n".join(out + _ablation(results_dir, headline=True))
+
+
+def details(results_dir):
+  """notes.md's results block: every run's and sweep's full tables, the offline replays and
+  the ablations' (the figures are report()'s)."""
+  out = []
+  for run in TRAINED:
+    record = _read(results_dir / run / "train.json")
+    if record is None:
       continue
-    record = json.loads(path.read_text())
     o = record["config"]["objective"]["eagle"]
     last = record["last"][-1] if record["last"] else {}
     out += [
@@ -53,16 +96,104 @@ def report(results_dir):
     ]
     rows = _train_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
+  if out:
+    out = ["## Training runs: teacher-forced acceptance at every draft step", "", *out]
   out += _sweeps(results_dir) + _hit_rates(results_dir) + _replay(results_dir) + _fit(results_dir)
   out += _scale(results_dir)
   return "\n".join(out + _ablation(results_dir))
 
 
+def _runs(results_dir) -> list[str]:
+  """One row per training run (its first draft step; notes.md has every step)."""
+  rows = []
+  for run in TRAINED:
+    record = _read(results_dir / run / "train.json")
+    if record is None:
+      continue
+    o = record["config"]["objective"]["eagle"]
+    last = record["last"][-1] if record["last"] else {}
+    rows.append({
+      "run": run,
+      "features": ",".join(map(str, o["feature_layers"])),
+      "rollout": o["rollout"],
+      "train_min": record["train_s"] / 60,
+      "steps": last.get("step"),
+    } | {k: v for k, v in _train_rows(record)[0].items() if k != "draft step"})  # fmt: skip
+  if not rows:
+    return []
+  return [
+    "## Training runs",
+    "",
+    "Teacher-forced acceptance at the first draft step (top-1 of the draft vs the target's "
+    "greedy token) on the last training batches and on held-out rows of each run's own mix; "
+    "every step's, and each run's batch shape: [notes.md](notes.md).",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+    "",
+  ]
+
+
+def _summary(results_dir) -> list[str]:
+  """Every sweep's mean over its prompt categories, per variant (AR, 1 by definition, left
+  out), and how many of its greedy texts equal AR's."""
+  rows = []
+  for name in (*SWEEP_TITLES, *ABLATION_SWEEPS):
+    record = _read(results_dir / name / "sweep.json")
+    if record is None:
+      continue
+    for s in record["summary"]:
+      if s["variant"] == "ar":
+        continue
+      t = s.get("temperature", record["config"]["temperature"])
+      rows.append({
+        "sweep": name, "T": t, "batch": s["batch"], "variant": s["variant"],
+        "mean_tau": s["mean_tau"], "mean_speedup": s["mean_speedup"],
+        "identical": _identical(record, t, s["batch"], s["variant"]),
+      })  # fmt: skip
+  if not rows:
+    return []
+  return [
+    "## Every sweep: mean over the prompt categories",
+    "",
+    "τ (tokens per target call) and speedup over AR in the same process, averaged over the "
+    "sweep's prompt categories; `identical`: greedy categories whose text equals AR's. Each "
+    "sweep's title and per-category table: [notes.md](notes.md).",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+    "",
+  ]
+
+
+def _identical(record: dict, t: float, batch: int, variant: str) -> str:
+  """How many of a variant's categories decoded AR's text (greedy; "" where sampled)."""
+  config_t = record["config"]["temperature"]
+  same = [
+    r["identical"]
+    for r in record["runs"]
+    if (r.get("temperature", config_t), r["batch"], r["variant"]) == (t, batch, variant)
+    and "identical" in r
+  ]
+  return f"{sum(same)}/{len(same)}" if same and t == 0 else ""
+
+
+def _main_sweep(results_dir) -> list[str]:
+  """The committed drafter's sweep (``:sweep_b1``) per prompt category."""
+  record = _read(results_dir / "sweep_b1" / "sweep.json")
+  if record is None:
+    return []
+  rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]
+  cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup")
+  return [
+    "## The committed drafter, greedy, batch 1 (`:sweep_b1`), per category",
+    "",
+    results.markdown_table(rows, (*cols, "identical")),
+    "",
+  ]
+
+
 def _fit(results_dir) -> list[str]:
   """``fit.py``'s table: greedy τ replayed on rows trained on, unseen rows of the same request
   sets, and the held-out prompts."""
-  import json
-
   path = results_dir / "fit.json"
   if not path.exists():
     return []
@@ -81,16 +212,13 @@ def _fit(results_dir) -> list[str]:
 
 
 def _scale(results_dir) -> list[str]:
-  """``scale.py``'s table and figure: greedy τ against the number of distinct replies the
-  drafter was continued on."""
-  import json
-
+  """``scale.py``'s table and figure (drawn by report()): greedy τ against the number of
+  distinct replies the drafter was continued on."""
   path = results_dir / "scale.json"
   if not path.exists():
     return []
   record = json.loads(path.read_text())
   n = record["texts"]
-  scale_figure(results_dir, record)
   return [
     "## τ against the number of distinct replies trained on (`scale.py`)",
     "",
@@ -155,8 +283,6 @@ def scale_figure(results_dir, record: dict) -> None:
 def _replay(results_dir) -> list[str]:
   """``replay.py``'s tables: the draft vocabulary's coverage and τ on the full head; τ of wide
   trees."""
-  import json
-
   path = results_dir / "replay.json"
   if not path.exists():
     return []
@@ -181,8 +307,6 @@ def _replay(results_dir) -> list[str]:
 
 def _hit_rates(results_dir) -> list[str]:
   """``hit_rates.py``'s table: the first draft token's teacher-forced hit rate by text."""
-  import json
-
   path = results_dir / "hit_rates.json"
   if not path.exists():
     return []
@@ -246,75 +370,57 @@ def _hit_rates_by_copy(rows: list[dict]) -> list[str]:
 
 
 def _sweeps(results_dir) -> list[str]:
-  import json
-
   out = []
-  titles = {
-    "sweep_b1": "Greedy, batch 1",
-    "sweep_b4": "Greedy, batch 4",
-    "sweep_t1": "Temperature 1, batch 1 (sampled children, verified with their q)",
-    "sweep_nalpha": "Equal budget (300 steps): EAGLE-1 vs EAGLE-1 + training-time test",
-    "sweep_tasks": "Continued for 300 steps on the target's replies to task prompts",
-    "sweep_volume": "Continued for 400 steps on 1,600 more chitchat rows (more text)",
-    "sweep_requests": "Continued for 300 steps on the target's replies to assistant requests "
-    "(five categories: chat_new is six more chat prompts)",
-    "sweep_requests_t1": "The same two drafters at temperature 1, chat prompts (sampled "
-    "children, verified with their q)",
-    "sweep_broad": "Continued for 300 more steps on replies to the broad request set too "
-    "(from the requests-continued drafter)",
-    "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
-    "sweep_scale_t1": "The most-data drafters (768 request replies; 300 and 900 steps) at "
-    "temperature 1, chat prompts (sampled children, verified with their q)",
-  }
-  for arg, title in titles.items():
-    path = results_dir / arg / "sweep.json"
-    if path.exists():
-      record = json.loads(path.read_text())
+  for arg, title in SWEEP_TITLES.items():
+    record = _read(results_dir / arg / "sweep.json")
+    if record is not None:
       out += [f"## {title}", "", sweep.markdown(record)]
       if arg in ("sweep_nalpha", "sweep_tasks", "sweep_volume", "sweep_requests", "sweep_broad"):
         out += _nalpha_table(record["runs"])
   return out
 
 
-def _ablation(results_dir) -> list[str]:
+def _ablation(results_dir, headline: bool = False) -> list[str]:
   """The ablations: each run's data, inputs, CPU time and held-out teacher-forced acceptance
-  (its train.json), then greedy decoding as 6-token chains (the ``ABLATION_SWEEPS``)."""
-  import json
-
+  (its train.json), then greedy decoding as 6-token chains (the ``ABLATION_SWEEPS``); with
+  ``headline``, the runs and the figure (drawn here) only."""
   rows = []
   for name in ABLATIONS:
-    path = results_dir / name / "train.json"
-    if path.exists():
-      record = json.loads(path.read_text())
+    record = _read(results_dir / name / "train.json")
+    if record is not None:
+      o = record["config"]["objective"]["eagle"]
       ev = record["eval"][-1] if record["eval"] else {}
       rows.append({
         "run": name,
+        "architecture": o.get("architecture", "specjax"),  # not in older records' configs
         "data": "+".join(s.rsplit("/", 1)[-1] for s in record["config"]["data"]["sources"]),
-        "inputs": record["config"]["objective"]["eagle"]["inputs"],
-        "features": ",".join(map(str, record["config"]["objective"]["eagle"]["feature_layers"])),
-        "rollout": record["config"]["objective"]["eagle"]["rollout"],
-        "layer_init": _layer_init(record["config"]["objective"]["eagle"]["copy_layer"]),
+        "inputs": o["inputs"],
+        "features": ",".join(map(str, o["feature_layers"])),
+        "rollout": o["rollout"],
+        "layer_init": _layer_init(o["copy_layer"]),
         "train_min": record["train_s"] / 60,
         "held_out_top1": ev.get("eval/top1"),
         "held_out_token_xent": ev.get("eval/token"),
       })  # fmt: skip
-  sweeps = {s: results_dir / s / "sweep.json" for s in ABLATION_SWEEPS}
-  sweeps = {s: json.loads(p.read_text()) for s, p in sweeps.items() if p.exists()}
+  if all(r["architecture"] == "specjax" for r in rows):  # named once another one ran
+    rows = [{k: v for k, v in r.items() if k != "architecture"} for r in rows]
+  sweeps = {s: _read(results_dir / s / "sweep.json") for s in ABLATION_SWEEPS}
+  sweeps = {s: record for s, record in sweeps.items() if record is not None}
   if not rows and not sweeps:
     return []
   out = ["## Ablations at equal budget (300 steps): inputs, data, EAGLE-3, layer init", ""]
   if rows:
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
-  if sweeps and ablation_figure(results_dir, sweeps):
+  if sweeps and (not headline or ablation_figure(results_dir, sweeps)):
     out += ["![ablations: tau per category and n-alpha](results/ablation.png)", ""]
-  titles = {
-    "sweep_inputs": "Inputs: feature + shifted token vs token only vs feature only",
-    "sweep_data": "Regenerated vs fixed data",
-    "sweep_eagle3": "EAGLE-3 vs EAGLE-1",
-    "sweep_init": "The layer started from the target's last layer vs random (fixed data)",
-  }
+  if headline:
+    return out
   for s, record in sweeps.items():
-    out += [f"### {titles[s]}", "", sweep.markdown(record)] + _nalpha_table(record["runs"])
+    out += [f"### {ABLATION_TITLES.get(s, s)}", "", sweep.markdown(record)]
+    temperatures = sorted({r.get("temperature", 0.0) for r in record["runs"]})
+    for t in temperatures:  # one table per temperature where the sweep decoded several
+      runs = [r for r in record["runs"] if r.get("temperature", 0.0) == t]
+      out += _nalpha_table(runs, f" at temperature {t:g}" if len(temperatures) > 1 else "")
   return out
 
 
@@ -340,17 +446,16 @@ def _nalpha(runs: list[dict], variant: str) -> tuple[list, list[int]]:
   return [k / t if t else None for k, t in zip(kept, tries, strict=True)], tries
 
 
-def _nalpha_table(runs: list[dict]) -> list[str]:
+def _nalpha_table(runs: list[dict], where: str = "") -> list[str]:
   """Acceptance at each draft position, pooled over the prompt categories, with the number of
   steps that reached it."""
-
   rows = []
   for v in _chains(runs):
     alphas, tries = _nalpha(runs, v)
     cells = ["—" if a is None else f"{a:.3g} ({t})" for a, t in zip(alphas, tries, strict=True)]
     rows.append({"variant": v} | {f"{i + 1}-alpha": c for i, c in enumerate(cells)})
-  return ["Acceptance by draft position (n-alpha), all categories, with the number of steps that "
-          "reached the position in brackets (—: none did):",
+  return [f"Acceptance by draft position (n-alpha){where}, all categories, with the number of "
+          "steps that reached the position in brackets (—: none did):",
           "", results.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
 
@@ -385,8 +490,6 @@ def _nalpha_lines(ax, chains: list[tuple[list, str]]) -> None:
 def figure(results_dir) -> bool:
   """results/figure.png: tau per prompt category per variant (batch-1 greedy sweep), and the
   chain's acceptance at each draft position (n-alpha). False when the sweep is not there."""
-  import json
-
   import matplotlib
 
   matplotlib.use("Agg")
@@ -416,8 +519,9 @@ def ablation_figure(results_dir, sweeps: dict) -> bool:
   import matplotlib.pyplot as plt
 
   runs, seen = [], set()
-  for record in sweeps.values():  # regen_300 is in every sweep: keep its first
-    new = [r for r in record["runs"] if r["variant"] != "ar" and r["variant"] not in seen]
+  for record in sweeps.values():  # regen_300 is in every sweep: keep its first; greedy only
+    greedy = [r for r in record["runs"] if r.get("temperature", 0.0) == 0.0]
+    new = [r for r in greedy if r["variant"] != "ar" and r["variant"] not in seen]
     seen |= {r["variant"] for r in new}
     runs += new
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

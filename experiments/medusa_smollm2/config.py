@@ -50,113 +50,113 @@
    and without the branch, replayed offline on step 8's AR text.
 """
 
-import json
-from pathlib import Path
-
 from ml_collections import config_dict
 
 from configs import demo, train_tiny
-from experiments.eagle_smollm2 import config as eagle
+from experiments.medusa_smollm2.variants import (
+  CHAIN,
+  CONTINUED,
+  GREEDY_DATA,
+  HEADS,
+  HEADS_CORPORA,
+  HEADS_REQUESTS,
+  HERE,
+  LOOKUP,
+  PROMOTE,
+  REQUESTS_DATA,
+  RESULTS,
+  SWEEPS,
+  TYPICAL_EPSILONS,
+  WORKDIR,
+  WORKDIR_REQUESTS,
+  WORKDIR_SD,
+  grown_paths,
+)
 from experiments.training_free import config as training_free
 from specjax.tasks import promote, sweep
 from specjax.train import objectives
-from specjax.trees import Tree
 
-WORKDIR = "results/medusa_smollm2"  # checkpoints and exports (not in git)
-WORKDIR_SD = "results/medusa_smollm2_sd"
-HERE = "experiments/medusa_smollm2"
-HEADS_CORPORA = f"{HERE}/heads_corpora"  # committed copy of WORKDIR/draft_final
-HEADS = f"{HERE}/heads"  # committed copy of WORKDIR_SD/draft_final: the heads decoded with
-GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
-REQUESTS_DATA = eagle.REQUESTS_DATA  # configs/self_distill_smollm2.py:requests
-WORKDIR_REQUESTS = "results/medusa_smollm2_requests"
-HEADS_REQUESTS = f"{HERE}/heads_requests"  # committed copy of WORKDIR_REQUESTS/draft_final
-RESULTS = f"{HERE}/results"
-CHAIN = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
-PROMOTE = {  # :name -> (the run's workdir, the committed path its heads are decoded from)
-  "promote_corpora": (WORKDIR, HEADS_CORPORA),
-  "promote": (WORKDIR_SD, HEADS),
-  "promote_requests": (WORKDIR_REQUESTS, HEADS_REQUESTS),
-}
-# task=sweep variants of get_config
-SWEEPS = (
-  *("sweep_b1", "sweep_b4", "typical", "sweep_t1", "sweep_requests"),
-  *("sweep_lookup", "sweep_lookup_t1"),
-)
-LOOKUP = 4  # :sweep_lookup's branch: prompt lookup's 4-token guess beside the heads' tree
-
-
-def variants() -> dict:
-  """Sweep variants (config.drafter overrides) at equal node budgets: Medusa as a 4-node chain
-  and as the data-built 4-node tree (saved with the heads), a dense 16-node tree (4 x 3) and the
-  data-built 16-node tree (from results/medusa_tree.json), and prompt lookup for reference."""
-  fixed = {"path": HEADS, "saved_tree": False}
-  out = {
-    "medusa_chain_4": {"name": "medusa", "medusa": fixed | {"tree_paths": CHAIN}},
-    "medusa_sparse_4": {"name": "medusa", "medusa": {"path": HEADS}},
-    "medusa_dense_16": {"name": "medusa", "medusa": fixed | {"tree_spec": (4, 3)}},
-  }
-  paths = grown_paths(16)
-  if paths:
-    out["medusa_sparse_16"] = {"name": "medusa", "medusa": fixed | {"tree_paths": paths}}
-  return out | {"lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}}}
-
-
-def grown_paths(nodes: int) -> tuple | None:
-  """The path list of the ``nodes``-node tree step 3 grew from held-out accuracy
-  (results/medusa_tree.json), or None before step 3 ran."""
-  grown = Path(RESULTS) / "medusa_tree.json"
-  if not grown.exists():
-    return None
-  rows = json.loads(grown.read_text())["budgets"]
-  parents = next(r["parents"] for r in rows if r["nodes"] == nodes)
-  return tuple(tuple(p) for p in Tree(tuple(parents)).choices())
-
-
-def requests_variants() -> dict:
-  """``HEADS`` and the same heads continued by ``:requests`` (``HEADS_REQUESTS``), each on the
-  same two trees step 3 grew for ``HEADS``: 4 nodes (the chosen budget) and 16 nodes."""
-  out = {}
-  for name, path in (("medusa", HEADS), ("requests", HEADS_REQUESTS)):
-    for nodes in (4, 16):
-      tree = {"path": path, "saved_tree": False, "tree_paths": grown_paths(nodes)}
-      out[f"{name}_sparse_{nodes}"] = {"name": "medusa", "medusa": tree}
-  return out
-
-
-def lookup_variants() -> dict:
-  """``HEADS_REQUESTS`` on step 3's 4- and 16-node trees, each without and with a lookup branch
-  (``drafter.medusa.lookup``), and prompt lookup alone for reference."""
-  out = {}
-  for key, v in requests_variants().items():
-    if key.startswith("requests"):
-      out[key] = v
-      out[f"{key}_lookup{LOOKUP}"] = {"name": "medusa", "medusa": v["medusa"] | {"lookup": LOOKUP}}
-  return out | {"lookup_k4": variants()["lookup_k4"]}
-
-
-TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.3)  # Medusa's default is 0.09 (with delta 0.3)
-
-
-def typical_variants() -> dict:
-  """``:typical``'s variants on the data-built 16-node tree: lossless with children sampled from
-  the heads (verified with their q) and with the heads' top-k candidates, and Medusa's typical
-  acceptance (lossy; top-k candidates as in Medusa, delta = sqrt(epsilon): Medusa's 0.09/0.3
-  pairing) for each epsilon."""
-  tree = variants()["medusa_sparse_16"]["medusa"]
-  out = {
-    "lossless_sampled": {"name": "medusa", "medusa": tree | {"candidates": "sampled"}},
-    "lossless_top_k": {"name": "medusa", "medusa": tree | {"candidates": "top_k"}},
-  }
-  for eps in TYPICAL_EPSILONS:
-    out[f"typical_{eps:g}".replace(".", "_")] = out["lossless_top_k"] | {
-      "verifier": "typical",
-      "typical": {"epsilon": eps, "delta": round(eps**0.5, 4)},
-    }
-  return out
+# Read as config.NAME by the experiment's scripts, tests and other configs (besides the names
+# get_config uses).
+__all__ = (
+  "CHAIN", "GREEDY_DATA", "HEADS_CORPORA", "HEADS_REQUESTS", "HERE", "LOOKUP", "REQUESTS_DATA",
+  "TYPICAL_EPSILONS", "WORKDIR_REQUESTS", "WORKDIR_SD", "grown_paths", "get_config",
+)  # fmt: skip
 
 
 def get_config(arg: str | None = None):
+  c = _training()
+  if not arg:
+    return c
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, requests, "
+      f"{', '.join(PROMOTE)}, tree, benchmark or one of {', '.join(SWEEPS)}."
+    )
+  VARIANTS[arg](c, arg)
+  return c
+
+
+def _continued_data(c, name: str) -> None:
+  c.workdir, c.objective.medusa.init_from, c.data.sources, c.data.max_examples = CONTINUED[name]
+
+
+def _continued(c, name: str) -> None:
+  """Steps 2 and 7: 150 more steps on the run's data at half the learning rate."""
+  _continued_data(c, name)
+  c.train.steps = 150
+  c.optim.update(learning_rate=1e-3, warmup_steps=10, decay_steps=140)
+
+
+def _promote(c, name: str) -> None:
+  """A trained run's heads to their committed path, with a manifest (task=promote)."""
+  c.task = "promote"
+  c.promote = promote.default_config()
+  c.promote.run, c.promote.to = PROMOTE[name]
+
+
+def _tree(c, name: str) -> None:
+  """Step 3: the tree grown from ``HEADS``' accuracy on step 2's held-out rows."""
+  _continued_data(c, "self_distilled")
+  c.task = "medusa_tree"
+  c.output_dir = RESULTS
+  c.drafter.medusa.path = HEADS
+
+
+def _benchmark(c, name: str) -> None:
+  c.task = "benchmark"
+  c.output_dir = f"{RESULTS}/benchmark"
+  c.drafter.medusa.path = HEADS
+
+
+def _sweep(c, name: str) -> None:
+  pick, categories, how = SWEEPS[name]
+  c.task = "sweep"
+  c.output_dir = f"{RESULTS}/{name}"
+  c.prompts = training_free.CATEGORIES["chat"]
+  c.max_new_tokens = 64
+  c.max_len = 384
+  c.temperature = how.get("temperature", c.temperature)
+  c.sweep = sweep.default_config()
+  c.sweep.batch_sizes = how.get("batch_sizes", (1,))
+  c.sweep.categories = categories
+  c.sweep.verify_sizes = ()
+  c.sweep.variants = pick()
+  if how.get("log_likelihood"):
+    c.sweep.log_likelihood = True
+
+
+VARIANTS = {
+  **{name: _continued for name in CONTINUED},
+  **{name: _promote for name in PROMOTE},
+  "tree": _tree,
+  "benchmark": _benchmark,
+  **{name: _sweep for name in SWEEPS},
+}
+
+
+def _training():
+  """Step 1: the heads trained on corpus text, 300 steps; what every variant changes."""
   c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
   c.task = "train"
   c.workdir = WORKDIR
@@ -166,97 +166,16 @@ def get_config(arg: str | None = None):
   t = train_tiny.get_config()
   for section in ("data", "train", "optim", "mesh", "distributed", "evaluate"):
     c[section] = t[section]
-
   c.objective = objectives.default_config("medusa")
-  o = c.objective.medusa
-  o.num_heads = 4
-  o.num_layers = 1
-  o.vocab_size = 4096
-  o.own_proj = False
-  o.decay = 0.8
-
-  c.data.sources = ("chitchat", "python")
-  c.data.seq_len = 256
-  c.data.max_examples = 3000
-  c.data.eval_examples = 32
-  c.data.seed = 0
-
-  c.train.steps = 300
-  c.train.global_batch = 8
-  c.train.log_every = 5
-  c.train.eval_every = 100
-  c.train.eval_batches = 2
-  c.train.checkpoint_every = 25
-  c.train.keep = 2
-
-  c.optim.learning_rate = 2e-3
-  c.optim.warmup_steps = 20
-  c.optim.decay_steps = 280
-  c.optim.weight_decay = 0.0
-
+  c.objective.medusa.update(num_heads=4, num_layers=1, vocab_size=4096, own_proj=False, decay=0.8)
+  c.data.update(sources=("chitchat", "python"), seq_len=256, max_examples=3000, eval_examples=32,
+                seed=0)  # fmt: skip
+  c.train.update(steps=300, global_batch=8, log_every=5, eval_every=100, eval_batches=2,
+                 checkpoint_every=25, keep=2)  # fmt: skip
+  c.optim.update(learning_rate=2e-3, warmup_steps=20, decay_steps=280, weight_decay=0.0)
   # task=medusa_tree (the :tree variant): the tree grown from held-out accuracy.
   c.medusa_tree = config_dict.ConfigDict()
   c.medusa_tree.budgets = (4, 8, 12, 16, 24, 32, 48, 64)  # node budgets tried
   c.medusa_tree.ranks = 8  # candidates per head measured
   c.medusa_tree.context = 128  # cached tokens when timing the verify forward
-
-  if arg in ("self_distilled", "tree"):  # step 2's data; step 3 measures its held-out rows
-    c.workdir = WORKDIR_SD
-    c.objective.medusa.init_from = HEADS_CORPORA
-    c.data.sources = (GREEDY_DATA, "chitchat")
-    c.data.max_examples = 1536  # 768 self-distilled rows (all) + 768 chitchat rows
-  if arg == "self_distilled":  # continue the corpus-trained heads on the target's greedy text
-    c.train.steps = 150
-    c.optim.learning_rate = 1e-3
-    c.optim.warmup_steps = 10
-    c.optim.decay_steps = 140
-  elif arg == "requests":  # continue HEADS on the target's replies to assistant requests
-    c.workdir = WORKDIR_REQUESTS
-    c.objective.medusa.init_from = HEADS
-    c.data.sources = (REQUESTS_DATA, "python")
-    c.data.max_examples = 1024  # the 512 replies to requests, 512 rows of Python
-    c.train.steps = 150
-    c.optim.learning_rate = 1e-3
-    c.optim.warmup_steps = 10
-    c.optim.decay_steps = 140
-  elif arg in PROMOTE:  # a trained run's heads to their committed path, with a manifest
-    c.task = "promote"
-    c.promote = promote.default_config()
-    c.promote.run, c.promote.to = PROMOTE[arg]
-  elif arg == "tree":
-    c.task = "medusa_tree"
-    c.output_dir = RESULTS
-    c.drafter.medusa.path = HEADS
-  elif arg == "benchmark":
-    c.task = "benchmark"
-    c.output_dir = f"{RESULTS}/benchmark"
-    c.drafter.medusa.path = HEADS
-  elif arg in SWEEPS:
-    c.task = "sweep"
-    c.output_dir = f"{RESULTS}/{arg}"
-    c.prompts = training_free.CATEGORIES["chat"]
-    c.max_new_tokens = 64
-    c.max_len = 384
-    c.sweep = sweep.default_config()
-    c.sweep.batch_sizes = {"sweep_b4": (4,), "sweep_t1": (1, 4)}.get(arg, (1,))
-    c.sweep.categories = training_free.CATEGORIES
-    c.sweep.verify_sizes = ()
-    c.sweep.variants = variants()
-    if arg in ("sweep_requests", "sweep_lookup", "sweep_lookup_t1"):  # + CHAT_NEW
-      c.sweep.categories = {**training_free.CATEGORIES, "chat_new": eagle.CHAT_NEW}
-      c.sweep.variants = requests_variants() if arg == "sweep_requests" else lookup_variants()
-    if arg == "sweep_lookup_t1":  # lossless: children sampled from the heads, guesses one-hot
-      c.temperature = 1.0
-    if arg == "sweep_t1":  # lossless; the dense tree (slowest greedy) is left out
-      c.temperature = 1.0
-      c.sweep.variants = {k: v for k, v in variants().items() if k != "medusa_dense_16"}
-    if arg == "typical":  # Medusa's lossy rule against lossless sampling, at T = 0.7
-      c.temperature = 0.7
-      c.sweep.variants = typical_variants()
-      c.sweep.log_likelihood = True
-  elif arg:
-    raise ValueError(
-      f"unknown variant {arg!r} of medusa_smollm2/config.py; choose self_distilled, requests, "
-      f"{', '.join(PROMOTE)}, tree, benchmark or one of {', '.join(SWEEPS)}."
-    )
   return c

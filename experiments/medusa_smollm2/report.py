@@ -1,39 +1,72 @@
-"""The medusa_smollm2 experiment's report: the README's results block and figures from its
-results/ (``python -m specjax.report experiments/medusa_smollm2``)."""
+"""The medusa_smollm2 experiment's report: the README's results block (the headline tables),
+notes.md's (every table) and the figures, from its results/ (``python -m specjax.report
+experiments/medusa_smollm2``)."""
 
 import json
 
 from specjax import results
 from specjax.tasks import sweep
 
+TRAINING_RUNS = {
+  "corpora": "corpus text (step 1)",
+  "self_distilled": "greedy text (step 2)",
+  "requests": "replies to assistant requests (step 7, from step 2's heads)",
+}
+
+
+def _read(path):
+  return json.loads(path.read_text()) if path.exists() else None
+
 
 def report(results_dir):
-  """The README's results block: training, per-head accuracy, tree budgets, sweeps."""
-
+  """The README's results block: the training runs, the grown tree's budgets, every sweep's
+  means, the batch-1 sweep per category and the replayed tree sizes; draws every figure."""
   out = []
   if figure(results_dir):
     out += ["![head accuracy and tau per category](results/figure.png)", ""]
-  for step, data in (
-    ("corpora", "corpus text (step 1)"),
-    ("self_distilled", "greedy text (step 2)"),
-    ("requests", "replies to assistant requests (step 7, from step 2's heads)"),
-  ):
-    train_json = results_dir / step / "train.json"
-    if not train_json.exists():
+  out += _runs(results_dir)
+  tree = _read(results_dir / "medusa_tree.json")
+  if tree:
+    cols = ("nodes", "depth", "expected_tau", "verify_cost", "predicted_speedup")
+    out += [
+      "## The tree grown from held-out accuracy (step 3)",
+      "",
+      "Each budget's expected τ from the heads' rank-i accuracy on "
+      f"{tree['held_out_positions']} held-out positions (per head: [notes.md](notes.md)), its "
+      "verify cost timed here (one target forward over the tree, in one-token forwards) and "
+      "the speedup they predict:",
+      "",
+      results.markdown_table(tree["budgets"], cols),
+      "",
+      f"Chosen: {tree['chosen']} nodes.",
+      "",
+    ]
+  out += _summary(results_dir)
+  if typical_figure(results_dir):
+    out += ["![tau against the target's log-likelihood](results/typical.png)", ""]
+  b1 = _read(results_dir / "sweep_b1" / "sweep.json")
+  if b1:
+    rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in b1["runs"]]
+    cols = ("category", "variant", "tau", "calls_per_token", "tokens_per_s", "speedup")
+    out += ["## Greedy, batch 1, per category (step 4)", ""]
+    out += [results.markdown_table(rows, (*cols, "identical")), ""]
+  return "\n".join(out + _replay(results_dir))
+
+
+def details(results_dir):
+  """notes.md's results block: each run's per-head accuracy, the heads' accuracy by rank, every
+  sweep's full tables and the replayed tree sizes (the figures are report()'s)."""
+  out = []
+  for step, data in TRAINING_RUNS.items():
+    record = _read(results_dir / step / "train.json")
+    if record is None:
       continue
-    record = json.loads(train_json.read_text())
     last = record["last"][-1] if record["last"] else {}
-    ev = record["eval"][-1] if record["eval"] else {}
-    h = record["config"]["objective"]["medusa"]["num_heads"]
-    rows = [
-      {"head": k, "train_top1": last.get(f"top1_{k}"), "train_top5": last.get(f"top5_{k}"),
-       "held_out_top1": ev.get(f"eval/top1_{k}"), "held_out_top5": ev.get(f"eval/top5_{k}")}
-      for k in range(1, h + 1)
-    ]  # fmt: skip
     out += [
       f"**Training on {data}**: {record['train_s'] / 60:.1f} min, {last.get('step')} steps.",
       "",
     ]
+    rows = _head_rows(record)
     out += [results.markdown_table(rows, tuple(rows[0])), ""]
     if "decode" in record:
       d = record["decode"]
@@ -42,36 +75,135 @@ def report(results_dir):
         f"after {d['final']['tau']:.3f}.",
         "",
       ]
-  tree_json = results_dir / "medusa_tree.json"
-  if tree_json.exists():
-    record = json.loads(tree_json.read_text())
+  if out:
+    out = ["## Training runs: accuracy per head", "", *out]
+  record = _read(results_dir / "medusa_tree.json")
+  if record:
+    out += ["## The tree grown from held-out accuracy (step 3)", ""]
     out += [f"Head accuracy on {record['held_out_positions']} held-out positions:", ""]
     out += [results.markdown_table(record["heads"], tuple(record["heads"][0])), ""]
     cols = ("nodes", "depth", "expected_tau", "verify_cost", "predicted_speedup")
     out += [results.markdown_table(record["budgets"], cols), ""]
     out += [f"Chosen: {record['chosen']} nodes.", ""]
   for arg, title in SWEEP_TITLES.items():
-    path = results_dir / arg / "sweep.json"
-    if not path.exists():
+    record = _read(results_dir / arg / "sweep.json")
+    if record is None:
       continue
     out += [f"## {title}", ""]
-    if arg == "typical" and typical_figure(results_dir):
+    if arg == "typical":
       out += ["![tau against the target's log-likelihood](results/typical.png)", ""]
-    out += [sweep.markdown(json.loads(path.read_text()))]
-  replay = results_dir / "replay.json"
-  if replay.exists():
-    record = json.loads(replay.read_text())
-    out += ["## Wider grown trees, with and without the lookup branch (greedy τ replayed)", ""]
-    out += [
-      "`replay.py`: the continued heads on each tree step 3 grew, greedy τ replayed by the "
-      "simulator on the AR text of step 8's prompts (the 4- and 16-node rows equal the decoded "
-      "τ, which the script checks).",
-      "",
-    ]
-    out += [results.markdown_table(record["rows"], tuple(record["rows"][0])), ""]
-    replay_figure(results_dir, record)
-    out += ["![replayed tau against tree size](results/replay.png)", ""]
-  return "\n".join(out)
+    out += [sweep.markdown(record)]
+  return "\n".join(out + _replay(results_dir))
+
+
+def _head_rows(record: dict) -> list[dict]:
+  """Top-1 and top-5 accuracy per head on the last training batches and held out."""
+  last = record["last"][-1] if record["last"] else {}
+  ev = record["eval"][-1] if record["eval"] else {}
+  h = record["config"]["objective"]["medusa"]["num_heads"]
+  return [
+    {"head": k, "train_top1": last.get(f"top1_{k}"), "train_top5": last.get(f"top5_{k}"),
+     "held_out_top1": ev.get(f"eval/top1_{k}"), "held_out_top5": ev.get(f"eval/top5_{k}")}
+    for k in range(1, h + 1)
+  ]  # fmt: skip
+
+
+def _runs(results_dir) -> list[str]:
+  """One row per training run: its time, held-out top-1 / top-5 per head, and the demo τ."""
+  rows = []
+  for step in TRAINING_RUNS:
+    record = _read(results_dir / step / "train.json")
+    if record is None:
+      continue
+    last = record["last"][-1] if record["last"] else {}
+    heads = _head_rows(record)
+    row = {
+      "run": step,
+      "train_min": record["train_s"] / 60,
+      "steps": last.get("step"),
+      "held_out_top1 (heads 1-4)": " / ".join(f"{r['held_out_top1']:.3g}" for r in heads),
+      "held_out_top5": " / ".join(f"{r['held_out_top5']:.3g}" for r in heads),
+    }
+    if "decode" in record:
+      d = record["decode"]
+      row["demo_tau"] = f"{d['init']['tau']:.3f} → {d['final']['tau']:.3f}"
+    rows.append(row)
+  if not rows:
+    return []
+  return [
+    "## Training runs (steps 1, 2, 7)",
+    "",
+    "Each run's held-out accuracy per head and its greedy τ on the demo prompts with the tree "
+    "(3, 2, 2, 1) before → after; per head on training batches too: [notes.md](notes.md).",
+    "",
+    results.markdown_table(rows, tuple(dict.fromkeys(k for r in rows for k in r))),
+    "",
+  ]
+
+
+def _summary(results_dir) -> list[str]:
+  """Every sweep's mean over its prompt categories, per variant (AR, 1 by definition, left
+  out), and how many of its greedy texts equal AR's."""
+  rows = []
+  for name in SWEEP_TITLES:
+    record = _read(results_dir / name / "sweep.json")
+    if record is None:
+      continue
+    for s in record["summary"]:
+      if s["variant"] == "ar" and "mean_log_likelihood" not in s:  # 1 and 1 by definition
+        continue
+      t = s.get("temperature", record["config"]["temperature"])
+      rows.append({
+        "sweep": name, "T": t, "batch": s["batch"], "variant": s["variant"],
+        "mean_tau": s["mean_tau"], "mean_speedup": s["mean_speedup"],
+        "mean_log_likelihood": s.get("mean_log_likelihood", ""),
+        "identical": _identical(record, t, s["batch"], s["variant"]),
+      })  # fmt: skip
+  if not rows:
+    return []
+  return [
+    "## Every sweep: mean over the prompt categories",
+    "",
+    "τ (tokens per target call) and speedup over AR in the same process, averaged over the "
+    "sweep's prompt categories (`:typical`: also the target's log-likelihood per token of the "
+    "text, AR's included); `identical`: greedy categories whose text equals AR's. Each sweep's "
+    "title and per-category table: [notes.md](notes.md).",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+    "",
+  ]
+
+
+def _identical(record: dict, t: float, batch: int, variant: str) -> str:
+  """How many of a variant's categories decoded AR's text (greedy; "" where sampled)."""
+  config_t = record["config"]["temperature"]
+  same = [
+    r["identical"]
+    for r in record["runs"]
+    if (r.get("temperature", config_t), r["batch"], r["variant"]) == (t, batch, variant)
+    and "identical" in r
+  ]
+  return f"{sum(same)}/{len(same)}" if same and t == 0 else ""
+
+
+def _replay(results_dir) -> list[str]:
+  """``replay.py``'s table and figure: greedy τ of the continued heads on every grown tree."""
+  record = _read(results_dir / "replay.json")
+  if record is None:
+    return []
+  replay_figure(results_dir, record)
+  return [
+    "## Wider grown trees, with and without the lookup branch (greedy τ replayed)",
+    "",
+    "`replay.py`: the continued heads on each tree step 3 grew, greedy τ replayed by the "
+    "simulator on the AR text of step 8's prompts (the 4- and 16-node rows equal the decoded "
+    "τ, which the script checks).",
+    "",
+    results.markdown_table(record["rows"], tuple(record["rows"][0])),
+    "",
+    "![replayed tau against tree size](results/replay.png)",
+    "",
+  ]
 
 
 def replay_figure(results_dir, record: dict) -> None:
