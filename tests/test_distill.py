@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import self_distill_smollm2, train_tiny
-from experiments.training_free import config as training_free
+from experiments import held_out
 from specjax.decode import generate
 from specjax.models import llama, registry, tiny
 from specjax.models.tokenizer import Tokenizer
@@ -194,9 +194,9 @@ def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
     assert wrappers, user
     used.add(wrappers[0])
   assert len(used) >= 8  # several tasks per corpus, not one wrapper
-  # The prompts that measure the drafters (experiments/training_free) stay out of training.
-  held_out = [p for ps in training_free.CATEGORIES.values() for p in ps]
-  assert not any(h[:40] in t for h in held_out for t in a.texts)
+  # The prompts that measure the drafters (experiments/held_out.json) stay out of training.
+  prompts = [p for ps in held_out.CATEGORIES.values() for p in ps]
+  assert not any(h[:40] in t for h in prompts for t in a.texts)
   with pytest.raises(ValueError, match="tasks=True .* chat=True"):
     distill_prompts.corpus_prompts(["kjv"], tok, num_prompts=1, min_tokens=8, max_tokens=8,
                                    chat=False, tasks=True)  # fmt: skip
@@ -204,8 +204,6 @@ def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
 
 @pytest.mark.parametrize("name", sorted(distill_prompts.REQUEST_SETS))
 def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prompts(name):
-  from experiments.eagle_smollm2 import config as eagle
-
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
   a, b = (
     distill_prompts.request_prompts(tok, num_prompts=512, seed=0, name=name) for _ in range(2)
@@ -224,8 +222,8 @@ def test_request_prompts_are_distinct_templated_and_never_the_held_out_chat_prom
   assert set(users) <= every
   assert len({u.split()[0] for u in users}) >= 8  # many kinds of request, not one template
   # No request the templates can make is a prompt that measures the drafters.
-  held_out = [*(p for ps in training_free.CATEGORIES.values() for p in ps), *eagle.CHAT_NEW]
-  assert not {h.lower() for h in held_out} & {r.lower() for r in every}
+  prompts = [*(p for ps in held_out.CATEGORIES.values() for p in ps), *held_out.CHAT_NEW]
+  assert not {h.lower() for h in prompts} & {r.lower() for r in every}
   # The sets are disjoint: data made from one is new text next to data made from another.
   for other in set(distill_prompts.REQUEST_SETS) - {name}:
     assert not every & distill_prompts.all_requests(other)
@@ -252,9 +250,9 @@ def test_the_basic_request_prompts_stay_the_ones_the_committed_data_was_made_fro
   assert digest == BASIC_REQUESTS_SHA256
 
 
-# Topics of the held-out chat prompts (training_free's chat and the EAGLE experiment's
-# CHAT_NEW). The basic set, made before CHAT_NEW, names some of them (tips for reading more
-# books, a birthday dinner, solving a mystery); the broad set names none.
+# Topics of the held-out chat prompts (experiments/held_out.json: chat and chat_new). The
+# basic set, made before chat_new, names some of them (tips for reading more books, a birthday
+# dinner, solving a mystery); the broad set names none.
 HELD_OUT_TOPICS = (
   "tea", "robot", "paint", "studying", "focused", "books?", "novels?", "mystery", "onions?",
   "cars?", "birthday", "card", "bakery", "shops?", "customers",
@@ -262,11 +260,9 @@ HELD_OUT_TOPICS = (
 
 
 def test_broad_requests_name_no_topic_of_a_held_out_chat_prompt():
-  from experiments.eagle_smollm2 import config as eagle
-
-  held_out = " ".join([*training_free.CATEGORIES["chat"], *eagle.CHAT_NEW]).lower()
+  chats = " ".join([*held_out.CATEGORIES["chat"], *held_out.CHAT_NEW]).lower()
   topic = re.compile(rf"\b({'|'.join(HELD_OUT_TOPICS)})\b")
-  assert len(set(topic.findall(held_out))) >= 12  # the list does name the held-out topics
+  assert len(set(topic.findall(chats))) >= 12  # the list does name the held-out topics
   named = sorted(r for r in distill_prompts.all_requests("broad") if topic.search(r.lower()))
   assert not named, named
   assert any(topic.search(r.lower()) for r in distill_prompts.all_requests("basic"))

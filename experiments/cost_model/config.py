@@ -6,7 +6,7 @@
     python -m specjax.report experiments/cost_model                        # README
 
 task=cost_model: AR and every drafter below decode the four prompt categories of
-``experiments/training_free`` greedily (64 new tokens, batch 1, interleaved timed passes); each
+``experiments/held_out.json`` greedily (64 new tokens, batch 1, interleaved timed passes); each
 drafter's τ is also predicted without speculative decoding (one teacher-forced pass over the AR
 text, then the steps replayed: ``specjax/simulate.py``) and its speedup from this machine's
 profile (forwards timed one by one: ``specjax/costmodel.py``); the same predicted τ is priced on
@@ -26,8 +26,8 @@ import functools
 from ml_collections import config_dict
 
 from configs import demo, qwen_coder_pair
+from experiments import held_out
 from experiments.eagle_smollm2 import config as eagle_smollm2
-from experiments.training_free import config as training_free
 from specjax.tasks import cost_model, sweep
 
 HERE = "experiments/cost_model"
@@ -104,7 +104,7 @@ def get_config(arg: str = "smollm2"):
   c.sweep = sweep.default_config()
   c.sweep.batch_sizes = (1,)
   c.sweep.verify_sizes = ()
-  c.sweep.categories = {"code": tuple(c.prompts)} if arg == "qwen" else training_free.CATEGORIES
+  c.sweep.categories = {"code": tuple(c.prompts)} if arg == "qwen" else held_out.CATEGORIES
   c.sweep.variants = pick()
   c.cost_model = config_dict.ConfigDict()
   c.cost_model.chips = CHIPS

@@ -11,7 +11,7 @@ One decoder layer of the target's shapes (896 wide) reads its final feature and 
 token's embedding; its frozen head is restricted to the 8,192 most frequent tokens of the
 Python standard library rows it trains on (fixed data: the corpus text, the target's features
 and distributions teacher-forced over it). The sweep decodes the code prompts of
-``experiments/training_free`` as a 4-token chain and EAGLE-2 trees (8 and 16 nodes) against AR
+``experiments/held_out.json`` as a 4-token chain and EAGLE-2 trees (8 and 16 nodes) against AR
 and prompt lookup. ``:eagle3`` fuses three of the target's 24 layers (low, middle, high) with
 the training-time test over 3 steps. Not run yet: a Qwen target's forward is ~4x SmolLM2's, so
 the feature cache alone would take over an hour here.
@@ -19,8 +19,8 @@ the feature cache alone would take over an hour here.
 
 import functools
 
+from experiments import held_out
 from experiments.eagle_smollm2 import config as smollm2
-from experiments.training_free import config as training_free
 from specjax.models import source
 
 WORKDIR = "results/eagle_qwen_coder"
@@ -36,7 +36,7 @@ def get_config(arg: str | None = None):
                      "sweep_b1.")  # fmt: skip
   c = smollm2.get_config("sweep_b1" if arg == "sweep_b1" else None)
   c.target = source.config("qwen2.5-coder-0.5b-instruct")
-  c.prompts = training_free.CATEGORIES["code"]
+  c.prompts = held_out.CATEGORIES["code"]
   c.workdir = WORKDIR
   c.data.sources = ("python",)
   c.data.feature_cache = FEATURES
@@ -48,7 +48,7 @@ def get_config(arg: str | None = None):
   elif arg == "sweep_b1":
     c.output_dir = f"{HERE}/results/sweep_b1"
     c.drafter.eagle.path = DRAFTER
-    c.sweep.categories = {"code": training_free.CATEGORIES["code"]}
+    c.sweep.categories = {"code": held_out.CATEGORIES["code"]}
     e = functools.partial(smollm2.eagle_variant, DRAFTER)
     c.sweep.variants = {
       "eagle_chain_4": e(1, 4, 4),

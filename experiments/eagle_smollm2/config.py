@@ -17,7 +17,7 @@
    Python rows; one target forward per batch gives inputs and labels. Writes
    results/eagle_smollm2/{metrics.jsonl, checkpoints/, draft_init/, draft_final/, train.json};
    rerunning resumes from the newest checkpoint.
-2. ``task=sweep``: the prompt categories of ``experiments/training_free`` (none in the training
+2. ``task=sweep``: the prompt categories of ``experiments/held_out.json`` (none in the training
    text), AR vs EAGLE-2 dynamic trees, an EAGLE chain, Medusa's best tree and prompt lookup,
    greedy, one process: tau, target calls per token, speedup; texts checked equal to AR's.
 3. Ablations at equal budget (``ABLATIONS``: 300 steps each on 768 rows, then
@@ -29,10 +29,11 @@
    text), ``:requests`` on its replies to assistant requests made from templates (the kind
    of reply the held-out chat prompts get); ``:sweep_tasks`` / ``:sweep_volume`` /
    ``:sweep_requests`` decode each next to 1.'s (the last also as 16-node trees with the lookup
-   branch, and on six more chat prompts, ``CHAT_NEW``); ``:sweep_requests_t1`` decodes those
-   trees on the chat prompts at temperature 1. ``:broad`` continues ``:requests``' drafter
-   on replies to the broad request set too (``distill.REQUEST_SETS["broad"]``: other kinds of
-   request), and ``:sweep_broad`` decodes the two on both chat sets and code. Capacity:
+   branch, and on six more chat prompts, ``held_out.CHAT_NEW``); ``:sweep_requests_t1``
+   decodes those trees on the chat prompts at temperature 1. ``:broad`` continues
+   ``:requests``' drafter on replies to the broad request set too
+   (``distill.REQUEST_SETS["broad"]``: other kinds of request), and ``:sweep_broad`` decodes
+   the two on both chat sets and code. Capacity:
    ``:wide`` continues ``:broad``'s drafter 300 steps on the same rows with its layer's MLP
    widened 3x (``objective.eagle.ffn_dim``; the new units start silent), ``:more`` the same
    at its width (the control); ``fit.py`` replays the three on rows they trained on, unseen
@@ -43,12 +44,12 @@
 """
 
 from configs import demo, train_tiny
+from experiments import held_out
 from experiments.eagle_smollm2.variants import (
   ABLATION_SWEEPS,
   ABLATIONS,
   BROAD_DATA,
   BUDGET_300,
-  CHAT_NEW,
   CONTINUED,
   DRAFTER,
   DRAFTER_3,
@@ -72,14 +73,13 @@ from experiments.eagle_smollm2.variants import (
   WORKDIR_3,
   eagle_variant,
 )
-from experiments.training_free import config as training_free
 from specjax.tasks import promote, sweep
 from specjax.train import objectives
 
 # Read as config.NAME by the experiment's scripts, tests and other configs (besides the names
 # get_config uses).
 __all__ = (
-  "ABLATION_SWEEPS", "ABLATIONS", "BROAD_DATA", "BUDGET_300", "CHAT_NEW", "DRAFTER_3", "HERE",
+  "ABLATION_SWEEPS", "ABLATIONS", "BROAD_DATA", "BUDGET_300", "DRAFTER_3", "HERE",
   "LAST_LAYER", "LONG_RUN", "MEDUSA_HEADS", "REQUESTS_DATA", "SCALE_RUNS", "TASKS_DATA",
   "WIDE_FFN", "eagle_variant", "get_config",
 )  # fmt: skip
@@ -155,7 +155,7 @@ def _sweep(c, name: str) -> None:
   c.task = "sweep"
   c.drafter.eagle.path = DRAFTER
   c.output_dir = f"{RESULTS}/{name}"
-  c.prompts = training_free.CATEGORIES["chat"]
+  c.prompts = held_out.CATEGORIES["chat"]
   c.max_new_tokens = 64
   c.max_len = 384
   c.temperature = how.get("temperature", c.temperature)

@@ -3,7 +3,7 @@ name also read as ``config.NAME``). What each run and sweep is for: config.py's 
 
 import functools
 
-from experiments.training_free import config as training_free
+from experiments import held_out
 
 WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
 HERE = "experiments/eagle_smollm2"
@@ -12,20 +12,6 @@ GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2
 TASKS_DATA = "data/self_distill/smollm2_tasks"  # configs/self_distill_smollm2.py:tasks
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
 BROAD_DATA = "data/self_distill/smollm2_requests_broad"  # ...:requests_broad (other templates)
-# Chat prompts for :sweep_requests whose kind of request is in neither request set
-# (distill.REQUEST_SETS): a second held-out chat set beside training_free's three, which ask
-# for the kinds of reply the templates ask for (tips, a story, how to), on other topics. The
-# basic set touches three of their topics in other kinds of request (tips for reading more
-# books, an invitation to a birthday dinner, a story in which someone solves a mystery); the
-# broad set names none (tests/test_distill.py).
-CHAT_NEW = (
-  "Can you recommend a few books for someone who enjoys mystery novels?",
-  "Why do onions make people cry?",
-  "What questions should I ask when buying a used car?",
-  "Write a birthday card message for my brother, who is turning thirty.",
-  "Suggest some names for a new bakery.",
-  "How can a small shop attract more customers?",
-)
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 RESULTS = f"{HERE}/results"
 WIDE_FFN = 3 * 1536  # :wide's MLP width, 3x SmolLM2's
@@ -212,10 +198,10 @@ CONTINUED = {
   ),  # fmt: skip
 }
 
-# Decoding sweeps on the training_free categories (64 new tokens, batch 1 unless named): the
+# Decoding sweeps on the held-out categories (64 new tokens, batch 1 unless named): the
 # variants, the categories, and the temperature (or temperatures, in one process).
-_ALL = training_free.CATEGORIES
-_CHATS = {"chat": _ALL["chat"], "chat_new": CHAT_NEW}
+_ALL = held_out.CATEGORIES
+_CHATS = {"chat": _ALL["chat"], "chat_new": held_out.CHAT_NEW}
 SWEEPS = {
   "sweep_b1": (variants, _ALL, {}),
   "sweep_b4": (variants, _ALL, {"batch": 4}),
@@ -225,7 +211,7 @@ SWEEPS = {
   "sweep_volume": (functools.partial(continued_variants, "volume"), _ALL, {}),
   "sweep_requests": (
     functools.partial(continued_variants, "requests", lookup=True),
-    {**_ALL, "chat_new": CHAT_NEW},
+    {**_ALL, "chat_new": held_out.CHAT_NEW},
     {},
   ),  # fmt: skip
   "sweep_requests_t1": (requests_t1_variants, _CHATS, {"temperature": 1.0}),

@@ -9,12 +9,12 @@
 Four heads on the target's final hidden state (896 wide), its frozen head restricted to the
 8,192 most frequent tokens of the Python standard library, trained on the target's
 teacher-forced predictions over that code. The sweep decodes the code prompts of
-``experiments/training_free`` against AR. Not run yet: the
+``experiments/held_out.json`` against AR. Not run yet: the
 heads and results will go to results/medusa_qwen_coder/ and experiments/medusa_qwen_coder/.
 """
 
+from experiments import held_out
 from experiments.medusa_smollm2 import config as smollm2
-from experiments.training_free import config as training_free
 from specjax.models import source
 
 WORKDIR = "results/medusa_qwen_coder"
@@ -27,7 +27,7 @@ def get_config(arg: str | None = None):
   c.objective.medusa.vocab_size = 8192
   c.data.sources = ("python",)
   c.train.global_batch = 4  # a 0.5B target's forward is ~4x SmolLM2's
-  c.prompts = training_free.CATEGORIES["code"]
+  c.prompts = held_out.CATEGORIES["code"]
   heads = f"{HERE}/heads"
   c.workdir = WORKDIR
   if arg in ("tree", "benchmark"):
@@ -35,7 +35,7 @@ def get_config(arg: str | None = None):
     c.output_dir = c.output_dir.replace(smollm2.HERE, HERE)
   elif arg in ("sweep_b1", "sweep_b4"):
     c.output_dir = c.output_dir.replace(smollm2.HERE, HERE)
-    c.sweep.categories = {"code": training_free.CATEGORIES["code"]}
+    c.sweep.categories = {"code": held_out.CATEGORIES["code"]}
     if "medusa_sparse_16" in c.sweep.variants:  # grown for SmolLM2's heads, not these
       del c.sweep.variants["medusa_sparse_16"]
     for v in c.sweep.variants.values():

@@ -31,7 +31,7 @@
 3. ``task=medusa_tree``: each head's rank-i accuracy on step 2's held-out rows (16 greedy
    replies, 16 chitchat rows) and this machine's verify cost choose the tree, saved into the
    heads' medusa.json (results/medusa_tree.json).
-4. ``task=sweep``: the prompt categories of ``experiments/training_free`` (none in the training
+4. ``task=sweep``: the prompt categories of ``experiments/held_out.json`` (none in the training
    text), AR vs Medusa as a chain, a dense tree and the data-built tree, greedy, one process;
    tau, target calls per token, speedup, texts checked equal to AR's (results/sweep_b1/);
    ``:sweep_b4`` at batch 4.
@@ -42,7 +42,7 @@
 7. ``:requests`` continues step 2's heads for 150 steps on the target's greedy replies to 512
    assistant requests made from templates (``distill.REQUEST_SETS["basic"]``) and 512 Python
    rows; ``:sweep_requests`` decodes both heads on step 3's 4- and 16-node trees, on the four
-   categories and six more chat prompts (``eagle_smollm2``'s ``CHAT_NEW``).
+   categories and six more chat prompts (``experiments/held_out.json``'s ``chat_new``).
 8. ``:sweep_lookup``: ``:requests``' heads on the same trees, each also with prompt lookup's
    4-token guess as one more branch from the root (``drafter.medusa.lookup``), same prompts;
    ``:sweep_lookup_t1`` the same at temperature 1.
@@ -53,6 +53,7 @@
 from ml_collections import config_dict
 
 from configs import demo, train_tiny
+from experiments import held_out
 from experiments.medusa_smollm2.variants import (
   CHAIN,
   CONTINUED,
@@ -72,7 +73,6 @@ from experiments.medusa_smollm2.variants import (
   WORKDIR_SD,
   grown_paths,
 )
-from experiments.training_free import config as training_free
 from specjax.tasks import promote, sweep
 from specjax.train import objectives
 
@@ -133,7 +133,7 @@ def _sweep(c, name: str) -> None:
   pick, categories, how = SWEEPS[name]
   c.task = "sweep"
   c.output_dir = f"{RESULTS}/{name}"
-  c.prompts = training_free.CATEGORIES["chat"]
+  c.prompts = held_out.CATEGORIES["chat"]
   c.max_new_tokens = 64
   c.max_len = 384
   c.temperature = how.get("temperature", c.temperature)

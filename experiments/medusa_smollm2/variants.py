@@ -5,8 +5,8 @@ docstring."""
 import json
 from pathlib import Path
 
+from experiments import held_out
 from experiments.eagle_smollm2 import config as eagle
-from experiments.training_free import config as training_free
 from specjax.trees import Tree
 
 WORKDIR = "results/medusa_smollm2"  # checkpoints and exports (not in git)
@@ -105,8 +105,8 @@ def t1_variants() -> dict:
 
 # task=sweep variants of get_config (64 new tokens): the variants, the prompt categories, and
 # the batch sizes and temperature where not batch 1 at the base config's temperature.
-_FOUR = training_free.CATEGORIES
-_FIVE = {**_FOUR, "chat_new": eagle.CHAT_NEW}  # the six more chat prompts too
+_FOUR = held_out.CATEGORIES
+_FIVE = {**_FOUR, "chat_new": held_out.CHAT_NEW}  # the six more chat prompts too
 SWEEPS = {
   "sweep_b1": (variants, _FOUR, {}),
   "sweep_b4": (variants, _FOUR, {"batch_sizes": (4,)}),

@@ -8,7 +8,7 @@
 task=peers (``specjax/tasks/peers.py``): specjax AR / prompt lookup / draft model against HF
 ``generate`` plain / ``prompt_lookup_num_tokens`` / assisted generation with the same draft,
 greedy, batch 1, in one process. SmolLM2: the chat and code prompts of
-``experiments/training_free``, 64 new tokens, K = 4, the draft is the target's first 8 layers
+``experiments/held_out.json``, 64 new tokens, K = 4, the draft is the target's first 8 layers
 (HF loads the same GGUF with ``num_hidden_layers=8``). Qwen: the pair config's first two code
 prompts, 96 new tokens, the 0.5B as the draft, K = 4.
 """
@@ -16,7 +16,7 @@ prompts, 96 new tokens, the 0.5B as the draft, K = 4.
 from ml_collections import config_dict
 
 from configs import demo, qwen_coder_pair
-from experiments.training_free import config as training_free
+from experiments import held_out
 
 HERE = "experiments/peers"
 
@@ -26,7 +26,7 @@ def get_config(arg: str = "smollm2"):
     raise ValueError(f"config argument {arg!r} is unknown; use smollm2 or qwen.")
   if arg == "smollm2":
     c = demo.base()
-    c.prompts = training_free.CATEGORIES["chat"] + training_free.CATEGORIES["code"]
+    c.prompts = held_out.CATEGORIES["chat"] + held_out.CATEGORIES["code"]
     c.max_new_tokens = 64
     c.max_len = 384
     c.drafter.draft_model.num_layers = 8

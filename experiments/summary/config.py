@@ -41,9 +41,9 @@ WANTED = [(m, t, b) for m in (SMOL, QWEN) for t in (0.0, 1.0) for b in (1, 4)]
 def get_config(arg: str | None = None):
   """task=sweep over the cells the other experiments leave out (``smollm2`` or ``qwen``)."""
   from configs import demo, qwen_coder_pair
+  from experiments import held_out
   from experiments.cost_model import config as cost_model
   from experiments.temperature_sweep import config as temperature_sweep
-  from experiments.training_free import config as training_free
   from specjax.tasks import sweep
 
   if arg not in ("smollm2", "qwen"):
@@ -66,7 +66,7 @@ def get_config(arg: str | None = None):
   if arg == "smollm2":  # the temperature sweep's drafters at batch 4 (ragged rows, per-row accept)
     c.drafter.draft_model.num_layers = 8
     c.sweep.batch_sizes = (4,)
-    c.sweep.categories = {k: training_free.CATEGORIES[k] for k in ("chat", "code")}
+    c.sweep.categories = {k: held_out.CATEGORIES[k] for k in ("chat", "code")}
     c.sweep.variants = temperature_sweep.variants()
   else:  # T = 0 at batch 1 is experiments/cost_model's; it is measured again here alongside
     c.sweep.batch_sizes = (1, 4)

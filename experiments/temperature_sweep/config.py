@@ -3,7 +3,7 @@
     python -m specjax.run --config=experiments/temperature_sweep/config.py     # ~25 min
     python -m specjax.report experiments/temperature_sweep                     # README
 
-One process (task=sweep) decodes the chat and code prompts of ``experiments/training_free``
+One process (task=sweep) decodes the chat and code prompts of ``experiments/held_out.json``
 (none in any drafter's training text) at temperatures 0, 0.5, 1.0 and 1.5 (top-k and top-p
 off: the whole distribution) with AR and five drafters: prompt lookup (4-token chain), the
 target's first 8 layers as a draft model (2-token chain, no training), Medusa's trained heads
@@ -15,8 +15,8 @@ over AR measured in the same process, per temperature.
 """
 
 from configs import demo
+from experiments import held_out
 from experiments.eagle_smollm2 import config as eagle_smollm2
-from experiments.training_free import config as training_free
 from specjax import results
 from specjax.tasks import sweep
 
@@ -54,7 +54,7 @@ def get_config(arg: str | None = None):
   c.sweep = sweep.default_config()
   c.sweep.temperatures = TEMPERATURES
   c.sweep.batch_sizes = (1,)
-  c.sweep.categories = {k: training_free.CATEGORIES[k] for k in ("chat", "code")}
+  c.sweep.categories = {k: held_out.CATEGORIES[k] for k in ("chat", "code")}
   c.sweep.verify_sizes = ()
   c.sweep.variants = variants()
   return c

@@ -14,47 +14,8 @@ The batch-1 run also times one target forward over T tokens for the tree sizes u
 """
 
 from configs import demo
+from experiments import held_out
 from specjax.tasks import sweep
-
-PASSAGE = (
-  "The Atlantic puffin spends most of its life far out at sea, returning to land only to "
-  "breed. Colonies gather each spring on rocky islands in the North Atlantic, where pairs "
-  "dig burrows in the soft turf or nest among boulders. A pair raises a single chick, which "
-  "both parents feed with small fish such as sand eels, carried crosswise in the bill. After "
-  "about six weeks the chick leaves the burrow at night and heads straight for the open sea."
-)
-PASSAGE_2 = (
-  "Sourdough bread rises without added yeast. A starter of flour and water collects wild "
-  "yeasts and lactic acid bacteria from the air and the flour; fed daily, it becomes active "
-  "enough to leaven a dough. The bacteria give the bread its sour taste, and the long, slow "
-  "rise lets enzymes break down part of the starch, which changes the crust and the crumb."
-)
-
-CATEGORIES = {
-  "rewrite": (
-    f"Rewrite this passage in the present tense, keeping every detail: {PASSAGE}",
-    f"Copy this paragraph, fixing any spelling mistakes: {PASSAGE_2.replace('yeast', 'yeest')}",
-    f"Summarise this passage in three sentences: {PASSAGE}",
-  ),
-  "code": (
-    "Complete this Python code:\n```python\ndef mean(xs):\n    return sum(xs) / len(xs)\n\n\n"
-    "def variance(xs):\n    m = mean(xs)\n",
-    "Write a Python class Stack with push, pop, peek and is_empty methods, with docstrings.",
-    "Complete this Python code:\n```python\nimport json\n\n\ndef load_config(path):\n",
-  ),
-  "chat": (
-    "What are three tips for staying focused while studying?",
-    "Tell me a short story about a robot who learns to paint.",
-    "How do I make a good cup of tea?",
-  ),
-  "qa": (
-    f"{PASSAGE}\n\nQuestion: What do puffin parents feed their chick, and how long until it "
-    "leaves the burrow?",
-    f"{PASSAGE_2}\n\nQuestion: Why does sourdough taste sour? Answer using the passage.",
-    f"{PASSAGE}\n\nQuestion: Where do puffins breed, and how do they nest?",
-  ),
-}
-
 
 VARIANTS = {  # name -> config.drafter overrides
   "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
@@ -91,13 +52,13 @@ def get_config(arg: str = "b1"):
   c = demo.base()
   c.task = "sweep"
   c.output_dir = f"experiments/training_free/results/{arg}"
-  c.prompts = CATEGORIES["rewrite"]
+  c.prompts = held_out.CATEGORIES["rewrite"]
   c.max_new_tokens = 64
   c.max_len = 384
   c.benchmark.repeats = 1
   c.sweep = sweep.default_config()
   c.sweep.batch_sizes = (1,) if arg == "b1" else (4,)
-  c.sweep.categories = CATEGORIES
+  c.sweep.categories = held_out.CATEGORIES
   c.sweep.verify_sizes = (1, 2, 5, 9, 11, 13, 25) if arg == "b1" else ()
   c.sweep.variants = VARIANTS if arg == "b1" else {k: VARIANTS[k] for k in BATCH4_VARIANTS}
   return c

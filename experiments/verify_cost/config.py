@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 
 from configs import demo
-from experiments.training_free import config as training_free
+from experiments import held_out
 from specjax.tasks import sweep
 
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
@@ -40,12 +40,12 @@ def get_config():
   c.task = "sweep"
   c.dtype = "bfloat16"
   c.output_dir = "experiments/verify_cost/results/bf16_sweep"
-  c.prompts = training_free.CATEGORIES["chat"]
+  c.prompts = held_out.CATEGORIES["chat"]
   c.max_new_tokens = 64
   c.max_len = 384
   c.benchmark.repeats = 1
   c.sweep = sweep.default_config()
-  c.sweep.categories = training_free.CATEGORIES
+  c.sweep.categories = held_out.CATEGORIES
   c.sweep.variants = BF16_VARIANTS
   return c
 
