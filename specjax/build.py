@@ -222,9 +222,10 @@ def dtype(config: ml_collections.ConfigDict) -> str:
   return name
 
 
-def target(config: ml_collections.ConfigDict) -> Model:
-  """The target, its weights in ``dtype(config)``."""
-  model = source.load(config.target, dtype(config))
+def target(config: ml_collections.ConfigDict, mesh=None) -> Model:
+  """The target, its weights in ``dtype(config)``; an HF directory is read straight into its
+  placement on ``mesh`` when one is given (``placed`` then moves nothing)."""
+  model = source.load(config.target, dtype(config), mesh)
   if dtype(config) == "float32" or config.target.source == "safetensors":
     return model  # an HF directory loads in the dtype asked for
   return dataclasses.replace(model, params=llama.cast(model.params, dtype(config)))

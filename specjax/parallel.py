@@ -122,19 +122,20 @@ def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
   return P(*out)
 
 
+def spec_for(name: str, shape: tuple[int, ...], rules: Rules, mesh: Mesh) -> P:
+  """The ``PartitionSpec`` of the leaf at path ``name`` (``'layers/3/wq'``): the first rule
+  whose regex matches, fitted to ``shape`` on ``mesh``; replicated if none does."""
+  for pattern, spec in rules:
+    if re.search(pattern, name):
+      return _fit(spec, tuple(shape), mesh)
+  return P()
+
+
 def partition_specs(tree: Any, rules: Rules, mesh: Mesh) -> Any:
   """A ``PartitionSpec`` per leaf of ``tree`` (arrays or ShapeDtypeStructs), by path regex."""
-  compiled = [(re.compile(pattern), spec) for pattern, spec in rules]
-
-  def spec_for(path, leaf):
-    shape = tuple(getattr(leaf, "shape", ()))
-    name = path_str(path)
-    for pattern, spec in compiled:
-      if pattern.search(name):
-        return _fit(spec, shape, mesh)
-    return P()
-
-  return jax.tree_util.tree_map_with_path(spec_for, tree)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, leaf: spec_for(path_str(path), getattr(leaf, "shape", ()), rules, mesh), tree
+  )
 
 
 def shardings(tree: Any, rules: Rules, mesh: Mesh) -> Any:

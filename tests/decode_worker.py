@@ -5,13 +5,17 @@
 Prints one line ``RESULT {json}``: per drafter and layout the greedy tokens, the shard shape of
 one attention weight and of the KV cache (to show the layout really splits them), and the
 all-gathers in the compiled program whose result has a weight's full shape; with ``"exact"``
-also the exact-distribution p-values of an EAGLE sampled tree on the mesh, correct and broken.
+also the exact-distribution p-values of an EAGLE sampled tree on the mesh, correct and broken;
+with ``"load_onto"`` whether the target, saved as a two-shard HF checkpoint and loaded onto the
+layout's mesh, arrives with ``placement.place``'s shardings and the same values.
 ``cases()`` is imported by the tests, which run the one-device reference in their own process.
 """
 
 import json
 import re
 import sys
+import tempfile
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -81,6 +85,35 @@ def weight_gathers(drafter, dparams, mesh) -> list[str]:
   return [g for g in gathered if g in shapes and g.count(",") == 1]
 
 
+def load_onto(mesh, directory) -> dict:
+  """The target saved as a two-shard HF checkpoint, loaded straight onto ``mesh``: shardings
+  and values against ``placement.place``, and (the check's teeth) the same load without a mesh."""
+  from safetensors.numpy import save_file
+
+  from specjax.models import checkpoint
+  from specjax.train import export
+
+  cfg, params = TARGET
+  export.save_model(directory, cfg, params)
+  tensors = dict(export.hf_tensors(cfg, params))
+  (directory / "model.safetensors").unlink()
+  names, index = sorted(tensors), {}
+  for k in range(2):
+    file = f"model-{k + 1:05d}-of-00002.safetensors"
+    save_file({n: tensors[n] for n in names[k::2]}, str(directory / file))
+    index |= dict.fromkeys(names[k::2], file)
+  (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+  want = jax.tree.leaves(placement.place(params, llama.RULES, mesh))
+  got = jax.tree.leaves(checkpoint.load_safetensors(directory, np.float32, mesh)[1])
+  plain = jax.tree.leaves(checkpoint.load_safetensors(directory, np.float32)[1])
+  same = lambda xs: all(a.sharding == b.sharding for a, b in zip(xs, want, strict=True))  # noqa: E731
+  return {
+    "same_shardings": same(got),
+    "same_values": all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)),
+    "without_mesh_same_shardings": same(plain),
+  }
+
+
 def main(args: dict) -> dict:
   out: dict = {"tokens": {}, "shards": {}, "weight_gathers": {}}
   for name, layout in args.get("layouts", {}).items():
@@ -94,6 +127,9 @@ def main(args: dict) -> dict:
       out["tokens"][f"{drafter_name}/{name}"] = got.tokens
       out["tokens"][f"{drafter_name}/{name}/tau"] = got.metrics["tau"]
     out["weight_gathers"][name] = weight_gathers(*cases()["draft_model"], mesh)
+    if args.get("load_onto"):
+      with tempfile.TemporaryDirectory() as d:
+        out["load_onto"] = load_onto(mesh, Path(d))
   if args.get("fsdp_check"):  # the check's teeth: weights split over fsdp are gathered every step
     fsdp = parallel.make_mesh(parallel.MeshConfig(data=1, fsdp=8))
     out["weight_gathers"]["fsdp"] = weight_gathers(*cases()["draft_model"], fsdp)

@@ -34,8 +34,11 @@ def test_eight_device_layouts_match_one_device(layout):
   """Data, tensor and mixed layouts; a draft model and four tree drafters (all in the mixed
   layout, the published EAGLE-3 architecture among them): greedy tokens identical to one
   device, the weights really split, and no weight gathered whole (with the data layout:
-  weights split over fsdp instead are seen gathered)."""
-  args = {"layouts": {layout: decode_worker.LAYOUTS[layout]}, "fsdp_check": layout == "data"}
+  weights split over fsdp instead are seen gathered). With the tensor layout, the target saved
+  as a two-shard HF checkpoint loads straight onto the mesh, each weight already placed as the
+  partition rules place it (loaded without the mesh, it is not)."""
+  args = {"layouts": {layout: decode_worker.LAYOUTS[layout]}, "fsdp_check": layout == "data",
+          "load_onto": layout == "tensor"}  # fmt: skip
   got = train_worker.run_subprocess(args, devices=8, timeout=600, script="decode_worker.py")
   decoded = 0
   for name, (drafter, dparams) in decode_worker.cases().items():
@@ -51,6 +54,10 @@ def test_eight_device_layouts_match_one_device(layout):
   assert got["weight_gathers"][layout] == []
   if layout == "data":
     assert got["weight_gathers"]["fsdp"], got["weight_gathers"]
+  if layout == "tensor":
+    assert got["load_onto"] == {
+      "same_shardings": True, "same_values": True, "without_mesh_same_shardings": False
+    }  # fmt: skip
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from jax.sharding import NamedSharding
 
+from specjax import parallel
 from specjax.interop import torch_files
 from specjax.models import llama, rope, schema
 from specjax.models.config import ModelConfig
@@ -313,11 +315,13 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
   return out
 
 
-def _stream_safetensors(files: dict[str, Path], names, dtype) -> dict:
+def _stream_safetensors(files: dict[str, Path], names, dtype, put=None) -> dict:
   """``{name: array}`` of ``names``, read file by file, tensor by tensor, each cast to
-  ``dtype`` on its way to the device: host memory holds one tensor besides the result, never
-  a whole shard (plain reads, not a memory map whose pages would stay resident;
-  ``tests/test_families.py`` measures it on a sharded checkpoint)."""
+  ``dtype`` on its way to the device (``put(name, array)``, default ``jax.device_put``): host
+  memory holds one tensor besides the result, never a whole shard (plain reads, not a memory
+  map whose pages would stay resident; ``tests/test_families.py`` measures it on a sharded
+  checkpoint)."""
+  put = put or (lambda name, w: jax.device_put(w))
   by_file: dict[Path, list[str]] = {}
   for name in names:
     by_file.setdefault(files[name], []).append(name)
@@ -329,7 +333,7 @@ def _stream_safetensors(files: dict[str, Path], names, dtype) -> dict:
         if name not in infos:
           raise ValueError(f"{path} lacks tensor {name!r}, which its index places there.")
         w = torch_files.read_safetensor(f, start, spans[name], infos[name])
-        out[name] = jax.device_put(w.astype(dtype, copy=False))
+        out[name] = put(name, w.astype(dtype, copy=False))
         del w
   return out
 
@@ -349,9 +353,13 @@ def safetensors_config(directory) -> ModelConfig:
     ) from None
 
 
-def load_safetensors(directory, dtype=jnp.float32) -> tuple[ModelConfig, Params]:
+def load_safetensors(directory, dtype=jnp.float32, mesh=None) -> tuple[ModelConfig, Params]:
   """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors, one
-  file or shards with their index), every weight as ``dtype`` (float32 or bfloat16)."""
+  file or shards with their index), every weight as ``dtype`` (float32 or bfloat16).
+
+  With a ``mesh``, each tensor goes from the file straight to its placement (``llama.RULES``,
+  as ``placement.place`` would put it): no device holds a whole weight that is split, and
+  placing the result again moves nothing. Each process fills only its own devices."""
   directory = Path(directory)
   cfg = safetensors_config(directory)
   files = _tensor_files(directory)
@@ -366,7 +374,15 @@ def load_safetensors(directory, dtype=jnp.float32) -> tuple[ModelConfig, Params]
     unused.discard("lm_head.weight")  # Some tied checkpoints still write a copy.
   if unused:
     raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(unused)[:8]}")
-  tensors = _stream_safetensors(files, names, dtype)
+  put = None
+  if mesh is not None:
+    paths = {name: "/".join(map(str, path)) for name, path in names.items()}
+
+    def put(name, w):
+      spec = parallel.spec_for(paths[name], w.shape, llama.RULES, mesh)
+      return parallel.put_global(w, NamedSharding(mesh, spec))
+
+  tensors = _stream_safetensors(files, names, dtype, put)
   params = schema.assemble({path: tensors.pop(n) for n, path in names.items()}, cfg.num_layers)
   llama.check_params(cfg, params)
   if cfg.sliding_window:

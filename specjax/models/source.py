@@ -64,10 +64,11 @@ def check(c: ml_collections.ConfigDict, field: str) -> None:
     raise ValueError(f"config.{field}.path={c.path!r} does not exist.")
 
 
-def load(c: ml_collections.ConfigDict, dtype="float32") -> Model:
+def load(c: ml_collections.ConfigDict, dtype="float32", mesh=None) -> Model:
   """The model of a config section; weights read from a file must be finite. An HF directory
-  is read tensor by tensor straight into ``dtype``; other sources load as float32."""
-  model = _load(c, dtype)
+  is read tensor by tensor straight into ``dtype`` (and, given a ``mesh``, into each weight's
+  placement on it); other sources load as float32 on one device."""
+  model = _load(c, dtype, mesh)
   if c.source != "random":
     check_finite(model.params, c.path or c.name)
   return model
@@ -97,7 +98,7 @@ def check_finite(params, where: str) -> None:
       )
 
 
-def _load(c: ml_collections.ConfigDict, dtype="float32") -> Model:
+def _load(c: ml_collections.ConfigDict, dtype="float32", mesh=None) -> Model:
   if c.source == "random":
     cfg, params = tiny.random_model(
       seed=c.seed,
@@ -117,7 +118,7 @@ def _load(c: ml_collections.ConfigDict, dtype="float32") -> Model:
   if c.source == "gguf":
     reader = checkpoint.open_gguf(c.path)
     return Model(*checkpoint.load_gguf(reader), Tokenizer.from_gguf(reader))
-  cfg, params = checkpoint.load_safetensors(c.path, jnp.dtype(dtype))
+  cfg, params = checkpoint.load_safetensors(c.path, jnp.dtype(dtype), mesh)
   # A draft exported from a random target has no tokenizer: prompts are then token ids.
   has_tokenizer = (Path(c.path) / "tokenizer.json").is_file()
   return Model(cfg, params, Tokenizer.from_directory(c.path) if has_tokenizer else None)

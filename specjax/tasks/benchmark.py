@@ -34,7 +34,7 @@ COLUMNS = (
 def run(config: ml_collections.ConfigDict) -> dict:
   parallel.initialize(build.distributed(config))
   build.check(config)
-  target = build.target(config)
+  target = build.target(config, build.mesh(config))  # an HF directory loads onto it
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
   mesh, tparams, dparams = build.placed(config, target, drafter, dparams)

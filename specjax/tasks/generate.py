@@ -20,7 +20,7 @@ from specjax.decode import generate
 def run(config: ml_collections.ConfigDict) -> dict:
   parallel.initialize(build.distributed(config))
   build.check(config)
-  target = build.target(config)
+  target = build.target(config, build.mesh(config))  # an HF directory loads onto it
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
   batches = req.batches()
