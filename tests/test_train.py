@@ -69,6 +69,45 @@ def test_objective_rejects_mismatched_draft():
   objectives.DraftDistill(tcfg, tiny.tiny_config(vocab_size=64, dim=16), embed="random")
 
 
+_TOY_EXPERIMENT = """
+from ml_collections import config_dict
+
+
+def get_config(arg=None):
+  if arg not in ("first", "sweep"):
+    raise ValueError(f"unknown variant {arg!r} of toy/config.py; choose first, sweep.")
+  return config_dict.ConfigDict({"task": "train" if arg == "first" else "sweep",
+                                 "workdir": "runs/first"})
+"""
+
+
+def test_init_from_names_a_run_and_resolves_to_its_output(tmp_path, monkeypatch):
+  """``init_from = "<experiment>:<variant>"`` is that variant's ``workdir/draft_final``,
+  replaced in the config by ``objectives.check`` before the objective's own check; a path
+  passes as it is; a run not trained yet, a variant that does not train, an unknown variant or
+  experiment are each one error naming the field."""
+  (tmp_path / "experiments" / "toy").mkdir(parents=True)
+  (tmp_path / "experiments" / "toy" / "config.py").write_text(_TOY_EXPERIMENT)
+  monkeypatch.chdir(tmp_path)
+  field = "config.objective.eagle.init_from"
+  with pytest.raises(ValueError, match=r"draft_final, which does not exist yet: train it first"):
+    objectives.run_output("toy:first", field)
+  (tmp_path / "runs" / "first" / "draft_final").mkdir(parents=True)
+  assert objectives.run_output("toy:first", field) == "runs/first/draft_final"
+  assert objectives.run_output("elsewhere/draft_final", field) == "elsewhere/draft_final"
+  for ref, error in [
+    ("toy:sweep", "is not a training run"), ("toy:third", "unknown variant 'third'"),
+    ("other:first", "names no run"),
+  ]:  # fmt: skip
+    with pytest.raises(ValueError, match=f"{field}='{ref}'.*{error}"):
+      objectives.run_output(ref, field)
+  c = train_tiny.get_config()
+  c.objective = objectives.default_config("eagle")
+  c.objective.eagle.init_from = "toy:first"
+  with pytest.raises(ValueError, match="init_from='runs/first/draft_final' holds no eagle.json"):
+    objectives.check(c)  # resolved first, then checked as a path
+
+
 def test_frozen_embedding_is_not_trained():
   objective, tparams, _ = train_worker.setup()
   frozen = dataclasses.replace(objective, embed="frozen")

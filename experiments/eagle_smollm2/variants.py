@@ -175,7 +175,7 @@ def _continued(init_from, sources, rows, cache, steps=300, data=None, objective=
           "steps": steps, "data": data or {}, "objective": objective or {}}  # fmt: skip
 
 
-_REQUESTS, _BROAD = f"{WORKDIR}_requests/draft_final", f"{WORKDIR}_broad/draft_final"
+_REQUESTS, _BROAD = "eagle_smollm2:requests", "eagle_smollm2:broad"  # their draft_final
 _BOTH_SETS = (BROAD_DATA, REQUESTS_DATA, "python")  # 384 replies to each request set, 384 Python
 CONTINUED = {
   "tasks": _continued(DRAFTER, (TASKS_DATA, GREEDY_DATA), 2000, "tasks"),  # task replies + 1.'s

@@ -26,6 +26,8 @@ drafters, ``drafters/medusa/objective.py`` and ``drafters/eagle/objective.py``.
 """
 
 import dataclasses
+import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -229,8 +231,52 @@ def _cls(config: ml_collections.ConfigDict) -> type:
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-  """The chosen objective's own checks, before anything is loaded."""
+  """The chosen objective's own checks, before anything is loaded; an ``init_from`` naming a
+  run (``"<experiment>:<variant>"``) is replaced by that run's output first."""
+  name = config.objective.get("name")
+  sub = config.objective.get(name) if name in REGISTRY else None
+  if sub is not None and sub.get("init_from"):
+    sub.init_from = run_output(sub.init_from, f"config.objective.{name}.init_from")
   _cls(config).check(config.objective[config.objective.name])
+
+
+RUN = re.compile(r"([A-Za-z0-9_]+):([A-Za-z0-9_]+)")
+
+
+def run_output(ref: str, field: str) -> str:
+  """The trained drafter a run wrote (``<its workdir>/draft_final``), for ``ref`` =
+  ``"<experiment>:<variant>"`` (``experiments/<experiment>/config.py``, read from the working
+  directory, called with ``<variant>``), so a run that continues another names it rather than
+  a path; any other ``ref`` (a path) is returned as it is."""
+  match = RUN.fullmatch(ref)
+  if match is None or Path(ref).exists():
+    return ref
+  experiment, variant = match.groups()
+  path = Path("experiments") / experiment / "config.py"
+  if not path.is_file():
+    raise ValueError(
+      f"{field}={ref!r} names no run: there is no {path} here (run from the repository root) "
+      "and no such path."
+    )
+  spec = importlib.util.spec_from_file_location(f"_run_{experiment}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  try:
+    c = module.get_config(variant)
+  except ValueError as e:
+    raise ValueError(f"{field}={ref!r}: {e}") from None
+  if c.get("task") != "train" or not c.get("workdir"):
+    raise ValueError(
+      f"{field}={ref!r} is not a training run (task={c.get('task')!r}): name a variant that "
+      "trains a drafter."
+    )
+  out = Path(c.workdir) / "draft_final"
+  if not out.exists():
+    raise ValueError(
+      f"{field}={ref!r} is {out}, which does not exist yet: train it first "
+      f"(python -m specjax.run --config={path}:{variant})."
+    )
+  return str(out)
 
 
 def build(config: ml_collections.ConfigDict, target: ModelConfig) -> Objective:
