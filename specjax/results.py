@@ -60,6 +60,15 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
   return "\n".join(lines)
 
 
+def section(title: str, intro: str, rows: Sequence[dict[str, Any]], columns=None) -> list[str]:
+  """A README section as lines: ``## title``, an intro paragraph and the rows' Markdown table
+  (``columns``: by default the first row's keys); no lines when there are no rows."""
+  if not rows:
+    return []
+  table_ = markdown_table(rows, tuple(columns or rows[0]))
+  return [f"## {title}", "", intro, "", table_, ""]
+
+
 def check_writable(directory, field: str) -> None:
   """Raises a ValueError naming ``field`` unless ``directory`` is (or can be made) a writable
   directory: checked before a run starts, so its results are never lost at the end."""

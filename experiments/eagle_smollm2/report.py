@@ -119,18 +119,12 @@ def _runs(results_dir) -> list[str]:
       "train_min": record["train_s"] / 60,
       "steps": last.get("step"),
     } | {k: v for k, v in _train_rows(record)[0].items() if k != "draft step"})  # fmt: skip
-  if not rows:
-    return []
-  return [
-    "## Training runs",
-    "",
+  intro = (
     "Teacher-forced acceptance at the first draft step (top-1 of the draft vs the target's "
     "greedy token) on the last training batches and on held-out rows of each run's own mix; "
-    "every step's, and each run's batch shape: [notes.md](notes.md).",
-    "",
-    results.markdown_table(rows, tuple(rows[0])),
-    "",
-  ]
+    "every step's, and each run's batch shape: [notes.md](notes.md)."
+  )
+  return results.section("Training runs", intro, rows)
 
 
 def _summary(results_dir) -> list[str]:
@@ -139,41 +133,14 @@ def _summary(results_dir) -> list[str]:
   rows = []
   for name in (*SWEEP_TITLES, *ABLATION_SWEEPS):
     record = _read(results_dir / name / "sweep.json")
-    if record is None:
-      continue
-    for s in record["summary"]:
-      if s["variant"] == "ar":
-        continue
-      t = s.get("temperature", record["config"]["temperature"])
-      rows.append({
-        "sweep": name, "T": t, "batch": s["batch"], "variant": s["variant"],
-        "mean_tau": s["mean_tau"], "mean_speedup": s["mean_speedup"],
-        "identical": _identical(record, t, s["batch"], s["variant"]),
-      })  # fmt: skip
-  if not rows:
-    return []
-  return [
-    "## Every sweep: mean over the prompt categories",
-    "",
+    if record is not None:
+      rows += sweep.mean_rows(name, record)
+  intro = (
     "τ (tokens per target call) and speedup over AR in the same process, averaged over the "
     "sweep's prompt categories; `identical`: greedy categories whose text equals AR's. Each "
-    "sweep's title and per-category table: [notes.md](notes.md).",
-    "",
-    results.markdown_table(rows, tuple(rows[0])),
-    "",
-  ]
-
-
-def _identical(record: dict, t: float, batch: int, variant: str) -> str:
-  """How many of a variant's categories decoded AR's text (greedy; "" where sampled)."""
-  config_t = record["config"]["temperature"]
-  same = [
-    r["identical"]
-    for r in record["runs"]
-    if (r.get("temperature", config_t), r["batch"], r["variant"]) == (t, batch, variant)
-    and "identical" in r
-  ]
-  return f"{sum(same)}/{len(same)}" if same and t == 0 else ""
+    "sweep's title and per-category table: [notes.md](notes.md)."
+  )
+  return results.section("Every sweep: mean over the prompt categories", intro, rows)
 
 
 def _main_sweep(results_dir) -> list[str]:

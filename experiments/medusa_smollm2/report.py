@@ -128,17 +128,12 @@ def _runs(results_dir) -> list[str]:
       d = record["decode"]
       row["demo_tau"] = f"{d['init']['tau']:.3f} → {d['final']['tau']:.3f}"
     rows.append(row)
-  if not rows:
-    return []
-  return [
-    "## Training runs (steps 1, 2, 7)",
-    "",
+  intro = (
     "Each run's held-out accuracy per head and its greedy τ on the demo prompts with the tree "
-    "(3, 2, 2, 1) before → after; per head on training batches too: [notes.md](notes.md).",
-    "",
-    results.markdown_table(rows, tuple(dict.fromkeys(k for r in rows for k in r))),
-    "",
-  ]
+    "(3, 2, 2, 1) before → after; per head on training batches too: [notes.md](notes.md)."
+  )
+  columns = dict.fromkeys(k for r in rows for k in r)
+  return results.section("Training runs (steps 1, 2, 7)", intro, rows, columns)
 
 
 def _summary(results_dir) -> list[str]:
@@ -147,43 +142,15 @@ def _summary(results_dir) -> list[str]:
   rows = []
   for name in SWEEP_TITLES:
     record = _read(results_dir / name / "sweep.json")
-    if record is None:
-      continue
-    for s in record["summary"]:
-      if s["variant"] == "ar" and "mean_log_likelihood" not in s:  # 1 and 1 by definition
-        continue
-      t = s.get("temperature", record["config"]["temperature"])
-      rows.append({
-        "sweep": name, "T": t, "batch": s["batch"], "variant": s["variant"],
-        "mean_tau": s["mean_tau"], "mean_speedup": s["mean_speedup"],
-        "mean_log_likelihood": s.get("mean_log_likelihood", ""),
-        "identical": _identical(record, t, s["batch"], s["variant"]),
-      })  # fmt: skip
-  if not rows:
-    return []
-  return [
-    "## Every sweep: mean over the prompt categories",
-    "",
+    if record is not None:
+      rows += sweep.mean_rows(name, record, log_likelihood=True)
+  intro = (
     "τ (tokens per target call) and speedup over AR in the same process, averaged over the "
     "sweep's prompt categories (`:typical`: also the target's log-likelihood per token of the "
     "text, AR's included); `identical`: greedy categories whose text equals AR's. Each sweep's "
-    "title and per-category table: [notes.md](notes.md).",
-    "",
-    results.markdown_table(rows, tuple(rows[0])),
-    "",
-  ]
-
-
-def _identical(record: dict, t: float, batch: int, variant: str) -> str:
-  """How many of a variant's categories decoded AR's text (greedy; "" where sampled)."""
-  config_t = record["config"]["temperature"]
-  same = [
-    r["identical"]
-    for r in record["runs"]
-    if (r.get("temperature", config_t), r["batch"], r["variant"]) == (t, batch, variant)
-    and "identical" in r
-  ]
-  return f"{sum(same)}/{len(same)}" if same and t == 0 else ""
+    "title and per-category table: [notes.md](notes.md)."
+  )
+  return results.section("Every sweep: mean over the prompt categories", intro, rows)
 
 
 def _replay(results_dir) -> list[str]:

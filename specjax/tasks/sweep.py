@@ -339,6 +339,32 @@ def markdown(record: dict) -> str:
   return "\n".join(out)
 
 
+def mean_rows(name: str, record: dict, log_likelihood: bool = False) -> list[dict]:
+  """One row per (temperature, batch, variant) of a sweep record named ``name``: its means
+  over the prompt categories, and ``identical``, how many of its greedy categories decoded AR's
+  text (``"k/n"``; empty where sampled). AR (1 and 1 by definition) is left out unless the
+  sweep measured the text's log-likelihood, whose column ``log_likelihood`` adds."""
+  rows = []
+  for s in record["summary"]:
+    if s["variant"] == "ar" and "mean_log_likelihood" not in s:
+      continue
+    t = s.get("temperature", record["config"]["temperature"])
+    same = [
+      r["identical"]
+      for r in record["runs"]
+      if "identical" in r
+      and (r.get("temperature", record["config"]["temperature"]), r["batch"], r["variant"])
+      == (t, s["batch"], s["variant"])
+    ]
+    row = {"sweep": name, "T": t, "batch": s["batch"], "variant": s["variant"],
+           "mean_tau": s["mean_tau"], "mean_speedup": s["mean_speedup"]}  # fmt: skip
+    if log_likelihood:
+      row["mean_log_likelihood"] = s.get("mean_log_likelihood", "")
+    row["identical"] = f"{sum(same)}/{len(same)}" if same and t == 0 else ""
+    rows.append(row)
+  return rows
+
+
 def _with_calls(run_: dict) -> dict:
   """A run as its table row: target calls per token under the column's short name."""
   return run_ | {"calls_per_token": run_["target_calls_per_token"]}
