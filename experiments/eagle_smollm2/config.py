@@ -22,8 +22,10 @@
    greedy, one process: tau, target calls per token, speedup; texts checked equal to AR's.
 3. Ablations at equal budget (``ABLATIONS``: 300 steps each on 768 rows, then
    ``ABLATION_SWEEPS`` decode them as 6-token chains): the input ablation (token only,
-   feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1, and the drafter's layer
-   started from the target's last layer instead of random (``copy_fixed_300``).
+   feature only, both), fixed vs regenerated data, EAGLE-3 vs EAGLE-1, the drafter's layer
+   started from the target's last layer instead of random (``copy_fixed_300``), and the
+   published EAGLE-3 architecture on eagle3_300's data and budget (``official_eagle3_300``,
+   decoded at temperatures 0 and 1 by ``:sweep_official_eagle3``).
 4. Continuations of 1.'s drafter (``init_from``): ``:tasks`` on the target's replies to task
    prompts, ``:volume`` on 1,600 chitchat rows of another document order (mostly unseen: more
    text), ``:requests`` on its replies to assistant requests made from templates (the kind
