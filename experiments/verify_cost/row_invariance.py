@@ -1,14 +1,15 @@
 """Do a T-token verify's rows equal one-token AR steps bit for bit? Where do they first differ?
 
-    python experiments/verify_cost/row_invariance.py     # ~1 min: SmolLM2, both dtypes
+    python experiments/verify_cost/row_invariance.py     # ~6 min on 2 cores: SmolLM2, both dtypes
 
 From one prefilled cache, AR runs 12 greedy one-token steps; a verify runs the same 12 tokens as
-one causal forward. For each dtype, with the one-row products as specjax computes them and with
-every one-row product padded to two rows (the row form a verify uses), it counts the verify rows
-whose logits equal the AR step's exactly and finds the first layer whose output differs for
-the first row, and which part of that layer (attention or MLP) differs first. Writes
-``results/row_invariance.json``.
-"""
+one causal forward. For each dtype it counts the verify rows whose logits equal the AR step's
+exactly, and finds the first layer (and part: attention or MLP) whose output differs for the
+first row: with the one-row products as specjax computes them; with every one-row product
+padded to two rows (the row form a verify uses); and with attention's softmax also computed on
+at least 16 rows. Beside that, on random inputs: which row counts of a product, of a softmax
+and its exponentials and of an RMS norm give the same rows as a 36-row call. Writes
+``results/row_invariance.json``."""
 
 import json
 import math
@@ -54,8 +55,11 @@ def _first_part(params, cfg, layer, x_ar, x_verify, positions, cache):
   return None
 
 
-def measure(dtype, pad: bool) -> dict:
+def measure(dtype, pad: bool, pad_softmax: bool = False) -> dict:
   llama.linear = _padded if pad else _linear
+  softmax = jax.nn.softmax
+  if pad_softmax:  # attention's softmax on at least 16 rows, as a verify's is
+    jax.nn.softmax = lambda x, axis=-1: _padded_softmax(x)  # llama's softmaxes are over axis -1
   try:
     cfg, params, tokenizer = registry.load("smollm2-135m-instruct")
     params = llama.cast(params, dtype)
@@ -85,13 +89,13 @@ def measure(dtype, pad: bool) -> dict:
       before_T = fT[first - 1] if first else llama.embed(params, cfg, chain)
       part = _first_part(params, cfg, first, before, before_T, positions, start)
     return {
-      "dtype": jnp.dtype(dtype).name, "one_row_padded": pad,
+      "dtype": jnp.dtype(dtype).name, "one_row_padded": pad, "softmax_padded": pad_softmax,
       "rows_bit_identical": sum(np.array_equal(verify[j], ar[j]) for j in range(T)), "rows": T,
       "max_logit_difference": float(max(np.abs(verify[j] - ar[j]).max() for j in range(T))),
       "first_layer_differing": first, "first_part_differing": part,
     }  # fmt: skip
   finally:
-    llama.linear = _linear
+    llama.linear, jax.nn.softmax = _linear, softmax
 
 
 def product_rows(dtype) -> dict:
@@ -102,30 +106,48 @@ def product_rows(dtype) -> dict:
   return {m: bool(np.array_equal(jax.jit(_linear)(x[:m], w), full[:m])) for m in (1, 2, 4, 8, 12)}
 
 
-def exp_rows() -> dict:
-  """Elements of ``exp(s - max(s))`` (fused, as a softmax computes it) and of a bare ``exp``
-  that differ from the same rows of a 36-row call, per row count, on random scores."""
-  s = jax.random.normal(jax.random.key(0), (1, 3, 36, 128)) * 3 - 5
+def _padded_softmax(x, least: int = 16, softmax=jax.nn.softmax):
+  """Softmax over the last axis, computed on at least ``least`` rows (zero rows added)."""
+  m = x.shape[-2]
+  pad = jnp.zeros((*x.shape[:-2], max(least - m, 0), x.shape[-1]), x.dtype)
+  return softmax(jnp.concatenate([x, pad], -2), -1)[..., :m, :]
+
+
+def op_rows() -> dict:
+  """Per operation, the elements that differ from the same rows of a 36-row call (random
+  inputs shaped as SmolLM2's: [1, 3, rows, 128] attention scores, [1, rows, 576] norm inputs),
+  per row count."""
+  s = np.asarray(jax.random.normal(jax.random.key(0), (1, 3, 36, 128)) * 3 - 5)
+  h = np.asarray(jax.random.normal(jax.random.key(1), (1, 36, 576)) * 3)
+  ops = {
+    "exp(s - max s)": (lambda x: jnp.exp(x - x.max(-1, keepdims=True)), s, 2),
+    "exp(s)": (jnp.exp, s, 2),
+    "softmax": (lambda x: jax.nn.softmax(x, -1), s, 2),
+    "softmax on >= 16 rows": (_padded_softmax, s, 2),
+    "rms_norm": (lambda x: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5), h, 1),
+  }
   out = {}
-  for name, f in (("fused", lambda x: jnp.exp(x - x.max(-1, keepdims=True))), ("bare", jnp.exp)):
-    full = np.asarray(jax.jit(f)(s))
-    out[name] = {m: int((np.asarray(jax.jit(f)(s[:, :, :m])) != full[:, :, :m]).sum())
-                 for m in (1, 2, 3, 12)}  # fmt: skip
+  for name, (f, x, axis) in ops.items():
+    full = np.asarray(jax.jit(f)(x))
+    rows = lambda a, m, axis=axis: np.take(a, np.arange(m), axis=axis)  # noqa: E731
+    out[name] = {m: int((np.asarray(jax.jit(f)(rows(x, m))) != rows(full, m)).sum())
+                 for m in (1, 2, 3, 4, 12)}  # fmt: skip
   return out
 
 
 def main() -> None:
   products = {jnp.dtype(d).name: product_rows(d) for d in (jnp.float32, jnp.bfloat16)}
   print("rows equal to a 16-row product's, by row count:", products)
-  exps = exp_rows()
-  print("exp elements differing from a 36-row call's, by row count:", exps)
+  ops = op_rows()
+  print("elements differing from a 36-row call's, by row count:", ops)
   rows = [measure(d, pad) for d in (jnp.float32, jnp.bfloat16) for pad in (False, True)]
+  rows += [measure(d, True, pad_softmax=True) for d in (jnp.float32, jnp.bfloat16)]
   for r in rows:
     print(r)
   out = HERE / "results" / "row_invariance.json"
   fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
   with os.fdopen(fd, "w") as f:
-    record = {"products": products, "exp": exps, "rows": rows, "jax": jax.__version__}
+    record = {"products": products, "ops": ops, "rows": rows, "jax": jax.__version__}
     json.dump(record, f, indent=1)
   os.replace(tmp, out)
 
