@@ -75,7 +75,7 @@ from experiments.eagle_smollm2.variants import (
   WORKDIR_3,
   eagle_variant,
 )
-from specjax.tasks import promote, sweep
+from specjax.tasks import promote
 from specjax.train import objectives
 
 # Read as config.NAME by the experiment's scripts, tests and other configs (besides the names
@@ -154,20 +154,10 @@ def _promote(c, name: str) -> None:
 def _sweep(c, name: str) -> None:
   """2.-4.'s decoding sweeps (``SWEEPS``): 64 new tokens per prompt, batch 1 unless named."""
   pick, categories, how = SWEEPS[name]
-  c.task = "sweep"
   c.drafter.eagle.path = DRAFTER
-  c.output_dir = f"{RESULTS}/{name}"
-  c.prompts = held_out.CATEGORIES["chat"]
-  c.max_new_tokens = 64
-  c.max_len = 384
   c.temperature = how.get("temperature", c.temperature)
-  c.sweep = sweep.default_config()
-  c.sweep.batch_sizes = (how.get("batch", 1),)
-  if "temperatures" in how:
-    c.sweep.temperatures = how["temperatures"]
-  c.sweep.categories = categories
-  c.sweep.verify_sizes = ()
-  c.sweep.variants = pick()
+  held_out.sweep_on(c, f"{RESULTS}/{name}", categories, pick(), (how.get("batch", 1),),
+                    how.get("temperatures", ()))  # fmt: skip
 
 
 VARIANTS = {  # name: what it changes in 1.'s config (the error message lists them in this order)

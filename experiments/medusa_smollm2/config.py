@@ -73,7 +73,7 @@ from experiments.medusa_smollm2.variants import (
   WORKDIR_SD,
   grown_paths,
 )
-from specjax.tasks import promote, sweep
+from specjax.tasks import promote
 from specjax.train import objectives
 
 # Read as config.NAME by the experiment's scripts, tests and other configs (besides the names
@@ -131,19 +131,9 @@ def _benchmark(c, name: str) -> None:
 
 def _sweep(c, name: str) -> None:
   pick, categories, how = SWEEPS[name]
-  c.task = "sweep"
-  c.output_dir = f"{RESULTS}/{name}"
-  c.prompts = held_out.CATEGORIES["chat"]
-  c.max_new_tokens = 64
-  c.max_len = 384
   c.temperature = how.get("temperature", c.temperature)
-  c.sweep = sweep.default_config()
-  c.sweep.batch_sizes = how.get("batch_sizes", (1,))
-  c.sweep.categories = categories
-  c.sweep.verify_sizes = ()
-  c.sweep.variants = pick()
-  if how.get("log_likelihood"):
-    c.sweep.log_likelihood = True
+  held_out.sweep_on(c, f"{RESULTS}/{name}", categories, pick(), how.get("batch_sizes", (1,)),
+                    log_likelihood=how.get("log_likelihood", False))  # fmt: skip
 
 
 VARIANTS = {
