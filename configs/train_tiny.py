@@ -32,6 +32,7 @@ def get_config():
   c = tiny.get_config()  # target, drafter (K for decoding), prompts and sampling knobs
   c.task = "train"
   c.workdir = "results/train_tiny"  # checkpoints/, metrics.jsonl, exported drafts, train.json
+  c.record_to = ""  # also train.json and metrics.jsonl here (an experiment's results/<variant>)
   c.target.update(
     vocab_size=256,
     dim=64,

@@ -75,7 +75,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "chats.jsonl").write_text(chat + '{"conversations": [{"from": "human"\n' + chat)
   (tmp / "nothing.jsonl").write_text('{"text": "a text record"}\n' * 3)
   own = ["--config=experiments/eagle_smollm2/config.py", "--config.data.sources=()",
-         "--config.data.feature_cache=", f"--config.workdir={tmp}/own"]  # fmt: skip
+         "--config.data.feature_cache=", f"--config.workdir={tmp}/own",
+         "--config.record_to="]  # fmt: skip
   return [
     ("no --config", []),
     ("config file without get_config", [f"--config={tmp}/noget.py"]),
@@ -92,6 +93,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("output_dir not writable", [demo, "--config.output_dir=/proc/specjax"]),
     ("train workdir is a file",
      ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
+    ("train record_to is a file",
+     ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
     ("GGUF path that does not exist",
      [demo, "--config.target.source=gguf", "--config.target.path=/no/model.gguf"]),
     ("prompt + max_new_tokens > max_len", [demo, "--config.max_len=64"]),

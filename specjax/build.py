@@ -85,6 +85,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   out = "workdir" if config.get("task") == "train" else "output_dir"
   if config.get("task") != "generate" and config.get(out):
     results.check_writable(config[out], f"config.{out}")
+  if config.get("task") == "train" and config.get("record_to"):
+    results.check_writable(config.record_to, "config.record_to")
 
 
 OWN_PROMPTS = ("self_distill", "specbench")  # tasks with prompts of their own, not config.prompts

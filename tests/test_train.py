@@ -337,6 +337,7 @@ def _tiny_config(tmp_path, **train):
     ({"distributed.num_processes": 2}, "coordinator_address"),
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
+    ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
   ],
 )
 def test_train_task_rejects_bad_config(tmp_path, override, message):
@@ -407,6 +408,7 @@ def test_train_cli_distils_a_better_draft(tmp_path):
     f"--config.{k}={v}"
     for k, v in {
       "workdir": tmp_path,
+      "record_to": tmp_path / "record",
       "data.max_examples": 288,
       "data.eval_examples": 32,
       "train.steps": 60,
@@ -423,6 +425,8 @@ def test_train_cli_distils_a_better_draft(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   saved = json.loads((tmp_path / "train.json").read_text())
   records = metrics_log.read(tmp_path / "metrics.jsonl")
+  for name in ("train.json", "metrics.jsonl"):  # also where config.record_to says
+    assert (tmp_path / "record" / name).read_text() == (tmp_path / name).read_text(), name
   assert [r["step"] for r in records if "eval/kl" in r] == [30, 60]
   train_kl = [r["kl"] for r in records if "kl" in r]
   assert train_kl[-1] < 0.6 * train_kl[0], train_kl

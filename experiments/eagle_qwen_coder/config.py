@@ -38,6 +38,7 @@ def get_config(arg: str | None = None):
   c.target = source.config("qwen2.5-coder-0.5b-instruct")
   c.prompts = held_out.CATEGORIES["code"]
   c.workdir = WORKDIR
+  c.record_to = ""  # no committed results folder: train.json stays in the workdir
   c.data.sources = ("python",)
   c.data.feature_cache = FEATURES
   c.train.global_batch = 4  # a 0.5B target's forward is ~4x SmolLM2's

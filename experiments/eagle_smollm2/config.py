@@ -15,8 +15,9 @@
    in), over the target's frozen head. Data: the target's greedy replies to chat and code
    prompts ("regenerated" data, ``configs/self_distill_smollm2.py:greedy``) with chitchat and
    Python rows; one target forward per batch gives inputs and labels. Writes
-   results/eagle_smollm2/{metrics.jsonl, checkpoints/, draft_init/, draft_final/, train.json};
-   rerunning resumes from the newest checkpoint.
+   results/eagle_smollm2/{metrics.jsonl, checkpoints/, draft_init/, draft_final/, train.json},
+   and the record with its metrics to results/eagle1/ here (each training variant to
+   results/<variant>/); rerunning resumes from the newest checkpoint.
 2. ``task=sweep``: the prompt categories of ``experiments/held_out.json`` (none in the training
    text), AR vs EAGLE-2 dynamic trees, an EAGLE chain, Medusa's best tree and prompt lookup,
    greedy, one process: tau, target calls per token, speedup; texts checked equal to AR's.
@@ -103,7 +104,7 @@ def _continued(c, name: str) -> None:
   """4.: a trained drafter continued on other rows (``CONTINUED``), at learning rate 1e-3
   decaying over all but the first 20 steps."""
   r = CONTINUED[name]
-  c.workdir = f"{WORKDIR}_{name}"
+  c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
   c.objective.eagle.init_from = r["init_from"]
   c.data.update({"sources": r["sources"], "max_examples": r["rows"],
                  "feature_cache": f"{FEATURES}_{r['cache']}"} | r["data"])  # fmt: skip
@@ -117,6 +118,7 @@ def _equal_budget(c, name: str) -> None:
   training-time test on EAGLE-1's features."""
   c.train.steps = 300
   c.workdir = f"{WORKDIR}_{name}"
+  c.record_to = f"{RESULTS}/{name}" if name == "ttt_300" else ""  # eagle1_300: 1.'s step 300
   if name == "ttt_300":
     c.objective.eagle.rollout = 3
 
@@ -128,7 +130,7 @@ def _ablation(c, name: str) -> None:
   c.data.sources = a.pop("sources")
   o = c.objective.eagle
   o.update(a)
-  c.workdir = f"{WORKDIR}_{name}"
+  c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
   c.data.max_examples = 768
   rows = "regen" if c.data.sources == REGEN else "fixed"
   layers = "" if o.feature_layers == ("final",) else "_eagle3"
@@ -139,7 +141,7 @@ def _ablation(c, name: str) -> None:
 
 def _eagle3(c, name: str) -> None:
   """EAGLE-3: three layers fused, training-time test, token loss only."""
-  c.workdir = WORKDIR_3
+  c.workdir, c.record_to = WORKDIR_3, ""
   c.data.feature_cache = FEATURES_3
   c.objective.eagle.update(feature_layers=EAGLE3_LAYERS, rollout=3)
 
@@ -176,6 +178,7 @@ def _training():
   c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
   c.task = "train"
   c.workdir = WORKDIR
+  c.record_to = f"{RESULTS}/eagle1"  # train.json and metrics.jsonl (each training variant sets it)
   c.drafter.name = "eagle"
   c.drafter.eagle.update(top_k=4, depth=5, total=16)
   c.benchmark.repeats = 1

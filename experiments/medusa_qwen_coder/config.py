@@ -30,6 +30,7 @@ def get_config(arg: str | None = None):
   c.prompts = held_out.CATEGORIES["code"]
   heads = f"{HERE}/heads"
   c.workdir = WORKDIR
+  c.record_to = ""  # no committed results folder: train.json stays in the workdir
   if arg in ("tree", "benchmark"):
     c.drafter.medusa.path = heads
     c.output_dir = c.output_dir.replace(smollm2.HERE, HERE)

@@ -15,8 +15,6 @@
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
     nice -n 10 python -m specjax.run --config=$C:requests           # 7. continue on requests
     python -m specjax.run --config=$C:promote_requests             #    -> heads_requests
-    R=experiments/medusa_smollm2/results/requests && mkdir -p $R
-    cp results/medusa_smollm2_requests/train.json results/medusa_smollm2_requests/metrics.jsonl $R/
     python -m specjax.run --config=$C:sweep_requests                #    decode both heads
     python -m specjax.report experiments/medusa_smollm2
 
@@ -25,7 +23,8 @@
    Labels are the target's own teacher-forced predictions over chitchat conversations (chat
    template) and Python standard-library files: one target forward per batch gives every head
    its soft labels. Writes results/medusa_smollm2/{metrics.jsonl, checkpoints/, draft_init/,
-   draft_final/, train.json}; rerunning resumes from the newest checkpoint.
+   draft_final/, train.json}, and the record with its metrics to results/corpora/ here (each
+   training variant to results/<variant>/); rerunning resumes from the newest checkpoint.
 2. Continues those heads on the target's greedy replies to chat and code prompts (the text a
    temperature-0 decode produces) mixed with chitchat rows.
 3. ``task=medusa_tree``: each head's rank-i accuracy on step 2's held-out rows (16 greedy
@@ -104,6 +103,7 @@ def _continued_data(c, name: str) -> None:
 def _continued(c, name: str) -> None:
   """Steps 2 and 7: 150 more steps on the run's data at half the learning rate."""
   _continued_data(c, name)
+  c.record_to = f"{RESULTS}/{name}"
   c.train.steps = 150
   c.optim.update(learning_rate=1e-3, warmup_steps=10, decay_steps=140)
 
@@ -150,6 +150,7 @@ def _training():
   c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
   c.task = "train"
   c.workdir = WORKDIR
+  c.record_to = f"{RESULTS}/corpora"  # train.json and metrics.jsonl (:requests etc. their own)
   c.drafter.name = "medusa"
   c.drafter.medusa.tree_spec = (3, 2, 2, 1)
   c.benchmark.repeats = 1

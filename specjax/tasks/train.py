@@ -12,7 +12,8 @@ text with ``specjax.decode.generate``), and ``specjax.train.loop.train`` runs. P
 exports the untrained and the trained drafter (``workdir/draft_init``, ``workdir/draft_final``:
 for ``draft_distill``, HF-style directories the draft-model drafter loads), decodes the
 config's prompts with each through the objective's drafter (tau, per-position alpha), and
-writes ``workdir/train.json``.
+writes ``workdir/train.json``; with ``config.record_to`` set (an experiment's committed
+``results/<variant>/``), also ``train.json`` and ``metrics.jsonl`` there.
 """
 
 import dataclasses
@@ -260,4 +261,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
       print(f"draft {k}: tau {v['tau']:.3f}  alpha {[round(a, 3) for a in v['alpha']]}")
   path = results.write_json(workdir / "train.json", record)
   print(f"wrote {path} and {workdir}/draft_init, {workdir}/draft_final")
+  if config.get("record_to"):  # e.g. an experiment's committed results/<variant>/
+    record_to = Path(config.record_to)
+    results.write_json(record_to / "train.json", record)
+    results.write_text(record_to / "metrics.jsonl", (workdir / "metrics.jsonl").read_text())
+    print(f"and the record and its metrics to {record_to}/")
   return record
