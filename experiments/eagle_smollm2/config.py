@@ -114,8 +114,8 @@ def _continued(c, name: str) -> None:
 
 
 def _equal_budget(c, name: str) -> None:
-  """``eagle1_300`` and ``ttt_300``: 300 steps of 1.'s schedule, the latter with EAGLE-3's
-  training-time test on EAGLE-1's features."""
+  """``eagle1_300`` and ``ttt_300``: 300 steps of 1.'s schedule (``eagle1_300`` is 1. stopped
+  at step 300), the latter with EAGLE-3's training-time test on EAGLE-1's features."""
   c.train.steps = 300
   c.workdir = f"{WORKDIR}_{name}"
   c.record_to = f"{RESULTS}/{name}" if name == "ttt_300" else ""  # eagle1_300: 1.'s step 300

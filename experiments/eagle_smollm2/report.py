@@ -382,6 +382,12 @@ def _ablation(results_dir, headline: bool = False) -> list[str]:
     out += ["![ablations: tau per category and n-alpha](results/ablation.png)", ""]
   if headline:
     return out
+  for name in ABLATIONS:  # the training-time test's later steps, where a run trained them
+    record = _read(results_dir / name / "train.json")
+    if record is not None and record["config"]["objective"]["eagle"]["rollout"] > 1:
+      out += [f"Teacher-forced acceptance of **{name}** at every draft step:", ""]
+      rows = _train_rows(record)
+      out += [results.markdown_table(rows, tuple(rows[0])), ""]
   for s, record in sweeps.items():
     out += [f"### {ABLATION_TITLES.get(s, s)}", "", sweep.markdown(record)]
     temperatures = sorted({r.get("temperature", 0.0) for r in record["runs"]})
