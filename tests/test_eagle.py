@@ -82,19 +82,34 @@ def _state_after_prompt(drafter, params, target, prompt, newest, slots=32):
 
 def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
   """Depth 1: the newest pair's top-k; depth 2: each child's top-k after feeding (out, child);
-  total = the whole pool, parents first. Checked against a cache-free forward of the pairs."""
-  drafter, params = testing.eagle_drafter(small_target, top_k=2, depth=2, total=6, sampled=False)
+  depth 3: the two best depth-2 nodes' (by cumulative log-probability) top-k after feeding their
+  paths, each path alone (a level reads its ancestors' keys and values, kept from the earlier
+  levels, and no other branch's); total = the whole pool, parents first. Checked against a
+  cache-free forward of each path's pairs."""
+  drafter, params = testing.eagle_drafter(small_target, top_k=2, depth=3, total=10, sampled=False)
   prompt, newest = [3, 9, 4, 17, 5], 22
   state, ctx = _state_after_prompt(drafter, params, small_target, prompt, newest)
   draft, _ = _propose(drafter, params, state, ctx)
-  lp1, out1 = _reference_children(drafter, params, small_target, prompt + [newest])
-  top1 = np.argsort(-np.asarray(lp1))[:2]
   tokens, parents = np.asarray(draft.tokens[0]), np.asarray(draft.parents[0])
+  text = prompt + [newest]
+
+  def children(path):  # path: the (feature, token) pairs fed after the text
+    lp, out = _reference_children(drafter, params, small_target, text, path)
+    return np.argsort(-np.asarray(lp))[:2], np.asarray(lp), out
+
+  top1, lp1, out1 = children([])
   np.testing.assert_array_equal(tokens[:2], top1)
-  np.testing.assert_array_equal(parents, [0, 0, 1, 1, 2, 2])
+  level2 = []  # (cumulative score, node id, path) of the four depth-2 nodes
   for i, x in enumerate(top1):
-    lp2, _ = _reference_children(drafter, params, small_target, prompt + [newest], [(out1, x)])
-    np.testing.assert_array_equal(tokens[2 + 2 * i : 4 + 2 * i], np.argsort(-np.asarray(lp2))[:2])
+    path = [(out1, x)]
+    top2, lp2, out2 = children(path)
+    np.testing.assert_array_equal(tokens[2 + 2 * i : 4 + 2 * i], top2)
+    level2 += [(lp1[x] + lp2[y], 3 + 2 * i + j, path + [(out2, y)]) for j, y in enumerate(top2)]
+  frontier = sorted(level2, key=lambda n: -n[0])[:2]
+  for j, (_, _, path) in enumerate(frontier):
+    np.testing.assert_array_equal(tokens[6 + 2 * j : 8 + 2 * j], children(path)[0])
+  level3_parents = [node for _, node, _ in frontier for _ in range(2)]
+  np.testing.assert_array_equal(parents, [0, 0, 1, 1, 2, 2] + level3_parents)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The verify-cost experiment: its timing script, the drafters decoded in bfloat16, the report.
 
     python experiments/verify_cost/verify_cost.py                      # the forward vs its matrices
+    python experiments/verify_cost/drafter_cost.py                     # the drafters' own step
     python -m specjax.run --config=experiments/verify_cost/config.py   # drafters in bfloat16
     python -m specjax.report experiments/verify_cost
 
@@ -50,9 +51,9 @@ def get_config():
   return c
 
 
-def _script():
-  path = Path(__file__).with_name("verify_cost.py")
-  spec = importlib.util.spec_from_file_location("_verify_cost", path)
+def _script(name: str = "verify_cost"):
+  path = Path(__file__).with_name(f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -89,7 +90,67 @@ def report(results_dir):
     out += ["", "The forward before (weights promoted to float32 in every product; "
             "`results/verify_cost_before.json`, 5 rounds) and after:", ""]  # fmt: skip
     out.append(results.markdown_table(rows, tuple(rows[0])))
-  return "\n".join(out + _bf16_sweep(Path(results_dir)))
+  results_dir = Path(results_dir)
+  parts = _drafter_cost(results_dir) + _eagle_levels(results_dir) + _bf16_sweep(results_dir)
+  return "\n".join(out + parts)
+
+
+def _drafter_cost(results_dir: Path) -> list[str]:
+  """The drafters' own step against an AR step (results/drafter_cost.json)."""
+  import json
+
+  path = results_dir / "drafter_cost.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  m = record["machine"]
+  return [
+    "",
+    "### The drafter's own step",
+    "",
+    f"`drafter_cost.py`: {record['model']}, batch 1, {record['context']} cached tokens, median "
+    f"of {record['rounds']} interleaved rounds; {m['cpu']}, {m['cores']} cores, jax {m['jax']}. "
+    "Milliseconds; EAGLE budgets as top_k x depth _ total; `level` is the deepest level's layer, "
+    "`head` and `top_k` one level's head and selection.",
+    "",
+    _script("drafter_cost").report_table(record),
+  ]
+
+
+def _eagle_levels(results_dir: Path) -> list[str]:
+  """The float32 EAGLE sweep rerun with levels that keep their keys and values, beside the
+  committed run from before (another run: each speedup is a ratio within its own run)."""
+  import json
+
+  from specjax import results
+
+  path = results_dir / "eagle_levels" / "sweep.json"
+  if not path.exists():
+    return []
+  now = json.loads(path.read_text())["runs"]
+  was = {(r["variant"], r["category"]): r for r in json.loads(Path(FLOAT32_SWEEP).read_text())[
+    "runs"] if not r.get("temperature")}  # fmt: skip
+  same = sum(r["tau"] == was[r["variant"], r["category"]]["tau"] for r in now)
+  rows = []
+  for variant in dict.fromkeys(r["variant"] for r in now):
+    mine = [r for r in now if r["variant"] == variant]
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    before = [was[variant, r["category"]] for r in mine]
+    rows.append({"variant": variant, "tau": round(mean(mine, "tau"), 3),
+                 "speedup_before": round(mean(before, "speedup"), 3),
+                 "speedup_now": round(mean(mine, "speedup"), 3)})  # fmt: skip
+  return [
+    "",
+    "### EAGLE decoding before and after",
+    "",
+    f"`{FLOAT32_SWEEP}` (before) and `results/eagle_levels/sweep.json` (now: that sweep rerun "
+    "at temperature 0, `--config.sweep.temperatures='(0.0,)' "
+    "--config.output_dir=experiments/verify_cost/results/eagle_levels`), float32, greedy, the "
+    f"training_free prompts; means over the four categories. τ equal in {same} of {len(now)} "
+    "(variant, category) runs; every text equal to AR's.",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+  ]
 
 
 def _bf16_sweep(results_dir: Path) -> list[str]:

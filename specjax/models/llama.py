@@ -199,7 +199,7 @@ class AttentionInputs:
   """What every layer's attention shares in one forward."""
 
   lengths: jax.Array  # [B] committed prefix per row: slots [0, L) are visible to every token.
-  mask: jax.Array  # [B, T, T] which new tokens each new token sees.
+  mask: jax.Array  # [B, T, T] which new tokens each new token sees ([B, T, M + T]: ``kv_before``).
   window: jax.Array  # [] int32: index into ``windows`` of the window this call reads.
   windows: tuple[int, ...] = struct.field(pytree_node=False)  # static window sizes (slots)
   # Static: True = each layer writes the new K/V into its cache, then reads prefix and new
@@ -231,7 +231,8 @@ def attention_inputs(
   windows = window_sizes(num_slots) if window is None else (window,)
   needed = jnp.max(lengths_B) + (t if write else 0)
   index = jnp.sum(jnp.asarray(windows[:-1]) < needed).astype(jnp.int32)
-  return AttentionInputs(lengths_B, jnp.broadcast_to(mask, (b, t, t)), index, windows, write)
+  mask = jnp.broadcast_to(mask, (b, *mask.shape[-2:]))
+  return AttentionInputs(lengths_B, mask, index, windows, write)
 
 
 def visibility(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) -> jax.Array:
@@ -317,13 +318,16 @@ def attention(
   k_cache: jax.Array | None,
   v_cache: jax.Array | None,
   attn: AttentionInputs,
+  kv_before: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Self-attention of one layer over the cached prefix and the new tokens.
 
   Returns the output and, with ``attn.write``, the layer's cache with the new keys/values
   written at ``lengths + t`` (written first, then read: XLA updates a loop-carried cache in
   place); without, the new keys and values ``[B, G, T, Dh]`` alone (for ``write_kv``) and the
-  cache only read."""
+  cache only read. ``kv_before`` (read-only calls): the keys and values ``[B, G, M, Dh]`` of M
+  earlier uncached tokens (an earlier call's new ones), read as if they came first among the
+  new tokens; ``attn.mask`` is then ``[B, T, M + T]``."""
   q_BxGxRTxDh, k_BxGxTxDh, v_BxGxTxDh = qkv(p, cfg, x_BxTxD, positions_BxT)
   if k_cache is not None and k_cache.dtype != k_BxGxTxDh.dtype:
     # A bfloat16 cache: the new tokens see each other's K/V rounded as the cache stores them,
@@ -336,7 +340,11 @@ def attention(
     args = (q_BxGxRTxDh, k_cache, v_cache, attn.lengths, attn.mask)
     branches = [lambda *a, w=w: _attend_written(cfg, w, *a) for w in attn.windows]
   else:
-    args = (q_BxGxRTxDh, k_cache, v_cache, k_BxGxTxDh, v_BxGxTxDh, attn.lengths, attn.mask)
+    k_new, v_new = k_BxGxTxDh, v_BxGxTxDh
+    if kv_before is not None:
+      k_new = jnp.concatenate([kv_before[0], k_new], axis=2)
+      v_new = jnp.concatenate([kv_before[1], v_new], axis=2)
+    args = (q_BxGxRTxDh, k_cache, v_cache, k_new, v_new, attn.lengths, attn.mask)
     branches = [lambda *a, w=w: _attend_window(cfg, w, *a) for w in attn.windows]
   if len(branches) == 1:
     out_BxGxRTxDh = branches[0](*args)

@@ -22,8 +22,10 @@ Each step (EAGLE-2's dynamic tree under static shapes, budget ``(top_k, depth, t
    writes them into the draft cache (rolled back by the target's lengths, like the target's);
    the last one's output drafts depth 1;
 2. expand, depth by depth: the ``top_k`` best nodes so far at the deepest level (by cumulative
-   draft log-probability) are fed, with every expanded ancestor, in one read-only forward; each
-   offers ``top_k`` children;
+   draft log-probability) run through the layer in one read-only forward that attends to the
+   committed pairs and to their expanded ancestors, whose keys and values the earlier levels
+   kept (each level's forward is ``top_k`` rows, however deep); each offers ``top_k``
+   children;
 3. rerank: the ``total`` best of all offered nodes form the tree (parents before children), as
    data (``Draft.parents``) for the tree verifier.
 

@@ -263,10 +263,10 @@ class Eagle(Chain):
     return True
 
   def step_forwards(self):
-    """The catch-up (its head on the last accepted pair), then level d's forward over the
-    d x top_k nodes expanded so far (its head on the newest top_k); a lookup branch adds its
-    nodes to the verify (its n-gram search, ~0.1 ms, is not priced)."""
-    levels = tuple(Forward("eagle_level", d * self.top_k) for d in range(1, self.depth))
+    """The catch-up (its head on the last accepted pair), then each further level's forward
+    over its top_k new nodes and their head; a lookup branch adds its nodes to the verify (its
+    n-gram search, ~0.1 ms, is not priced)."""
+    levels = (Forward("eagle_level", self.top_k),) * (self.depth - 1)
     return (Forward("eagle", self.num_draft + 1),) + levels + (verify_forward(self),)
 
   def own_sizes(self, params):
@@ -300,11 +300,11 @@ class Eagle(Chain):
       logits(params, self.cfg, root_BxF)[:, None], keys[0], ctx.sampling
     )
     pool = Pool.start(tok[:, 0], score[:, 0], None if q is None else q[:, 0], root_BxF)
-    expanded = Expanded.empty(ctx.tokens.shape[0])
+    expanded, tree_kv = Expanded.empty(ctx.tokens.shape[0]), None
     for d in range(1, self.depth):
       frontier_BxK = pool.best_of_level(d, self.top_k)
       expanded = expanded.add(frontier_BxK, pool.parent_BxP, d)
-      out_BxKxF = self._expand(params, cache, ctx, pool, expanded)
+      out_BxKxF, tree_kv = self._expand(params, cache, ctx, pool, expanded, tree_kv)
       tok, score, q = self._children(logits(params, self.cfg, out_BxKxF), keys[d], ctx.sampling)
       pool = pool.offer(frontier_BxK, tok, score, q, out_BxKxF)
     draft = self._rerank(params, pool)
@@ -316,18 +316,23 @@ class Eagle(Chain):
     """The lookup chain after EAGLE's nodes (node ids ``total + 1 ..``)."""
     return prompt_lookup.with_branch(draft, self.lookup, ctx)
 
-  def _expand(self, params, cache, ctx: DraftContext, pool: Pool, expanded: Expanded):
-    """One read-only forward of every expanded node (pair: its parent's output, its token)
-    over the committed pairs and its expanded ancestors; the newest ``top_k`` nodes' outputs."""
-    ids = jnp.take_along_axis(pool.tok_BxP, expanded.nodes_BxM, axis=1)
+  def _expand(self, params, cache, ctx: DraftContext, pool: Pool, expanded: Expanded, tree_kv):
+    """One read-only forward of the newest ``top_k`` expanded nodes (pair: the parent's output,
+    the node's token) over the committed pairs and their expanded ancestors, whose keys and
+    values the earlier levels left in ``tree_kv`` (a pair's keys and values depend only on the
+    pair and its position): ``(their outputs, tree_kv with theirs appended)``."""
+    new_BxK = expanded.nodes_BxM[:, -self.top_k :]
+    ids = jnp.take_along_axis(pool.tok_BxP, new_BxK, axis=1)
     tokens = params["vocab_ids"][ids]  # draft-vocabulary ids -> the target's
-    s_in = jnp.take_along_axis(pool.s_in_BxPxF, expanded.nodes_BxM[..., None], axis=1)
-    positions = ctx.lengths[:, None] + jnp.asarray(np.asarray(expanded.depths) - 1)
-    attn = llama.attention_inputs(ctx.lengths, expanded.ancestors_BxMxM, cache.num_slots,
-                                  write=False)  # fmt: skip
+    s_in = jnp.take_along_axis(pool.s_in_BxPxF, new_BxK[..., None], axis=1)
+    positions = ctx.lengths[:, None] + jnp.asarray(np.asarray(expanded.depths[-self.top_k :]) - 1)
+    mask_BxKxM = expanded.ancestors_BxMxM[:, -self.top_k :]
+    attn = llama.attention_inputs(ctx.lengths, mask_BxKxM, cache.num_slots, write=False)
     x = inputs(params, self.cfg, tokens, s_in)
-    out, _, _ = layer(params, self.cfg, x, positions, cache.k[0], cache.v[0], attn)
-    return out[:, -self.top_k :]
+    out, k, v = layer(params, self.cfg, x, positions, cache.k[0], cache.v[0], attn, tree_kv)
+    if tree_kv is not None:
+      k, v = (jnp.concatenate([a, b], axis=2) for a, b in zip(tree_kv, (k, v), strict=True))
+    return out, (k, v)
 
   def _rerank(self, params, pool: Pool) -> Draft:
     """The ``total`` best offered nodes (ties: the lower pool index, i.e. shallower, then

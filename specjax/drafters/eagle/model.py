@@ -274,12 +274,13 @@ def inputs(params, cfg: EagleConfig, tokens_BxT: jax.Array, s_BxTxF: jax.Array) 
   return llama.linear(jnp.concatenate([e_BxTxF, s_BxTxF], axis=-1), params["fc"]) + params["fc_b"]
 
 
-def layer(params, cfg: EagleConfig, x_BxTxF, positions_BxT, k, v, attn):
+def layer(params, cfg: EagleConfig, x_BxTxF, positions_BxT, k, v, attn, kv_before=None):
   """The decoder layer (and specjax's final norm): ``(out [B, T, F], k, v)``, ``out`` the
-  state fed back as the next pair's feature (see ``llama.block`` for ``k``, ``v``, ``attn``)."""
+  state fed back as the next pair's feature (see ``llama.attention`` for ``k``, ``v``,
+  ``attn`` and ``kv_before``)."""
   p, c = params["layer"], cfg.layer
   residual_BxTxF, h_BxTxD = _attention_input(p, cfg, x_BxTxF)
-  a_BxTxF, k, v = llama.attention(p, c, h_BxTxD, positions_BxT, k, v, attn)
+  a_BxTxF, k, v = llama.attention(p, c, h_BxTxD, positions_BxT, k, v, attn, kv_before)
   return _layer_output(params, cfg, residual_BxTxF + a_BxTxF), k, v
 
 

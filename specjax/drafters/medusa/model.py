@@ -11,7 +11,7 @@ import numpy as np
 
 from specjax.drafters import artifact
 from specjax.drafters.artifact import target_head
-from specjax.models import schema
+from specjax.models import llama, schema
 from specjax.models.config import ModelConfig
 from specjax.models.schema import Param
 from specjax.trees import Tree
@@ -88,12 +88,23 @@ def head_logits(params: dict, h_xF: jax.Array) -> jax.Array:
   h = params["res_w"].shape[0]
   x_xHF = jnp.broadcast_to(h_xF[..., None, :], h_xF.shape[:-1] + (h, h_xF.shape[-1]))
   for r in range(params["res_w"].shape[1]):
-    y = jnp.einsum("...hf,hgf->...hg", x_xHF, params["res_w"][:, r]) + params["res_b"][:, r]
+    y = _per_head(x_xHF, params["res_w"][:, r]) + params["res_b"][:, r]
     x_xHF = x_xHF + jax.nn.silu(y)
   proj_HxVxF = params["proj"]
   if proj_HxVxF.shape[0] == 1:  # one head projection shared by every head
-    return jnp.einsum("...hf,vf->...hv", x_xHF, proj_HxVxF[0])
-  return jnp.einsum("...hf,hvf->...hv", x_xHF, proj_HxVxF)
+    return llama.linear(x_xHF, proj_HxVxF[0])
+  return _per_head(x_xHF, proj_HxVxF)
+
+
+def _per_head(x_xHI: jax.Array, w_HxOxI: jax.Array) -> jax.Array:
+  """``[..., H, O]``: head h's rows through its own weight. Float32: one batched product;
+  narrower weights: each head through ``llama.linear`` (its fast bfloat16 forms: a batched
+  product of float32 rows with bfloat16 weights converts every weight to float32 on every
+  call, which made the heads' step 5x slower; experiments/verify_cost)."""
+  if w_HxOxI.dtype == x_xHI.dtype == jnp.float32:
+    return jnp.einsum("...hi,hoi->...ho", x_xHI, w_HxOxI)
+  heads = [llama.linear(x_xHI[..., h, :], w_HxOxI[h]) for h in range(w_HxOxI.shape[0])]
+  return jnp.stack(heads, axis=-2)
 
 
 fingerprint = artifact.fingerprint
