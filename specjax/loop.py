@@ -326,6 +326,11 @@ def live_rows(s: DecodeState, limits: Limits, max_len: int) -> jax.Array:
 
 def _step(tparams, dparams, st: Static, sp, limits: Limits, s: DecodeState) -> DecodeState:
   """One step for every row: propose -> verify -> accept -> commit."""
+  # The weights enter the step through a barrier with a value the loop changes, so XLA cannot
+  # hoist work on them out of the while loop: it would convert bfloat16 weights to a float32
+  # copy once, before the loop, and run every product of every step on that copy through a
+  # slow loop kernel (a bfloat16 AR step cost 3.3x its own forward; experiments/verify_cost).
+  tparams, dparams, _ = jax.lax.optimization_barrier((tparams, dparams, s.key))
   s = s.replace(cache=llama.write_kv(s.cache, s.pending, s.pending_at))  # the last step's path
   live_B = live_rows(s, limits, st.max_len)
   key, key_draft, key_verify = jax.random.split(s.key, 3)

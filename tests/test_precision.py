@@ -1,12 +1,15 @@
 """dtype = "measure": float32 or bfloat16 by timing this machine, once per machine and model."""
 
 import json
+import re
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 from configs import tiny as tiny_config
-from specjax import build, precision
+from specjax import build, decode, loop, precision, verify
+from specjax.models import llama, tiny
 
 
 def test_the_rule_needs_a_margin_and_guards_one_token():
@@ -72,3 +75,24 @@ def test_unknown_dtype_is_refused_before_anything_loads():
     ValueError, match=r"config.dtype='fp8' is unknown; choose one of auto, measure"
   ):
     build.check(c)
+
+
+def test_the_decode_loop_reads_bfloat16_weights_inside_the_loop():
+  """The compiled decode loop carries the bfloat16 weights themselves into its ``while``, not
+  float32 copies made before it (XLA hoists a loop-invariant weight conversion out of the loop
+  unless ``loop._step``'s barrier stops it; those copies made a bfloat16 AR step cost twice
+  what it should: experiments/verify_cost/loop_cost.py). Without the barrier the loop carries a
+  float32 copy of every weight matrix and this fails."""
+  cfg = tiny.tiny_config(vocab_size=256, dim=64, num_layers=2, num_heads=4, num_kv_heads=2)
+  params = llama.cast(llama.init_params(cfg, jax.random.key(0)), jnp.bfloat16)
+  args, st = decode._arguments(params, cfg, [[1, 2, 3]], decode.AUTOREGRESSIVE, None, 8, 64,
+                               0.0, 0, 1.0, 0, None, verify.verify, 0, None)  # fmt: skip
+  fn, kw = loop.jitted(st, args[0], args[1])
+  hlo = fn.lower(*args, **kw).compile().as_text()
+  entry = hlo[hlo.index("\nENTRY") :]  # the decode loop; other whiles sit inside computations
+  (carried,) = [ln.split(" while(")[0] for ln in entry.splitlines() if " while(" in ln]
+  matrices = {tuple(x.shape) for x in jax.tree.leaves(params) if x.ndim == 2}
+  matrices |= {s[::-1] for s in matrices}
+  carried = {(d, (int(a), int(b))) for d, a, b in re.findall(r"(\w+)\[(\d+),(\d+)\]", carried)}
+  weights = {(d, s) for d, s in carried if s in matrices}
+  assert weights and all(d == "bf16" for d, _ in weights), sorted(weights)

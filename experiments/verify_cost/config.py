@@ -91,8 +91,29 @@ def report(results_dir):
             "`results/verify_cost_before.json`, 5 rounds) and after:", ""]  # fmt: skip
     out.append(results.markdown_table(rows, tuple(rows[0])))
   results_dir = Path(results_dir)
-  parts = _drafter_cost(results_dir) + _eagle_levels(results_dir) + _bf16_sweep(results_dir)
+  parts = _loop_cost(results_dir) + _drafter_cost(results_dir) + _eagle_levels(results_dir)
+  parts += _bf16_sweep(results_dir)
   return "\n".join(out + parts)
+
+
+def _loop_cost(results_dir: Path) -> list[str]:
+  """A token inside the decode loop with and without the weights' barrier
+  (results/loop_cost.json)."""
+  import json
+
+  path = results_dir / "loop_cost.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  return [
+    "",
+    "### The weights inside the loop",
+    "",
+    f"`loop_cost.py`: milliseconds per generated token, batch 1, {record['max_new_tokens']} new "
+    "tokens, median of 3 decodes; each barrier mode in its own process.",
+    "",
+    _script("loop_cost").report_table(record),
+  ]
 
 
 def _drafter_cost(results_dir: Path) -> list[str]:

@@ -27,13 +27,16 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import demo
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's configs
+
+from configs import demo  # noqa: E402
 from specjax import build, sampling
 from specjax.drafters.base import DraftContext, Prefill
 from specjax.drafters.eagle import Eagle, Expanded, Pool, inputs, layer, logits
