@@ -326,8 +326,9 @@ def attention(
   written at ``lengths + t`` (written first, then read: XLA updates a loop-carried cache in
   place); without, the new keys and values ``[B, G, T, Dh]`` alone (for ``write_kv``) and the
   cache only read. ``kv_before`` (read-only calls): the keys and values ``[B, G, M, Dh]`` of M
-  earlier uncached tokens (an earlier call's new ones), read as if they came first among the
-  new tokens; ``attn.mask`` is then ``[B, T, M + T]``."""
+  earlier uncached tokens (an earlier call's), read as if they came first among the new
+  tokens; ``attn.mask`` is then ``[B, T, M + T]`` and the keys and values returned are all
+  M + T, those before and then the new ones."""
   q_BxGxRTxDh, k_BxGxTxDh, v_BxGxTxDh = qkv(p, cfg, x_BxTxD, positions_BxT)
   if k_cache is not None and k_cache.dtype != k_BxGxTxDh.dtype:
     # A bfloat16 cache: the new tokens see each other's K/V rounded as the cache stores them,
@@ -340,11 +341,10 @@ def attention(
     args = (q_BxGxRTxDh, k_cache, v_cache, attn.lengths, attn.mask)
     branches = [lambda *a, w=w: _attend_written(cfg, w, *a) for w in attn.windows]
   else:
-    k_new, v_new = k_BxGxTxDh, v_BxGxTxDh
     if kv_before is not None:
-      k_new = jnp.concatenate([kv_before[0], k_new], axis=2)
-      v_new = jnp.concatenate([kv_before[1], v_new], axis=2)
-    args = (q_BxGxRTxDh, k_cache, v_cache, k_new, v_new, attn.lengths, attn.mask)
+      k_BxGxTxDh = jnp.concatenate([kv_before[0], k_BxGxTxDh], axis=2)
+      v_BxGxTxDh = jnp.concatenate([kv_before[1], v_BxGxTxDh], axis=2)
+    args = (q_BxGxRTxDh, k_cache, v_cache, k_BxGxTxDh, v_BxGxTxDh, attn.lengths, attn.mask)
     branches = [lambda *a, w=w: _attend_window(cfg, w, *a) for w in attn.windows]
   if len(branches) == 1:
     out_BxGxRTxDh = branches[0](*args)

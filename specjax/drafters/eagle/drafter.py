@@ -330,9 +330,7 @@ class Eagle(Chain):
     attn = llama.attention_inputs(ctx.lengths, mask_BxKxM, cache.num_slots, write=False)
     x = inputs(params, self.cfg, tokens, s_in)
     out, k, v = layer(params, self.cfg, x, positions, cache.k[0], cache.v[0], attn, tree_kv)
-    if tree_kv is not None:
-      k, v = (jnp.concatenate([a, b], axis=2) for a, b in zip(tree_kv, (k, v), strict=True))
-    return out, (k, v)
+    return out, (k, v)  # tree_kv's keys and values, then these nodes'
 
   def _rerank(self, params, pool: Pool) -> Draft:
     """The ``total`` best offered nodes (ties: the lower pool index, i.e. shallower, then
