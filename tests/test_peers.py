@@ -1,4 +1,9 @@
-"""task=peers runs specjax and HF transformers side by side on the real SmolLM2 (short)."""
+"""task=peers runs specjax and HF transformers side by side on the real SmolLM2 (short).
+
+Two tests, each a subset of the six modes (``peers.modes``) beside specjax AR, the reference
+of every row, on one of the demo's first two prompts: prompt lookup in both libraries, then
+draft-model decoding and HF's assisted generation with the same draft. Together they run every
+mode on both prompts and check what one run of all six checked."""
 
 import json
 
@@ -8,36 +13,57 @@ from configs import demo
 from experiments.peers import config as peers_config
 from specjax.models import registry
 
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
-@pytest.mark.slow
-@pytest.mark.real_model
-def test_peers_side_by_side_on_smollm2(tmp_path):
+
+def _run(tmp_path, modes, prompt: int):
   pytest.importorskip("transformers")  # the oracle extra, which README's test command installs
   registry.resolve("smollm2-135m-instruct")  # installed by scripts/install_models.sh
   from specjax.tasks import peers
 
   c = peers_config.get_config()
-  c.prompts = demo.base().prompts[:2]  # a text to copy: lookup drafts get accepted
+  c.prompts = demo.base().prompts[prompt : prompt + 1]  # texts to copy: lookup drafts pay
   c.max_new_tokens = 16
   c.output_dir = str(tmp_path)
+  c.peers.modes = modes
   record = peers.run(c)
   saved = json.loads((tmp_path / "peers.json").read_text())
   assert saved["rows"] == json.loads(json.dumps(record["rows"]))
   rows = {r["mode"]: r for r in saved["rows"]}
-  assert set(rows) == {
-    "specjax_ar", "specjax_prompt_lookup", "specjax_draft_model",
-    "hf_greedy", "hf_prompt_lookup", "hf_assisted",
-  }  # fmt: skip
-  for mode in ("specjax_prompt_lookup", "specjax_draft_model", "hf_greedy"):
-    assert rows[mode]["equal_rows"] == "2/2", mode  # lossless, and HF's greedy is ours
+  assert set(rows) == {"specjax_ar", *modes}
   assert rows["specjax_ar"]["calls_per_token"] == rows["hf_greedy"]["calls_per_token"] == 1
-  for mode in ("specjax_prompt_lookup", "hf_prompt_lookup"):  # fewer target forwards, counted
-    assert rows[mode]["calls_per_token"] < 0.9, mode
-  assert rows["hf_assisted"]["calls_per_token"] <= 1
   for r in rows.values():  # K = 4 drafts per step: at most 5 tokens per target call
     assert r["tau"] <= 5, r["mode"]
-  for mode in ("hf_prompt_lookup", "hf_assisted"):
-    assert rows[mode]["tokens"] == rows["hf_greedy"]["tokens"]
+  return c, rows
+
+
+def test_prompt_lookup_side_by_side_on_smollm2(tmp_path):
+  """Both libraries' prompt lookup: lossless (specjax's rows equal its AR, HF's equal HF's
+  greedy), HF's greedy equals specjax AR, and both need < 0.9 target calls per token."""
+  _, rows = _run(tmp_path, ("specjax_prompt_lookup", "hf_greedy", "hf_prompt_lookup"), 0)
+  for mode in ("specjax_prompt_lookup", "hf_greedy"):
+    assert rows[mode]["equal_rows"] == "1/1", mode  # lossless, and HF's greedy is ours
+  for mode in ("specjax_prompt_lookup", "hf_prompt_lookup"):  # fewer target forwards, counted
+    assert rows[mode]["calls_per_token"] < 0.9, mode
+  assert rows["hf_prompt_lookup"]["tokens"] == rows["hf_greedy"]["tokens"]
+  assert rows["specjax_ar"]["speedup"] == rows["hf_greedy"]["speedup"] == 1
+
+
+def test_draft_model_side_by_side_on_smollm2(tmp_path):
+  """specjax's draft model (the target's first 8 layers) and HF's assisted generation with the
+  same draft: specjax's rows equal its AR, HF's equal HF's greedy (which equals specjax AR),
+  at most one target call per token; greedy batch 1 only, and unknown modes are refused."""
+  from specjax.tasks import peers
+
+  c, rows = _run(tmp_path, ("specjax_draft_model", "hf_greedy", "hf_assisted"), 1)
+  for mode in ("specjax_draft_model", "hf_greedy"):
+    assert rows[mode]["equal_rows"] == "1/1", mode
+  assert rows["hf_assisted"]["calls_per_token"] <= 1
+  assert rows["hf_assisted"]["tokens"] == rows["hf_greedy"]["tokens"]
   c.temperature = 1.0
   with pytest.raises(ValueError, match="greedy batch-1"):
+    peers.run(c)
+  c.temperature = 0.0
+  c.peers.modes = ("hf_beam",)
+  with pytest.raises(ValueError, match=r"peers.modes .*hf_beam"):
     peers.run(c)

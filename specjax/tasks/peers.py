@@ -11,7 +11,8 @@ the draft GGUF) drafting exactly K per step (set on the assistant's generation c
 reads it: constant schedule, no confidence cut-off). For every mode:
 tokens/s, target calls per token (HF's counted by a forward hook on the target), τ, and whether
 each row equals specjax AR's (greedy rows agree until two logits tie within float error).
-Needs the ``oracle`` extra (torch, transformers). Writes ``peers.json`` and prints a table.
+``peers.modes`` runs a subset (specjax AR, the reference of every row, always runs). Needs the
+``oracle`` extra (torch, transformers). Writes ``peers.json`` and prints a table.
 """
 
 import dataclasses
@@ -25,6 +26,10 @@ from specjax.models import registry
 from specjax.tasks import timing
 from specjax.tasks.benchmark import machine
 
+MODES = (
+  "specjax_ar", "specjax_prompt_lookup", "specjax_draft_model",
+  "hf_greedy", "hf_prompt_lookup", "hf_assisted",
+)  # fmt: skip
 COLUMNS = ("mode", "tokens", "tokens_per_s", "calls_per_token", "tau", "speedup", "equal_rows")
 
 
@@ -36,8 +41,19 @@ class Rows:
   calls: int
 
 
+def chosen_modes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The modes to run, in ``MODES``' order: ``peers.modes`` (default all) and specjax AR."""
+  chosen = set(config.peers.get("modes", MODES)) | {"specjax_ar"}
+  return tuple(m for m in MODES if m in chosen)
+
+
 def check(config: ml_collections.ConfigDict) -> None:
   d = config.drafter.draft_model
+  unknown = set(config.peers.get("modes", MODES)) - set(MODES)
+  if unknown:
+    raise ValueError(
+      f"config.peers.modes has unknown modes {sorted(unknown)}: choose from {', '.join(MODES)}."
+    )
   if config.target.source != "registry":
     raise ValueError(
       "task=peers loads the same GGUF into HF: config.target.source must be 'registry'."
@@ -113,19 +129,21 @@ def run(config: ml_collections.ConfigDict) -> dict:
   check(config)
   build.check(config)
   k = config.peers.num_draft
+  wanted = chosen_modes(config)
   target = build.target(config)
   req = build.request(config, target)
   kw = req.generate_kwargs()
-  variants = {}
-  for name, over in (("prompt_lookup", {"num_draft": k}), ("draft_model", {"num_draft": k})):
-    c = config.copy_and_resolve_references()
-    with c.unlocked():
-      c.drafter.name = name
-      c.drafter[name].update(over)
-    variants[name] = build.drafter(c, target)
   verifier = build.verifier(config)
 
-  def ours(d=None, dp=None):
+  def ours(name=None):
+    d, dp = None, None
+    if name is not None:  # the config's drafter of that name, drafting exactly K per step
+      c = config.copy_and_resolve_references()
+      with c.unlocked():
+        c.drafter.name = name
+        c.drafter[name].update(num_draft=k)
+      d, dp = build.drafter(c, target)
+
     def fn(batch):
       spec = {"drafter": d, "drafter_params": dp, "verifier": verifier} if d else {}
       g = generate(target.params, target.cfg, batch, **spec, **kw)
@@ -133,27 +151,31 @@ def run(config: ml_collections.ConfigDict) -> dict:
 
     return fn
 
-  t0 = time.perf_counter()
-  hf = _hf_model(config.target.name)
-  d = config.drafter.draft_model
-  truncated = d.source == "truncate"
-  assistant = _hf_truncated(hf, d.num_layers) if truncated else _hf_model(d.model.name)
-  print(f"loaded the HF models in {time.perf_counter() - t0:.0f} s")
-  # HF reads the drafting knobs from the assistant's own generation config: exactly K drafts
-  # per step (no growing schedule, no early stop on low draft confidence), as specjax drafts.
-  assistant.generation_config.update(
-    num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
-    assistant_confidence_threshold=0.0,
-  )  # fmt: skip
   eos, n = tuple(req.eos_id or ()), req.max_new_tokens
-  modes = {
-    "specjax_ar": ours(),
-    "specjax_prompt_lookup": ours(*variants["prompt_lookup"]),
-    "specjax_draft_model": ours(*variants["draft_model"]),
-    "hf_greedy": _hf_mode(hf, eos, n),
-    "hf_prompt_lookup": _hf_mode(hf, eos, n, prompt_lookup_num_tokens=k),
-    "hf_assisted": _hf_mode(hf, eos, n, assistant_model=assistant),
+  runs = {
+    "specjax_ar": lambda: ours(),
+    "specjax_prompt_lookup": lambda: ours("prompt_lookup"),
+    "specjax_draft_model": lambda: ours("draft_model"),
   }
+  if any(m.startswith("hf_") for m in wanted):
+    t0 = time.perf_counter()
+    hf = _hf_model(config.target.name)
+    runs["hf_greedy"] = lambda: _hf_mode(hf, eos, n)
+    runs["hf_prompt_lookup"] = lambda: _hf_mode(hf, eos, n, prompt_lookup_num_tokens=k)
+    if "hf_assisted" in wanted:
+      d = config.drafter.draft_model
+      truncated = d.source == "truncate"
+      assistant = _hf_truncated(hf, d.num_layers) if truncated else _hf_model(d.model.name)
+      # HF reads the drafting knobs from the assistant's own generation config: exactly K
+      # drafts per step (no growing schedule, no early stop on low draft confidence), as
+      # specjax drafts.
+      assistant.generation_config.update(
+        num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.0,
+      )  # fmt: skip
+      runs["hf_assisted"] = lambda: _hf_mode(hf, eos, n, assistant_model=assistant)
+    print(f"loaded the HF models in {time.perf_counter() - t0:.0f} s")
+  modes = {m: runs[m]() for m in wanted}
   timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, "peers")
   reference = [row for out in timed["specjax_ar"]["outs"] for row in out.tokens]
   rows = []
@@ -178,8 +200,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
     for r in rows
     if r["mode"].endswith(("_ar", "_greedy"))
   }
-  for r in rows:
-    r["speedup"] = r["tokens_per_s"] / base[r["mode"][: r["mode"].index("_")]]
+  for r in rows:  # against its library's plain greedy mode, where that ran
+    library = r["mode"][: r["mode"].index("_")]
+    r["speedup"] = r["tokens_per_s"] / base[library] if library in base else None
   import torch
   import transformers
 
