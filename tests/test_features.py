@@ -1,6 +1,7 @@
 """Target features reach drafters: what init and commit are handed equals a direct forward's
 hidden states at those positions (batch 4, ragged prompts, after rejections, after EOS)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,9 +21,13 @@ def target():
   return tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=3, residual_scale=0.3)
 
 
+_logits_of = jax.jit(llama.logits_of, static_argnames=("cfg", "features"))
+
+
 def _direct(cfg, params, seq, features):
-  """``[T, F]``: the requested hidden states of a plain forward over the whole sequence."""
-  _, feats = llama.logits_of(params, cfg, jnp.asarray([seq]), features)
+  """``[T, F]``: the requested hidden states of a plain forward over the whole sequence
+  (jitted: op by op, a test compiled ~290 small programs)."""
+  _, feats = _logits_of(params, cfg, jnp.asarray([seq]), features)
   return np.concatenate([np.asarray(f[0]) for f in feats], axis=-1)
 
 

@@ -19,10 +19,15 @@ def model(request):
   )
 
 
+# Forwards run jitted, as decoding runs them: op by op, one test compiled ~300 small programs.
+_forward = jax.jit(llama.forward, static_argnames=("cfg", "features", "window"))
+_forward_kv = jax.jit(llama.forward_kv, static_argnames=("cfg", "features", "window"))
+
+
 def _full(params, cfg, tokens_BxT):
   b, t = tokens_BxT.shape
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-  return llama.forward(
+  return _forward(
     params, cfg, tokens_BxT, pos, llama.init_cache(cfg, b, t + 8), llama.causal_mask(t)
   )
 
@@ -35,11 +40,11 @@ def test_incremental_equals_full_with_per_row_lengths(model):
   cache = llama.init_cache(cfg, 2, 16)
   # Row 0 is prefilled with 6 tokens, row 1 with 3; garbage past each row's length.
   pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
-  _, _, cache = llama.forward(params, cfg, tokens[:, :6], pos, cache, llama.causal_mask(6))
+  _, _, cache = _forward(params, cfg, tokens[:, :6], pos, cache, llama.causal_mask(6))
   cache = cache.replace(lengths=jnp.array([6, 3]))
   chunk = jnp.stack([tokens[0, 6:9], tokens[1, 3:6]])
   pos = cache.lengths[:, None] + jnp.arange(3)
-  logits, _, _ = llama.forward(params, cfg, chunk, pos, cache, llama.causal_mask(3))
+  logits, _, _ = _forward(params, cfg, chunk, pos, cache, llama.causal_mask(3))
   np.testing.assert_allclose(logits[0], full_logits[0, 6:9], atol=1e-5)
   np.testing.assert_allclose(logits[1], full_logits[1, 3:6], atol=1e-5)
 
@@ -53,10 +58,10 @@ def test_tree_mask_equals_separate_branches(model):
   tree_mask = jnp.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], bool)
   cache = llama.init_cache(cfg, 1, 16)
   pos = jnp.arange(3)[None]
-  _, _, cache = llama.forward(params, cfg, prefix, pos, cache, llama.causal_mask(3))
+  _, _, cache = _forward(params, cfg, prefix, pos, cache, llama.causal_mask(3))
   cache = cache.replace(lengths=jnp.array([3]))
   nodes = jnp.array([a + b])
-  tree_logits, _, _ = llama.forward(params, cfg, nodes, jnp.array([[3, 4, 3, 4]]), cache, tree_mask)
+  tree_logits, _, _ = _forward(params, cfg, nodes, jnp.array([[3, 4, 3, 4]]), cache, tree_mask)
   for branch, sl in ((a, slice(0, 2)), (b, slice(2, 4))):
     chain, _, _ = _full(params, cfg, jnp.concatenate([prefix, jnp.array([branch])], axis=1))
     np.testing.assert_allclose(tree_logits[0, sl], chain[0, 3:5], atol=1e-5)
@@ -133,14 +138,12 @@ def test_attention_window_follows_the_live_length(model):
   small, _, _ = _full(params, cfg, tokens)  # 148 slots: one window
   pos = jnp.broadcast_to(jnp.arange(140), (2, 140))
   cache = llama.init_cache(cfg, 2, 1000)
-  big, _, cache = llama.forward(
+  big, _, cache = _forward(
     params, cfg, tokens[:, :130], pos[:, :130], cache, llama.causal_mask(130)
   )
   cache = cache.replace(lengths=jnp.array([130, 130]))
-  step, _, _ = llama.forward(
-    params, cfg, tokens[:, 130:], pos[:, 130:], cache, llama.causal_mask(10)
-  )
-  kv_step, _, _ = llama.forward_kv(
+  step, _, _ = _forward(params, cfg, tokens[:, 130:], pos[:, 130:], cache, llama.causal_mask(10))
+  kv_step, _, _ = _forward_kv(
     params, cfg, tokens[:, 130:], pos[:, 130:], cache, llama.causal_mask(10)
   )
   np.testing.assert_allclose(big, small[:, :130], atol=1e-5)
