@@ -41,6 +41,7 @@ class Request:
   eos_id: tuple[int, ...] | None
 
   batch_size: int = 1
+  forward_rows: int = 0  # > 0: every target forward at this many rows (generate's docstring)
 
   def batches(self) -> list[list[list[int]]]:
     """Prompts in batches of ``batch_size``; the last is filled by cycling from the start."""
@@ -52,6 +53,7 @@ class Request:
     """``generate``'s keyword arguments; every batch is padded like the longest prompt, so the
     whole request compiles once per mode."""
     keys = ("max_new_tokens", "max_len", "temperature", "top_k", "top_p", "seed", "eos_id")
+    keys += ("forward_rows",)
     return {k: getattr(self, k) for k in keys} | {"pad_to": max(map(len, self.prompts))}
 
 
@@ -314,4 +316,5 @@ def request(config: ml_collections.ConfigDict, model: Model) -> Request:
     seed=config.seed,
     eos_id=stop,
     batch_size=config.batch_size,
+    forward_rows=config.get("forward_rows", 0),
   )

@@ -66,6 +66,7 @@ def generate(
   verifier: Callable = verify.verify,
   pad_to: int = 0,
   mesh: Mesh | None = None,
+  forward_rows: int = 0,
 ) -> Generation:
   """Generates continuations of ``prompts`` (token-id lists) with ``drafter``; lossless.
 
@@ -95,10 +96,16 @@ def generate(
   shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile).
   Prompts are padded to a power-of-two width; ``pad_to`` (e.g. the longest prompt of a whole
   run) makes every batch of a run share one width, hence one compiled program.
+
+  ``forward_rows`` > 0 runs every target forward after the prefill (AR steps, verifies,
+  one-token steps of abstaining drafters) at that many rows, filler after the step's tokens:
+  at least the drafter's rows per step (``num_nodes + num_extra + 1``). Runs that share it
+  round alike, so greedy output equals AR's (at the same ``forward_rows``) bit for bit in
+  bfloat16, where one-row and several-row products sum in different orders.
   """
   args, st = _arguments(
     target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-    temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh,
+    temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh, forward_rows,
   )  # fmt: skip
   fn, kw = jitted(st, args[0], args[1])
   tokens_d, num_new_d, metrics = fn(*args, **kw)
@@ -111,7 +118,7 @@ def generate(
 
 def _arguments(
   target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-  temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh=None,
+  temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh=None, forward_rows=0,
 ):  # fmt: skip
   """Checks ``generate``'s arguments (before anything compiles) and makes the jitted call's."""
   sp = SamplingParams.create(temperature, top_k, top_p)
@@ -140,9 +147,10 @@ def _arguments(
       placement.check_model(shape, drafter.cfg, "draft model")
   if isinstance(seed, int) and not 0 <= seed < 2**32:
     raise ValueError(f"seed must be an integer in [0, 2**32), got {seed}.")
+  check_forward_rows(forward_rows, drafter)
   st = Static(
     target_cfg, drafter, max_len, verifier, prompt_width(max(pad_to, *map(len, prompts)), max_len),
-    mesh,
+    mesh, forward_rows,
   )  # fmt: skip
   rules = getattr(drafter, "partition_rules", ())
   placement.check_fits(
@@ -205,15 +213,28 @@ def compiled(
   verifier: Callable = verify.verify,
   pad_to: int = 0,
   mesh: Mesh | None = None,
+  forward_rows: int = 0,
 ) -> jax.stages.Compiled:
   """The compiled program ``generate`` runs for these shapes (ahead of time, nothing run):
   for ``cost_analysis()``, ``as_text()`` (the optimised HLO) or timing a compile."""
   args, st = _arguments(
     target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-    0.0, 0, 1.0, 0, None, verifier, pad_to, mesh,
+    0.0, 0, 1.0, 0, None, verifier, pad_to, mesh, forward_rows,
   )  # fmt: skip
   fn, kw = jitted(st, args[0], args[1])
   return fn.lower(*args, **kw).compile()
+
+
+def check_forward_rows(forward_rows, drafter: Drafter) -> None:
+  """0 (each forward its own rows) or at least the drafter's rows per step."""
+  rows = drafter.num_nodes + drafter.num_extra + 1
+  if not isinstance(forward_rows, int) or isinstance(forward_rows, bool) or forward_rows < 0:
+    raise ValueError(f"forward_rows must be an integer >= 0 (0: off), got {forward_rows!r}.")
+  if 0 < forward_rows < rows:
+    raise ValueError(
+      f"forward_rows={forward_rows} is fewer than the {rows} rows the drafter verifies per step "
+      f"(root, nodes, extras): set forward_rows >= {rows}, or 0 to turn it off."
+    )
 
 
 def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int) -> None:

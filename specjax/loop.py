@@ -72,11 +72,13 @@ class Static:
   verifier: Callable
   prompt_width: int  # the prompt's slots at the start of the token buffer
   mesh: Mesh | None = None  # None: one device; else the placement of placement.py
+  forward_rows: int = 0  # > 0: every target forward of the loop runs at this many rows
 
   @property
   def num_slots(self) -> int:
     """Cache and token-buffer slots: room for a full step's writes past any valid length."""
-    return self.max_len + self.drafter.num_nodes + self.drafter.num_extra + 1
+    rows = self.drafter.num_nodes + self.drafter.num_extra + 1
+    return self.max_len + max(rows, self.forward_rows)
 
 
 @struct.dataclass
@@ -177,14 +179,44 @@ def _greedy_verdict(d: int, key, draft: Draft, logits_BxN1xV, sp):
   return end_B, next_B, overlap
 
 
+def target_forward(tparams, st: Static, tokens_BxT, positions_BxT, cache: KVCache, mask):
+  """The target's forward over a step's T tokens, the cache only read: ``(logits [B,T,V],
+  features, the T tokens' K/V)``.
+
+  By default ``llama.forward_kv``: attention sums over the cached prefix and over the new
+  tokens apart. With ``st.forward_rows`` = P (``generate``'s docstring) every call has one
+  shape: P rows (filler after the T, each seeing the prefix and itself, seen by none of the
+  T), the new K/V placed at their slots in a copy of the cache and read from there with the
+  prefix in one sum over all ``num_slots``. A token's logits are then the same bits whether it
+  is an AR step's or one of a verify's T: XLA's CPU kernels give a row the same result at any
+  place among a fixed number of rows, not across row counts or sums split otherwise
+  (experiments/verify_cost/row_invariance.py)."""
+  t, p = tokens_BxT.shape[1], st.forward_rows
+  cfg, features = st.target_cfg, st.drafter.feature_layers
+  if p == 0:
+    return llama.forward_kv(tparams, cfg, tokens_BxT, positions_BxT, cache, mask, features)
+  fill = p - t
+  tokens_BxP = jnp.pad(tokens_BxT, ((0, 0), (0, fill)))
+  positions_BxP = jnp.concatenate(
+    [positions_BxT, positions_BxT[:, -1:] + 1 + jnp.arange(fill)], axis=1
+  )
+  mask_P = jnp.zeros((*mask.shape[:-2], p, p), bool).at[..., :t, :t].set(mask)
+  mask_P = mask_P.at[..., t:, t:].set(jnp.eye(fill, dtype=bool))
+  logits, feats, written = llama.forward(
+    tparams, cfg, tokens_BxP, positions_BxP, cache, mask_P, features, window=cache.num_slots
+  )
+  slots_Bx1xTx1 = (cache.lengths[:, None] + jnp.arange(t))[:, None, :, None]
+  take = lambda x: jnp.take_along_axis(x, slots_Bx1xTx1, axis=2)  # noqa: E731
+  new_kv = llama.NewKV(tuple(map(take, written.k)), tuple(map(take, written.v)))
+  return logits[:, :t], tuple(f[:, :t] for f in feats), new_kv
+
+
 def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: Static) -> Verified:
   """One target forward over ``[newest, draft nodes, extras]`` and the verifier's verdict."""
   d, n_nodes = st.drafter.num_draft, st.drafter.num_nodes
   L_B = cache.lengths
   tokens_BxT, positions_BxT, mask, anc, depth_BxN1 = _verify_inputs(draft, root_Bx1, L_B)
-  logits, feats, new_kv = llama.forward_kv(
-    tparams, st.target_cfg, tokens_BxT, positions_BxT, cache, mask, st.drafter.feature_layers
-  )
+  logits, feats, new_kv = target_forward(tparams, st, tokens_BxT, positions_BxT, cache, mask)
   end_B, next_B, overlap = jax.lax.cond(
     sp.temperature <= 0, functools.partial(_greedy_verdict, d),
     functools.partial(_verdict, st.verifier, d),
@@ -217,10 +249,9 @@ def _verify_root_only(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, 
   """``_verify`` when every row abstains: a one-token forward (an AR step), same shapes."""
   b = root_Bx1.shape[0]
   d = st.drafter.num_draft
-  logits, feats, new_kv = llama.forward_kv(
-    tparams, st.target_cfg, root_Bx1, cache.lengths[:, None], cache, llama.causal_mask(1),
-    st.drafter.feature_layers,
-  )  # fmt: skip
+  logits, feats, new_kv = target_forward(
+    tparams, st, root_Bx1, cache.lengths[:, None], cache, llama.causal_mask(1)
+  )
   t_pad = ((0, 0), (0, 0), (0, d), (0, 0))  # the root's K/V, then D unused entries
   pad = lambda kv: tuple(jnp.pad(x, t_pad) for x in kv)  # noqa: E731
   path_kv = llama.NewKV(pad(new_kv.k), pad(new_kv.v))

@@ -5,6 +5,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import tiny as tiny_config
@@ -96,3 +97,55 @@ def test_the_decode_loop_reads_bfloat16_weights_inside_the_loop():
   carried = {(d, (int(a), int(b))) for d, a, b in re.findall(r"(\w+)\[(\d+),(\d+)\]", carried)}
   weights = {(d, s) for d, s in carried if s in matrices}
   assert weights and all(d == "bf16" for d, _ in weights), sorted(weights)
+
+
+def _features_by_position(rec) -> dict:
+  """``(row, position) -> final hidden state`` of every token a ``testing.Recording`` saw
+  committed (the root and the accepted nodes of each step)."""
+  out = {}
+  for before, after, n, feats in rec.log["steps"]:
+    for r in range(feats.shape[0]):
+      for j in range(int(n[r]) + 1):
+        if before[r] + j < after[r]:
+          out[r, int(before[r]) + j] = feats[r, j]
+  return out
+
+
+def test_one_forward_shape_makes_bfloat16_speculative_rows_equal_ar_bit_for_bit():
+  """With ``forward_rows``, every target forward after the prefill (AR steps, a chain's
+  verifies, an abstaining lookup's one-token steps) runs at one shape, and the final hidden
+  state of every committed token is the same bits in the speculative run as in AR. Without
+  it, on this bfloat16 model, a fifth of the positions differ between the two runs (one-row
+  AR steps against 4-row verifies; asserted: the check has teeth), and they do too when the
+  loop pads the rows but sums attention over the cache and the new tokens apart (checked
+  by hand); ``forward_rows`` below the drafter's rows per step is refused."""
+  from specjax import testing
+  from specjax.drafters import DraftModel, PromptLookup
+
+  jax.clear_caches()  # Recordings hash alike: a cached program would log into another's record
+  cfg, params = tiny.random_model(
+    seed=0, vocab_size=64, dim=256, num_layers=1, residual_scale=0.2, logit_std=3.0
+  )
+  bf16 = llama.cast(params, jnp.bfloat16)
+  prompts = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [9], [10, 11]]
+  drafters = {"chain": (DraftModel(cfg, 3), bf16), "lookup": (PromptLookup(3, min_ngram=2), None)}
+  equal = {}
+  for rows in (0, 4):
+    kw = dict(max_new_tokens=24, max_len=40, forward_rows=rows)
+    ar = testing.Recording(decode.AUTOREGRESSIVE, ("final",))
+    want = decode.generate(bf16, cfg, prompts, drafter=ar, **kw).tokens
+    for name, (inner, dparams) in drafters.items():
+      rec = testing.Recording(inner, ("final",))
+      out = decode.generate(bf16, cfg, prompts, drafter=rec, drafter_params=dparams, **kw)
+      assert out.tokens == want, (name, rows)
+      a, b = _features_by_position(ar), _features_by_position(rec)
+      assert set(b) <= set(a) and len(b) > 60
+      equal[name, rows] = sum(np.array_equal(a[k], b[k]) for k in b) / len(b)
+    jax.clear_caches()
+  assert equal["chain", 4] == equal["lookup", 4] == 1.0, equal
+  assert max(equal["chain", 0], equal["lookup", 0]) < 0.95, equal  # 1 row and 4 round apart
+  with pytest.raises(ValueError, match="forward_rows=3 is fewer than the 4 rows"):
+    decode.generate(bf16, cfg, prompts, drafter=DraftModel(cfg, 3), drafter_params=bf16,
+                    max_new_tokens=4, max_len=40, forward_rows=3)  # fmt: skip
+  with pytest.raises(ValueError, match="forward_rows must be an integer >= 0"):
+    decode.generate(bf16, cfg, prompts, max_new_tokens=4, max_len=40, forward_rows=-1)

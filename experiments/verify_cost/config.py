@@ -11,6 +11,12 @@ committed Medusa heads (tree (3, 2, 2, 1) + the 4-token lookup branch) and the c
 drafter (a 16-node EAGLE-2 tree of top-4, depth 6, + the lookup branch), each text compared with
 bfloat16 AR's. The same EAGLE and lookup variants in float32 are experiments/eagle_smollm2's
 ``:sweep_lookup``. About 10 minutes here.
+
+    python -m specjax.run --config=experiments/verify_cost/config.py:one_shape
+
+runs the same with ``forward_rows = 21`` (the EAGLE variant's rows per step, the most of the
+three): every target forward after the prefill, AR's included, at 21 rows, so that each text
+can equal AR's bit for bit (results/bf16_one_shape).
 """
 
 import importlib.util
@@ -36,7 +42,12 @@ BF16_VARIANTS = {  # name -> config.drafter overrides; the EAGLE and lookup name
 FLOAT32_SWEEP = "experiments/eagle_smollm2/results/sweep_lookup/sweep.json"
 
 
-def get_config():
+ONE_SHAPE_ROWS = 21  # eagle_tree_4x6_16_lookup4: root + 16 nodes + 4 lookup tokens
+
+
+def get_config(arg: str | None = None):
+  if arg not in (None, "one_shape"):
+    raise ValueError(f"config argument {arg!r} is unknown: use none or one_shape.")
   c = demo.base()
   c.task = "sweep"
   c.dtype = "bfloat16"
@@ -48,6 +59,9 @@ def get_config():
   c.sweep = sweep.default_config()
   c.sweep.categories = held_out.CATEGORIES
   c.sweep.variants = BF16_VARIANTS
+  if arg == "one_shape":
+    c.forward_rows = ONE_SHAPE_ROWS
+    c.output_dir = "experiments/verify_cost/results/bf16_one_shape"
   return c
 
 
