@@ -67,6 +67,9 @@ def check(config: ml_collections.ConfigDict) -> None:
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
     raise ValueError(f"config.batch_size must be >= 1, got {config.batch_size}.")
+  rows = config.get("forward_rows", 0)
+  if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+    raise ValueError(f"config.forward_rows must be an integer >= 0 (0: off), got {rows!r}.")
   for i, p in enumerate(config.get("prompts", ())):
     if isinstance(p, str):
       try:

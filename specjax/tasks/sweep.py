@@ -55,7 +55,9 @@ VERIFIER_KEYS = ("verifier", "typical")
 # config: everything that shapes its decoding or its timing.
 SAME_DECODING = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "temperature",
                  "top_k", "top_p", "seed", "dtype", "mesh", "chat", "stop_at_eos", "verifier",
-                 "typical", "benchmark")  # fmt: skip
+                 "typical", "benchmark", "forward_rows")  # fmt: skip
+# Their values in records written before the field existed.
+BEFORE_FIELD = {"forward_rows": 0}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -90,7 +92,8 @@ def differing_fields(record: dict, config: ml_collections.ConfigDict) -> list[st
   )
   for c in (now, then):
     c["sweep"] = {k: v for k, v in (c.get("sweep") or {}).items() if k != "resume"}
-  return [k for k in SAME_DECODING if then.get(k) != now.get(k)]
+  old = lambda c, k: c.get(k, BEFORE_FIELD.get(k))  # noqa: E731
+  return [k for k in SAME_DECODING if old(then, k) != old(now, k)]
 
 
 def _job(temperature, batch_size: int, category: str) -> tuple:
