@@ -59,7 +59,7 @@ def get_config():
   c.top_p = 1.0  # 1 = off
   c.seed = 0  # sampling and prompt seed
   # > 0: every target forward after the prefill at this many rows, so that a token rounds alike
-  # as an AR step or among a verify's rows (bfloat16 greedy = AR bit for bit; decode.generate)
+  # as an AR step or among a chain's verify rows (bfloat16 greedy = AR's; decode.generate)
   c.forward_rows = 0
 
   # Decoding on several devices (specjax/placement.py): rows over data, weights and KV heads

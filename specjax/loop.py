@@ -187,10 +187,12 @@ def target_forward(tparams, st: Static, tokens_BxT, positions_BxT, cache: KVCach
   tokens apart. With ``st.forward_rows`` = P (``generate``'s docstring) every call has one
   shape: P rows (filler after the T, each seeing the prefix and itself, seen by none of the
   T), the new K/V placed at their slots in a copy of the cache and read from there with the
-  prefix in one sum over all ``num_slots``. A token's logits are then the same bits whether it
+  prefix in one sum over all ``num_slots``. A chain's token then gets the same bits whether it
   is an AR step's or one of a verify's T: XLA's CPU kernels give a row the same result at any
   place among a fixed number of rows, not across row counts or sums split otherwise
-  (experiments/verify_cost/row_invariance.py)."""
+  (experiments/verify_cost/row_invariance.py). A tree node's ancestors sit at the slots of
+  their rows, not at consecutive ones as in AR, so its sum runs in another order and may
+  round apart."""
   t, p = tokens_BxT.shape[1], st.forward_rows
   cfg, features = st.target_cfg, st.drafter.feature_layers
   if p == 0:

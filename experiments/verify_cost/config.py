@@ -106,7 +106,7 @@ def report(results_dir):
     out.append(results.markdown_table(rows, tuple(rows[0])))
   results_dir = Path(results_dir)
   parts = _loop_cost(results_dir) + _drafter_cost(results_dir) + _eagle_levels(results_dir)
-  parts += _bf16_sweep(results_dir)
+  parts += _bf16_sweep(results_dir) + _bf16_one_shape(results_dir)
   return "\n".join(out + parts)
 
 
@@ -222,3 +222,47 @@ def _bf16_sweep(results_dir: Path) -> list[str]:
     "",
     results.markdown_table(rows, tuple(rows[0])),
   ]
+
+
+def _bf16_one_shape(results_dir: Path) -> list[str]:
+  """The bfloat16 sweep with every forward at one shape (``:one_shape``), beside the one where
+  AR steps run one row (another run: each speedup is a ratio within its own run)."""
+  import json
+
+  from specjax import results
+
+  path, plain = results_dir / "bf16_one_shape" / "sweep.json", results_dir / "bf16_sweep"
+  if not path.exists() or not (plain / "sweep.json").exists():
+    return []
+  runs = json.loads(path.read_text())["runs"]
+  was = {(r["variant"], r["category"]): r for r in json.loads(
+    (plain / "sweep.json").read_text())["runs"]}  # fmt: skip
+  rows = []
+  for r in runs:
+    one_row = was[r["variant"], r["category"]]
+    row = {"category": r["category"], "variant": r["variant"], "tau": round(r["tau"], 3)}
+    if r["variant"] == "ar":
+      row |= {"tokens_per_s": round(r["tokens_per_s"], 1),
+              "one_row_ar_tokens_per_s": round(one_row["tokens_per_s"], 1)}  # fmt: skip
+    else:
+      row |= {"speedup": round(r["speedup"], 2), "identical_to_ar": r["identical"],
+              "speedup_one_row_ar": round(one_row["speedup"], 2),
+              "identical_to_one_row_ar": one_row["identical"]}  # fmt: skip
+    rows.append(row)
+  drafts = [r for r in rows if r["variant"] != "ar"]
+  same = sum(r["identical_to_ar"] is True for r in drafts)
+  before = sum(r["identical_to_one_row_ar"] is True for r in drafts)
+  return [
+    "",
+    "### bfloat16 with every forward at one shape",
+    "",
+    f"`results/bf16_one_shape/sweep.json`: the bfloat16 sweep with `forward_rows = "
+    f"{ONE_SHAPE_ROWS}`, AR included, beside `results/bf16_sweep` (AR steps of one row; its "
+    f"own run). {same} of {len(drafts)} (category, drafter) texts equal AR's token for token, "
+    f"against {before} of {len(drafts)} there.",
+    "",
+    results.markdown_table(drafts, tuple(drafts[0])),
+    "",
+    results.markdown_table([r for r in rows if r["variant"] == "ar"],
+                           ("category", "variant", "tokens_per_s", "one_row_ar_tokens_per_s")),
+  ]  # fmt: skip
