@@ -38,8 +38,10 @@ def exact_pvalues(
   stop_ids: Sequence[int] = (),
   verifier=verify.verify,
   mesh=None,
+  forward_rows: int = 0,
 ) -> list[float]:
-  """Samples ``rows * calls`` rows through the batched ``generate`` (on ``mesh``, if given), the
+  """Samples ``rows * calls`` rows through the batched ``generate`` (on ``mesh``, if given; with
+  ``forward_rows``, if given), the
   ``prompts`` cycled through each batch (ragged lengths in one batch), and returns one
   chi-square p-value per prompt against the target's enumerated distribution for that prompt."""
   tcfg, tparams = target
@@ -58,6 +60,7 @@ def exact_pvalues(
       eos_id=list(stop_ids) or None,
       verifier=verifier,
       mesh=mesh,
+      forward_rows=forward_rows,
       **knobs,
     )
     for i, row in enumerate(out.tokens):

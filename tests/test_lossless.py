@@ -88,8 +88,9 @@ def v5_pair():
 V5_ROWS, V5_CALLS = 3000, 5
 
 
-def _v5_pvalues(target, drafter, dparams, verifier=None, knobs=None):
+def _v5_pvalues(target, drafter, dparams, verifier=None, knobs=None, forward_rows=0):
   kw = {} if verifier is None else {"verifier": verifier}  # None: the default, lossless one
+  kw["forward_rows"] = forward_rows
   return testing.exact_pvalues(
     target,
     drafter,
@@ -178,6 +179,32 @@ def test_exact_distribution_in_bfloat16(v5_pair, make, verifier):
   }
   assert floats == {jnp.dtype(jnp.bfloat16)}
   pvalues = _v5_pvalues(target, drafter, params, verifier)
+  if verifier is None:
+    assert min(pvalues) > P_PASS / len(pvalues), pvalues
+  else:
+    assert min(pvalues) < P_FAIL, pvalues
+
+
+# Every target forward at one shape (``forward_rows``: the step's rows plus two filler rows,
+# the new K/V read at their cache slots): an EAGLE tree with the lookup branch, the one-token
+# steps of an abstaining lookup, and the broken EAGLE verifier (must fail).
+ONE_SHAPE = {
+  "eagle_sampled_lookup": (STATEFUL["eagle_sampled_lookup"], None),
+  "prompt_lookup_abstaining": (STATEFUL["prompt_lookup_abstaining"], None),
+  "eagle_keep_rejected_candidate": (
+    STATEFUL["eagle_sampled_2x2_3"],
+    testing.keep_rejected_candidate,
+  ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make, verifier", ONE_SHAPE.values(), ids=ONE_SHAPE)
+def test_exact_distribution_at_one_forward_shape(v5_pair, make, verifier):
+  target, draft = v5_pair
+  drafter, dparams = make(draft)
+  rows = drafter.num_nodes + drafter.num_extra + 1 + 2
+  pvalues = _v5_pvalues(target, drafter, dparams, verifier, forward_rows=rows)
   if verifier is None:
     assert min(pvalues) > P_PASS / len(pvalues), pvalues
   else:
