@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from specjax import indexing, placement, sampling, verify
 from specjax import metrics as metrics_lib
-from specjax import placement, sampling, verify
 from specjax.drafters.base import Drafter, NoDraft, at_temperature
 from specjax.loop import Limits, Static, jitted
 from specjax.models import llama
@@ -281,7 +281,7 @@ def _stop_ids(eos_id) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _next_token_probs(params, tokens_BxP, lengths_B, sp, *, cfg):
   logits_BxPxV, _ = llama.logits_of(params, cfg, tokens_BxP)
-  last_BxV = jnp.take_along_axis(logits_BxPxV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  last_BxV = indexing.take_along(logits_BxPxV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
   return sampling.probs(last_BxV, sp)
 
 

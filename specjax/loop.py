@@ -30,7 +30,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from specjax import placement, sampling, trees, verify
+from specjax import indexing, placement, sampling, trees, verify
 from specjax.drafters.base import Draft, DraftContext, Drafter, Prefill, Verdict
 from specjax.metrics import Metrics
 from specjax.models import llama
@@ -113,7 +113,7 @@ def _prefill(tparams, st: Static, tokens_BxS, prompt_len_B, sp, key):
     tparams, st.target_cfg, prompt_BxP, positions, cache, llama.causal_mask(p),
     st.drafter.feature_layers, window=p,  # an empty cache: the prompt's p slots are all
   )  # fmt: skip
-  last_BxV = jnp.take_along_axis(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
+  last_BxV = indexing.take_along(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
   first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
   tokens = write_rows(tokens_BxS, first_B[:, None], prompt_len_B)
   prefill = Prefill(prompt_BxP, prompt_len_B, _features(feats, st.drafter), st.num_slots)
@@ -153,7 +153,7 @@ def _overlap(draft: Draft, p_BxN1xV, d: int) -> jax.Array:
   if draft.parents is not None or d == 0:
     return jnp.zeros((b, d), jnp.float32)
   if draft.probs is None:  # one-hot q: the overlap is p(x)
-    return jnp.take_along_axis(p_BxN1xV[:, :d], draft.tokens[..., None], axis=-1)[..., 0]
+    return indexing.take_along(p_BxN1xV[:, :d], draft.tokens[..., None], axis=-1)[..., 0]
   return jnp.sum(jnp.minimum(p_BxN1xV[:, :d], draft.probs), axis=-1)
 
 
@@ -175,7 +175,7 @@ def _greedy_verdict(d: int, key, draft: Draft, logits_BxN1xV, sp):
   elif draft.probs is None:  # one-hot p and q: the overlap is whether x is the argmax
     overlap = (draft.tokens[:, :d] == argmax_BxN1[:, :d]).astype(jnp.float32)
   else:  # one-hot p: the overlap is q(argmax)
-    overlap = jnp.take_along_axis(draft.probs[:, :d], argmax_BxN1[:, :d, None], axis=-1)[..., 0]
+    overlap = indexing.take_along(draft.probs[:, :d], argmax_BxN1[:, :d, None], axis=-1)[..., 0]
   return end_B, next_B, overlap
 
 
@@ -208,7 +208,7 @@ def target_forward(tparams, st: Static, tokens_BxT, positions_BxT, cache: KVCach
     tparams, cfg, tokens_BxP, positions_BxP, cache, mask_P, features, window=cache.num_slots
   )
   slots_Bx1xTx1 = (cache.lengths[:, None] + jnp.arange(t))[:, None, :, None]
-  take = lambda x: jnp.take_along_axis(x, slots_Bx1xTx1, axis=2)  # noqa: E731
+  take = lambda x: indexing.take_along(x, slots_Bx1xTx1, axis=2)  # noqa: E731
   new_kv = llama.NewKV(tuple(map(take, written.k)), tuple(map(take, written.v)))
   return logits[:, :t], tuple(f[:, :t] for f in feats), new_kv
 
@@ -224,7 +224,7 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: Sta
     functools.partial(_verdict, st.verifier, d),
     key, draft, logits[:, : n_nodes + 1], sp,
   )  # fmt: skip
-  n_B = jnp.take_along_axis(depth_BxN1, end_B[:, None], axis=1)[:, 0]
+  n_B = indexing.take_along(depth_BxN1, end_B[:, None], axis=1)[:, 0]
   if anc is None:  # a chain: the accepted nodes already sit in order
     path_BxD = jnp.broadcast_to(jnp.arange(1, d + 1), (L_B.shape[0], d))
   else:
@@ -289,7 +289,7 @@ def path_slots(path_BxD: jax.Array) -> jax.Array:
 def take_path(new_kv: llama.NewKV, slots_BxD1: jax.Array) -> llama.NewKV:
   """The new K/V at the given forward positions, in order: a tree's accepted path becomes
   contiguous (compaction) without moving anything in the cache."""
-  take = lambda x: jnp.take_along_axis(x, slots_BxD1[:, None, :, None], axis=2)  # noqa: E731
+  take = lambda x: indexing.take_along(x, slots_BxD1[:, None, :, None], axis=2)  # noqa: E731
   return llama.NewKV(tuple(map(take, new_kv.k)), tuple(map(take, new_kv.v)))
 
 

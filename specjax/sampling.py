@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import indexing
+
 
 @struct.dataclass
 class SamplingParams:
@@ -44,14 +46,14 @@ def _filter(logits_xV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Arr
   v = logits_xV.shape[-1]
   sorted_desc = -jnp.sort(-logits_xV, axis=-1)
   k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
-  kth = jnp.take(sorted_desc, k - 1, axis=-1)[..., None]
+  kth = indexing.take(sorted_desc, k - 1, axis=-1)[..., None]
   sorted_desc = jnp.where(jnp.arange(v) < k, sorted_desc, -jnp.inf)
   # Nucleus over what top-k kept: keep the smallest prefix whose mass reaches top_p.
   sorted_probs = jax.nn.softmax(sorted_desc, axis=-1)
   mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
   keep = (mass_before < top_p) & (jnp.arange(v) < k)
   last = jnp.sum(keep, axis=-1, keepdims=True) - 1
-  pth = jnp.take_along_axis(sorted_desc, last, axis=-1)
+  pth = indexing.take_along(sorted_desc, last, axis=-1)
   threshold = jnp.maximum(kth, pth)
   return jnp.where(logits_xV >= threshold, logits_xV, -jnp.inf)
 

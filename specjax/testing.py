@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, trees, verify
+from specjax import indexing, sampling, trees, verify
 from specjax.decode import generate
 from specjax.drafters.base import Draft, Drafter, Prefill, Stateless, Verdict, WithFeatures
 from specjax.drafters.prompt_lookup import PromptLookup
@@ -141,9 +141,9 @@ class RandomTreeDrafter(Stateless):
     if self.mode == "gumbel":
       score_BxN1xV += jax.random.gumbel(key_g, (b, n1, v))
     order_BxN1xV = jnp.argsort(-score_BxN1xV, axis=-1)
-    order_BxNxV = jnp.take_along_axis(order_BxN1xV, parents_BxN[..., None], axis=1)
-    tokens_BxN = jnp.take_along_axis(order_BxNxV, rank_BxN[..., None], axis=2)[..., 0]
-    probs = jnp.take_along_axis(q_BxN1xV, parents_BxN[..., None], axis=1)
+    order_BxNxV = indexing.take_along(order_BxN1xV, parents_BxN[..., None], axis=1)
+    tokens_BxN = indexing.take_along(order_BxNxV, rank_BxN[..., None], axis=2)[..., 0]
+    probs = indexing.take_along(q_BxN1xV, parents_BxN[..., None], axis=1)
     draft = Draft(
       tokens=tokens_BxN.astype(jnp.int32),
       probs=None if self.mode == "top_one_hot" else probs,
@@ -190,12 +190,12 @@ def resample_from_target(key, draft, p_BxK1xV, sp):
   """Wrong: on rejection, draws from p instead of the residual norm(max(p - q, 0))."""
   b, k = draft.tokens.shape
   key_accept, key_sample = jax.random.split(key)
-  p_x = jnp.take_along_axis(p_BxK1xV[:, :k], draft.tokens[..., None], axis=-1)[..., 0]
+  p_x = indexing.take_along(p_BxK1xV[:, :k], draft.tokens[..., None], axis=-1)[..., 0]
   q_x = 1.0
   if draft.probs is not None:
-    q_x = jnp.take_along_axis(draft.probs, draft.tokens[..., None], axis=-1)[..., 0]
+    q_x = indexing.take_along(draft.probs, draft.tokens[..., None], axis=-1)[..., 0]
   n_B = verify.num_accepted(jax.random.uniform(key_accept, (b, k)) * q_x < p_x)
-  dist = jnp.take_along_axis(p_BxK1xV, n_B[:, None, None], axis=1)[:, 0]
+  dist = indexing.take_along(p_BxK1xV, n_B[:, None, None], axis=1)[:, 0]
   return n_B, sampling.sample(key_sample, dist)
 
 
@@ -273,7 +273,7 @@ def rerank_by_own_q(drafter, params):
   class OwnScore(eagle.Eagle):
     def _children(self, logits_BxMxW, key, sp):
       tok, score, q = super()._children(logits_BxMxW, key, sp)
-      own = jnp.log(jnp.take_along_axis(q, tok, axis=-1))
+      own = jnp.log(indexing.take_along(q, tok, axis=-1))
       return tok, jnp.where(sp.temperature <= 0, score, own), q
 
   d = drafter

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import indexing
+
 
 @dataclasses.dataclass(frozen=True)
 class Tree:
@@ -209,7 +211,7 @@ def ancestors(parents_BxN: jax.Array) -> jax.Array:
   node_BxN1 = jnp.broadcast_to(jnp.arange(n1), par.shape)
   anc = node_BxN1[..., None] == jnp.arange(n1)
   for _ in range(n1 - 1):  # walk one level up per pass; the root is its own parent
-    node_BxN1 = jnp.take_along_axis(par, node_BxN1, axis=1)
+    node_BxN1 = indexing.take_along(par, node_BxN1, axis=1)
     anc |= node_BxN1[..., None] == jnp.arange(n1)
   return anc
 
@@ -224,7 +226,7 @@ def path_to(ancestors_BxN1xN1, depth_BxN1, end_B, max_depth: int) -> jax.Array:
 
   Entries past the end node's depth are 0 (the root); callers mask them by that depth.
   """
-  anc_BxN1 = jnp.take_along_axis(ancestors_BxN1xN1, end_B[:, None, None], axis=1)[:, 0]
+  anc_BxN1 = indexing.take_along(ancestors_BxN1xN1, end_B[:, None, None], axis=1)[:, 0]
   d_D = jnp.arange(1, max_depth + 1)
   on_path_BxDxN1 = anc_BxN1[:, None, :] & (depth_BxN1[:, None, :] == d_D[:, None])
   return jnp.argmax(on_path_BxDxN1, axis=-1).astype(jnp.int32)

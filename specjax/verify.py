@@ -30,7 +30,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax import sampling
+from specjax import indexing, sampling
 
 
 def num_accepted(accept_BxK: jax.Array) -> jax.Array:
@@ -46,7 +46,7 @@ def residual(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
 
 
 def _pick(x_BxKx: jax.Array, n_B: jax.Array) -> jax.Array:
-  return jnp.take_along_axis(x_BxKx, n_B[:, None, None], axis=1)[:, 0]
+  return indexing.take_along(x_BxKx, n_B[:, None, None], axis=1)[:, 0]
 
 
 def remove(p_xV: jax.Array, x_x: jax.Array) -> jax.Array:
@@ -66,14 +66,14 @@ def rejection_sample_chain(
   """
   b, k = draft_BxK.shape
   key_accept, key_sample = jax.random.split(key)
-  p_x_BxK = jnp.take_along_axis(p_BxK1xV[:, :k], draft_BxK[..., None], axis=-1)[..., 0]
+  p_x_BxK = indexing.take_along(p_BxK1xV[:, :k], draft_BxK[..., None], axis=-1)[..., 0]
   u_BxK = jax.random.uniform(key_accept, (b, k))
   if q_BxKxV is None:  # one-hot q: accept with p(x); the residual is p without x
     n_B = num_accepted(u_BxK < p_x_BxK)
     x_pad_BxK1 = jnp.concatenate([draft_BxK, jnp.full((b, 1), -1, draft_BxK.dtype)], axis=1)
-    x_B = jnp.take_along_axis(x_pad_BxK1, n_B[:, None], axis=1)[:, 0]
+    x_B = indexing.take_along(x_pad_BxK1, n_B[:, None], axis=1)[:, 0]
     return n_B, sampling.sample(key_sample, remove(_pick(p_BxK1xV, n_B), x_B))
-  q_x_BxK = jnp.take_along_axis(q_BxKxV, draft_BxK[..., None], axis=-1)[..., 0]
+  q_x_BxK = indexing.take_along(q_BxKxV, draft_BxK[..., None], axis=-1)[..., 0]
   n_B = num_accepted(u_BxK * q_x_BxK < p_x_BxK)
   # With a zero row appended to q, the residual at n == K is p_K itself: the bonus token.
   q_pad_BxK1xV = jnp.concatenate([q_BxKxV, jnp.zeros_like(q_BxKxV[:, :1])], axis=1)
@@ -90,7 +90,7 @@ def verify(key, draft, p_BxN1xV, sp) -> tuple[jax.Array, jax.Array]:
 
 def _node_probs(p_BxN1xV, parents_BxN):
   """``[B, N, V]``: the target's distribution at each draft node's parent."""
-  return jnp.take_along_axis(p_BxN1xV, parents_BxN[..., None], axis=1)
+  return indexing.take_along(p_BxN1xV, parents_BxN[..., None], axis=1)
 
 
 def deepest_passing(parents_BxN, pass_BxN) -> jax.Array:
@@ -100,10 +100,10 @@ def deepest_passing(parents_BxN, pass_BxN) -> jax.Array:
   depth_BxN1 = jnp.zeros((b, n + 1), jnp.int32)
   for i in range(1, n + 1):  # parents come first, so one pass settles every path and depth
     parent_B1 = parents_BxN[:, i - 1 : i]
-    parent_ok = jnp.take_along_axis(ok_BxN1, parent_B1, axis=1)[:, 0]
+    parent_ok = indexing.take_along(ok_BxN1, parent_B1, axis=1)[:, 0]
     ok_BxN1 = ok_BxN1.at[:, i].set(parent_ok & pass_BxN[:, i - 1])
     depth_BxN1 = depth_BxN1.at[:, i].set(
-      jnp.take_along_axis(depth_BxN1, parent_B1, axis=1)[:, 0] + 1
+      indexing.take_along(depth_BxN1, parent_B1, axis=1)[:, 0] + 1
     )
   return jnp.argmax(jnp.where(ok_BxN1, depth_BxN1, -1), axis=-1)
 
@@ -116,9 +116,9 @@ def greedy(draft, argmax_BxN1: jax.Array) -> tuple[jax.Array, jax.Array]:
   if draft.parents is None:
     end_B = num_accepted(draft.tokens == argmax_BxN1[:, :n])
   else:
-    hit_BxN = jnp.take_along_axis(argmax_BxN1, draft.parents, axis=1) == draft.tokens
+    hit_BxN = indexing.take_along(argmax_BxN1, draft.parents, axis=1) == draft.tokens
     end_B = deepest_passing(draft.parents, hit_BxN)
-  return end_B, jnp.take_along_axis(argmax_BxN1, end_B[:, None], axis=1)[:, 0]
+  return end_B, indexing.take_along(argmax_BxN1, end_B[:, None], axis=1)[:, 0]
 
 
 def greedy_tree(draft, p_BxN1xV) -> tuple[jax.Array, jax.Array]:
@@ -203,8 +203,8 @@ class TypicalAcceptance:
     )
     p_par_BxNxV = _node_probs(p_BxN1xV, parents_BxN)
     entropy_BxN = -jnp.sum(p_par_BxNxV * jnp.log(jnp.maximum(p_par_BxNxV, 1e-30)), axis=-1)
-    p_x_BxN = jnp.take_along_axis(p_par_BxNxV, draft.tokens[..., None], axis=-1)[..., 0]
+    p_x_BxN = indexing.take_along(p_par_BxNxV, draft.tokens[..., None], axis=-1)[..., 0]
     pass_BxN = p_x_BxN > jnp.minimum(self.epsilon, self.delta * jnp.exp(-entropy_BxN))
     end_B = deepest_passing(parents_BxN, pass_BxN)
-    p_end_BxV = jnp.take_along_axis(p_BxN1xV, end_B[:, None, None], axis=1)[:, 0]
+    p_end_BxV = indexing.take_along(p_BxN1xV, end_B[:, None, None], axis=1)[:, 0]
     return end_B, sampling.sample(key, p_end_BxV)

@@ -26,9 +26,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # in 0.65x the time (test_decode + test_medusa, cold: 171 s -> 117 s wall), though a SmolLM2
 # program in 1.4x. The suite passes either way. Benchmarks and experiments run outside the
 # tests, with XLA's defaults.
+# LLVM code generation runs unsplit: XLA splits a module to compile its parts on several
+# threads, but the xdist workers already fill the cores, so the split is only more work (the
+# carried-state exact-distribution tests, cold: 115.8 -> 110.5 s of CPU).
 # tests/train_worker.py passes these flags on to the processes it starts.
 os.environ.setdefault(
-  "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+  "XLA_FLAGS",
+  "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+  " --xla_cpu_parallel_codegen_split_count=1",
 )
 # One intra-op thread for torch (the HF oracle): the xdist workers already fill the cores, and
 # torch's threads spinning on a busy core made HF generate ~4x slower here (measured).

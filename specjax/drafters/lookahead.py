@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from flax import struct
 
-from specjax import trees
+from specjax import indexing, trees
 from specjax.drafters.base import Draft, DraftContext, Stateless, Verdict
 
 
@@ -122,7 +122,7 @@ class Lookahead(Stateless):
     # Start the window from tokens of the prompt, spread by a fixed pseudo-random pick.
     u_BxE = jax.random.uniform(jax.random.key(0), (b, levels * w))
     pick_BxE = (u_BxE * prompt_lengths_B[:, None]).astype(jnp.int32)
-    window = jnp.take_along_axis(prompt_BxP, pick_BxE, axis=1).reshape(b, levels, w)
+    window = indexing.take_along(prompt_BxP, pick_BxE, axis=1).reshape(b, levels, w)
     return LookaheadState(
       window=window,
       keys=jnp.full((b, self.pool_size), -1, jnp.int32),
@@ -132,12 +132,12 @@ class Lookahead(Stateless):
 
   def propose(self, params, state: LookaheadState, ctx: DraftContext):
     b, k, g = ctx.tokens.shape[0], self.ngram - 1, self.num_candidates
-    root_B = jnp.take_along_axis(ctx.tokens, ctx.lengths[:, None], axis=1)[:, 0]
+    root_B = indexing.take_along(ctx.tokens, ctx.lengths[:, None], axis=1)[:, 0]
     # The G most recently added n-grams that start with the newest token.
     age_BxP = (state.ptr[:, None] - 1 - jnp.arange(self.pool_size)) % self.pool_size
     score_BxP = jnp.where(state.keys == root_B[:, None], self.pool_size - age_BxP, -1)
     best_BxG, slot_BxG = jax.lax.top_k(score_BxP, g)
-    conts_BxGxK = jnp.take_along_axis(state.conts, slot_BxG[..., None], axis=1)
+    conts_BxGxK = indexing.take_along(state.conts, slot_BxG[..., None], axis=1)
     conts_BxGxK = jnp.where(best_BxG[..., None] >= 0, conts_BxGxK, root_B[:, None, None])
     tokens_BxN = conts_BxGxK.reshape(b, g * k)
     offsets_E, mask_ExT = self._window_layout()

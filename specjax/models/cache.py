@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import indexing
+
 
 @struct.dataclass
 class KVCache:
@@ -61,4 +63,4 @@ def write_rows(buf: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 0
 
 def gather_rows(buf: jax.Array, index_BxT: jax.Array, axis: int = 0) -> jax.Array:
   """Returns ``buf[b]`` indexed by ``index[b]`` along the row's ``axis``, for every row b."""
-  return jax.vmap(lambda row, idx: jnp.take(row, idx, axis=axis))(buf, index_BxT)
+  return jax.vmap(lambda row, idx: indexing.take(row, idx, axis=axis))(buf, index_BxT)

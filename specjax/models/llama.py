@@ -36,6 +36,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec as P
 
+from specjax import indexing
 from specjax.models import schema
 from specjax.models.cache import KVCache, write_rows
 from specjax.models.config import ModelConfig
@@ -241,7 +242,7 @@ def visibility(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) -> j
   t = mask_BxTxT.shape[-1]
   rel_BxS = jnp.arange(num_slots)[None, :] - lengths_B[:, None]
   is_new_BxS = (rel_BxS >= 0) & (rel_BxS < t)
-  new_BxTxS = jnp.take_along_axis(
+  new_BxTxS = indexing.take_along(
     mask_BxTxT,
     jnp.broadcast_to(jnp.clip(rel_BxS, 0, t - 1)[:, None, :], (mask_BxTxT.shape[0], t, num_slots)),
     axis=2,

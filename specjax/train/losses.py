@@ -13,6 +13,8 @@ often argmax q == argmax p (greedy acceptance of one draft token).
 import jax
 import jax.numpy as jnp
 
+from specjax import indexing
+
 
 def masked_mean(x_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
   mask_BxT = mask_BxT.astype(jnp.float32)
@@ -55,7 +57,7 @@ def next_token_xent(
 ) -> jax.Array:
   """Cross-entropy of position t's logits against token t+1 (the last position never counts)."""
   log_q = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(log_q, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+  nll = -indexing.take_along(log_q, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
   return masked_mean(nll, mask_BxT[:, :-1])
 
 

@@ -14,7 +14,7 @@ from flax import struct
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_dict
 
-from specjax import sampling
+from specjax import indexing, sampling
 from specjax.drafters import curves, prompt_lookup
 from specjax.drafters.base import (
   Chain,
@@ -215,7 +215,7 @@ class Eagle(Chain):
     _, k, v = layer(params, self.cfg, inputs(params, self.cfg, next_BxP, s_BxPxF), positions,
                     cache.k[0], cache.v[0], attn)  # fmt: skip
     last = (prefill.lengths - 1)[:, None, None]
-    last_BxF = jnp.take_along_axis(prefill.features, last, axis=1)[:, 0]
+    last_BxF = indexing.take_along(prefill.features, last, axis=1)[:, 0]
     pending = jnp.zeros((b, self.num_draft + 1, last_BxF.shape[-1]), last_BxF.dtype)
     return EagleState(
       cache=KVCache((k,), (v,), prefill.lengths - 1),
@@ -240,7 +240,7 @@ class Eagle(Chain):
     out_BxTxF, k, v = layer(params, self.cfg, x, positions_BxT, cache.k[0], cache.v[0], attn)
     last = (state.count_B - 1)[:, None, None]
     cache = KVCache((k,), (v,), ctx.lengths)  # pairs up to the newest token's predecessor
-    return jnp.take_along_axis(out_BxTxF, last, axis=1)[:, 0], cache
+    return indexing.take_along(out_BxTxF, last, axis=1)[:, 0], cache
 
   def _children(self, logits_BxMxW, key, sp):
     """Each of M nodes' top_k children: tokens (draft-vocabulary ids), their log score, and the
@@ -322,9 +322,9 @@ class Eagle(Chain):
     values the earlier levels left in ``tree_kv`` (a pair's keys and values depend only on the
     pair and its position): ``(their outputs, tree_kv with theirs appended)``."""
     new_BxK = expanded.nodes_BxM[:, -self.top_k :]
-    ids = jnp.take_along_axis(pool.tok_BxP, new_BxK, axis=1)
+    ids = indexing.take_along(pool.tok_BxP, new_BxK, axis=1)
     tokens = params["vocab_ids"][ids]  # draft-vocabulary ids -> the target's
-    s_in = jnp.take_along_axis(pool.s_in_BxPxF, new_BxK[..., None], axis=1)
+    s_in = indexing.take_along(pool.s_in_BxPxF, new_BxK[..., None], axis=1)
     positions = ctx.lengths[:, None] + jnp.asarray(np.asarray(expanded.depths[-self.top_k :]) - 1)
     mask_BxKxM = expanded.ancestors_BxMxM[:, -self.top_k :]
     attn = llama.attention_inputs(ctx.lengths, mask_BxKxM, cache.num_slots, write=False)
@@ -340,14 +340,14 @@ class Eagle(Chain):
     # Pool index -> node id (1-based; the root is 0).
     node_of = jnp.zeros((b, p + 1), jnp.int32)  # slot p: the root's "pool index" -1
     node_of = node_of.at[jnp.arange(b)[:, None], keep_BxN].set(jnp.arange(1, self.total + 1))
-    parent_pool = jnp.take_along_axis(pool.parent_BxP, keep_BxN, axis=1)
-    parents_BxN = jnp.take_along_axis(node_of, jnp.where(parent_pool < 0, p, parent_pool), axis=1)
+    parent_pool = indexing.take_along(pool.parent_BxP, keep_BxN, axis=1)
+    parents_BxN = indexing.take_along(node_of, jnp.where(parent_pool < 0, p, parent_pool), axis=1)
     vocab_ids = params["vocab_ids"]
-    tokens_BxN = vocab_ids[jnp.take_along_axis(pool.tok_BxP, keep_BxN, axis=1)]
+    tokens_BxN = vocab_ids[indexing.take_along(pool.tok_BxP, keep_BxN, axis=1)]
     if not self.sampled:
       return Draft(tokens=tokens_BxN, parents=parents_BxN)
-    dist_BxN = jnp.take_along_axis(pool.dist_BxP, keep_BxN, axis=1)
-    q_BxNxW = jnp.take_along_axis(pool.q_BxDxW, dist_BxN[..., None], axis=1)
+    dist_BxN = indexing.take_along(pool.dist_BxP, keep_BxN, axis=1)
+    q_BxNxW = indexing.take_along(pool.q_BxDxW, dist_BxN[..., None], axis=1)
     if self.cfg.vocab_size:  # q is zero outside the draft vocabulary
       q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.cfg.target.vocab_size,), q_BxNxW.dtype)
       q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import indexing
 from specjax.drafters.eagle.model import FIELD
 
 
@@ -66,7 +67,7 @@ class Pool:
   def offer(self, frontier_BxK, tok_BxKxK, score_BxKxK, q_BxKxW, out_BxKxF) -> "Pool":
     """Adds each frontier node's k children (scores accumulated along the path)."""
     b, k = frontier_BxK.shape
-    parent_score = jnp.take_along_axis(self.score_BxP, frontier_BxK, axis=1)
+    parent_score = indexing.take_along(self.score_BxP, frontier_BxK, axis=1)
     score = (parent_score[:, :, None] + score_BxKxK).reshape(b, k * k)
     first_dist = 0 if self.q_BxDxW is None else self.q_BxDxW.shape[1]
     cat = lambda a, x: jnp.concatenate([a, x], axis=1)  # noqa: E731
@@ -99,7 +100,7 @@ class Expanded:
     expanded one level up, or is the root) plus itself."""
     b, k = frontier_BxK.shape
     m = self.nodes_BxM.shape[1]
-    parent_BxK = jnp.take_along_axis(parent_BxP, frontier_BxK, axis=1)
+    parent_BxK = indexing.take_along(parent_BxP, frontier_BxK, axis=1)
     is_parent_BxKxM = (self.nodes_BxM[:, None, :] == parent_BxK[:, :, None]).astype(jnp.int32)
     anc_BxMxM = self.ancestors_BxMxM.astype(jnp.int32)
     inherited = jnp.einsum("bkm,bmn->bkn", is_parent_BxKxM, anc_BxMxM) > 0

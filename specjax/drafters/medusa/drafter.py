@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from specjax import sampling
+from specjax import indexing, sampling
 from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.base import (
   Chain,
@@ -191,11 +191,11 @@ class Medusa(Chain):
 
   def init(self, params, prefill: Prefill):
     last = (prefill.lengths - 1)[:, None, None]
-    return jnp.take_along_axis(prefill.features, last, axis=1)[:, 0]
+    return indexing.take_along(prefill.features, last, axis=1)[:, 0]
 
   def commit(self, state, verdict: Verdict, ctx):
     n = verdict.num_accepted[:, None, None]
-    return jnp.take_along_axis(verdict.features, n, axis=1)[:, 0]
+    return indexing.take_along(verdict.features, n, axis=1)[:, 0]
 
   @property
   def verifies_tree(self) -> bool:
