@@ -4,9 +4,10 @@
 "fill": indices past the end give NaN or the type's minimum) and so lower to about twenty HLO
 operations around a two-operation gather. specjax's indices are lengths, accepted counts, tree
 parents and top-k slots, in range by construction, and a decode loop makes about a hundred such
-gathers once its ``cond`` branches are counted: the checks were 28% of an EAGLE loop's
-optimised HLO and 11% of a tiny decode loop's XLA compile time (docs/testing.md). These
-helpers promise the gather in bounds. Negative indices still count from the end, as in NumPy.
+gathers once its ``cond`` branches are counted: without the checks a tiny EAGLE loop's
+optimised HLO has 5,889 instructions instead of 8,005, and four tiny loops compile in 0.93x the
+CPU time (docs/testing.md, the tenth run). These helpers promise the gather in bounds.
+Negative indices still count from the end, as in NumPy.
 """
 
 import jax
