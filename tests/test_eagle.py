@@ -457,6 +457,24 @@ def test_bad_input_is_one_clear_error(tmp_path, case):
     call()
 
 
+def test_auto_architecture_is_the_published_eagle3_for_several_layers(tmp_path):
+  """objective.eagle.architecture = auto, the default: the published EAGLE-3 where several
+  feature layers are read, specjax's variant for the final feature alone and where only it
+  applies (an input ablation, a copied target layer); a named architecture is kept."""
+  target = _tiny_target()
+  c = _eagle_config(tmp_path)
+  c.objective = objectives.default_config("eagle")
+  assert c.objective.eagle.architecture == "auto"
+  arch = lambda **kw: objectives.build(_with(c, **kw), target.cfg).eagle.architecture  # noqa: E731
+  three = (0, 1, 2)
+  assert arch() == "specjax"
+  assert arch(feature_layers=three) == "eagle3"
+  assert arch(feature_layers=three, inputs="token") == "specjax"
+  assert arch(feature_layers=three, copy_layer=1) == "specjax"
+  assert arch(feature_layers=three, architecture="specjax") == "specjax"
+  assert arch(architecture="eagle1") == "eagle1"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "features, rollout, architecture",
@@ -513,7 +531,7 @@ def test_cached_features_give_the_same_loss_and_are_reused(tmp_path, capsys):
   target = _tiny_target()
   c = _eagle_config(tmp_path)
   c.objective = objectives.default_config("eagle")
-  c.objective.eagle.update(feature_layers=(1, "final"), rollout=2)
+  c.objective.eagle.update(feature_layers=(1, "final"), rollout=2, architecture="specjax")
   obj = objectives.build(c, target.cfg)
   tokens = np.asarray(jax.random.randint(jax.random.key(1), (10, 16), 0, 64))
   ds = data.Dataset(tokens, np.ones_like(tokens, np.float32))

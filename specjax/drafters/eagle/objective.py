@@ -24,6 +24,18 @@ from specjax.train import losses
 from specjax.typing import Params
 
 
+def _architecture(c: ml_collections.ConfigDict, layers: tuple, field: str) -> str:
+  """``c.architecture``, with ``auto`` resolved (see ``EagleFeatures.config``)."""
+  arch = c.get("architecture", "specjax")  # configs from before the field: specjax's
+  if arch != "auto":
+    return arch
+  if c.init_from:
+    saved = eagle.read_meta(c.init_from, f"{field}.init_from")["eagle"]
+    return saved.get("architecture", "specjax")
+  several = len(layers) > 1 and c.inputs == eagle.INPUTS[0] and c.copy_layer < 0
+  return "eagle3" if several else "specjax"
+
+
 @dataclasses.dataclass(frozen=True)
 class EagleFeatures:
   """EAGLE (``drafters/eagle``): one decoder layer on the frozen target's features.
@@ -55,7 +67,11 @@ class EagleFeatures:
     c = ml_collections.ConfigDict()
     # specjax | eagle1 | eagle3: specjax's own variant, or the published EAGLE-1/2 or EAGLE-3
     # architecture exactly (drafters/eagle/model.py), which export_drafter writes for vLLM/SGLang.
-    c.architecture = "specjax"
+    # auto: the published EAGLE-3 where several feature layers are read (it drafted better than
+    # specjax's EAGLE-3 at equal budget: experiments/eagle_smollm2, official_eagle3_300), unless
+    # the config asks for what only specjax's variant has (an input ablation, a copied layer);
+    # specjax's variant for the final feature alone; init_from's architecture when continuing.
+    c.architecture = "auto"
     c.feature_layers = ("final",)  # target features read ("final" = EAGLE-1)
     c.inputs = "feature+token"  # what each pair feeds the layer: feature+token | feature | token
     c.vocab_size = 0  # draft vocabulary V' (0 = the target's): the most frequent training tokens
@@ -101,7 +117,7 @@ class EagleFeatures:
     layers = tuple(c.feature_layers)
     try:
       cfg = eagle.EagleConfig(
-        target, layers, c.vocab_size, c.inputs, c.ffn_dim, c.get("architecture", "specjax")
+        target, layers, c.vocab_size, c.inputs, c.ffn_dim, _architecture(c, layers, f)
       )
     except ValueError as e:
       raise ValueError(f"{f}: {e}") from None
