@@ -4,6 +4,8 @@ experiments/eagle_smollm2``)."""
 
 import json
 
+from ml_collections import ConfigDict
+
 from experiments.eagle_smollm2.config import (
   ABLATION_SWEEPS,
   ABLATIONS,
@@ -11,6 +13,7 @@ from experiments.eagle_smollm2.config import (
   SCALE_RUNS,
 )
 from specjax import results
+from specjax.drafters.eagle import objective as eagle_objective
 from specjax.tasks import sweep
 
 CONTINUED_RUNS = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS, LONG_RUN)
@@ -359,7 +362,7 @@ def _ablation(results_dir, headline: bool = False) -> list[str]:
       ev = record["eval"][-1] if record["eval"] else {}
       rows.append({
         "run": name,
-        "architecture": o.get("architecture", "specjax"),  # not in older records' configs
+        "architecture": eagle_objective.architecture(ConfigDict(o)),  # auto resolved
         "data": "+".join(s.rsplit("/", 1)[-1] for s in record["config"]["data"]["sources"]),
         "inputs": o["inputs"],
         "features": ",".join(map(str, o["feature_layers"])),

@@ -24,15 +24,16 @@ from specjax.train import losses
 from specjax.typing import Params
 
 
-def _architecture(c: ml_collections.ConfigDict, layers: tuple, field: str) -> str:
-  """``c.architecture``, with ``auto`` resolved (see ``EagleFeatures.config``)."""
+def architecture(c: ml_collections.ConfigDict, field: str = "config.objective.eagle") -> str:
+  """``c.architecture`` of an ``objective.eagle`` config, ``auto`` resolved (see
+  ``EagleFeatures.config``)."""
   arch = c.get("architecture", "specjax")  # configs from before the field: specjax's
   if arch != "auto":
     return arch
   if c.init_from:
     saved = eagle.read_meta(c.init_from, f"{field}.init_from")["eagle"]
     return saved.get("architecture", "specjax")
-  several = len(layers) > 1 and c.inputs == eagle.INPUTS[0] and c.copy_layer < 0
+  several = len(c.feature_layers) > 1 and c.inputs == eagle.INPUTS[0] and c.copy_layer < 0
   return "eagle3" if several else "specjax"
 
 
@@ -116,9 +117,7 @@ class EagleFeatures:
     f = "config.objective.eagle"
     layers = tuple(c.feature_layers)
     try:
-      cfg = eagle.EagleConfig(
-        target, layers, c.vocab_size, c.inputs, c.ffn_dim, _architecture(c, layers, f)
-      )
+      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs, c.ffn_dim, architecture(c, f))
     except ValueError as e:
       raise ValueError(f"{f}: {e}") from None
     if not -1 <= c.copy_layer < target.num_layers:
