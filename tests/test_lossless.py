@@ -151,6 +151,14 @@ def test_exact_distribution_across_steps(v5_pair, make):
   assert min(pvalues) > P_PASS / len(pvalues), pvalues
 
 
+def _check(pvalues, broken: bool) -> None:
+  """The correct sampler passes every prompt's test (Bonferroni); a broken one fails one."""
+  if broken:
+    assert min(pvalues) < P_FAIL, pvalues
+  else:
+    assert min(pvalues) > P_PASS / len(pvalues), pvalues
+
+
 # bfloat16 weights and caches (the accelerator default; float32 activations, bfloat16 products
 # accumulated in float32): the same carried-state case with the target and the drafter's weights
 # cast, against the bfloat16 target's own enumerated distribution. One chain, one Medusa and one
@@ -179,10 +187,7 @@ def test_exact_distribution_in_bfloat16(v5_pair, make, verifier):
   }
   assert floats == {jnp.dtype(jnp.bfloat16)}
   pvalues = _v5_pvalues(target, drafter, params, verifier)
-  if verifier is None:
-    assert min(pvalues) > P_PASS / len(pvalues), pvalues
-  else:
-    assert min(pvalues) < P_FAIL, pvalues
+  _check(pvalues, broken=verifier is not None)
 
 
 # Every target forward at one shape (``forward_rows``: the step's rows plus two filler rows,
@@ -205,10 +210,7 @@ def test_exact_distribution_at_one_forward_shape(v5_pair, make, verifier):
   drafter, dparams = make(draft)
   rows = drafter.num_nodes + drafter.num_extra + 1 + 2
   pvalues = _v5_pvalues(target, drafter, dparams, verifier, forward_rows=rows)
-  if verifier is None:
-    assert min(pvalues) > P_PASS / len(pvalues), pvalues
-  else:
-    assert min(pvalues) < P_FAIL, pvalues
+  _check(pvalues, broken=verifier is not None)
 
 
 BROKEN_ACROSS_STEPS = {
