@@ -5,10 +5,10 @@
       --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl
     python -m specjax.report experiments/specbench_smollm2       # README tables, figure (report.py)
 
-task=specbench over the first question of each of Spec-Bench's 13 categories (13 first
-turns), 256 new tokens, greedy, batch 1, float32 (``dtype = auto`` on a CPU). Each question is
-answered by AR and by the three drafters one after the other, every drafter's tokens checked
-equal to AR's: prompt lookup (K = 4); the committed Medusa heads
+task=specbench over Spec-Bench's subset of 65 (the first five questions of each of its 13
+categories, first turns), 256 new tokens, greedy, batch 1, float32 (``dtype = auto`` on a CPU).
+Each question is answered by AR and by the three drafters one after the other, every drafter's
+tokens checked equal to AR's: prompt lookup (K = 4); the committed Medusa heads
 (experiments/medusa_smollm2/heads, tree (3, 2, 2, 1) plus prompt lookup's 4-token branch); the
 committed EAGLE drafter (experiments/eagle_smollm2/drafter) with the tree budget the cost model
 picks for this machine (``total = auto`` over experiments/cost_model's measured grid: a 16-node
@@ -16,10 +16,8 @@ tree reaches a higher τ, but verifying 16 float32 rows costs about 5 one-token 
 experiments/verify_cost). Writes results/: specbench.json, specbench.md and Spec-Bench's answer
 files (model_answer/, one per method; Spec-Bench's evaluation/speed.py reads them). An
 interrupted run resumes at the next question. The question file is Spec-Bench's
-(github.com/hemingkx/Spec-Bench; nothing of it ships here). AR and three drafters at 256 tokens
-take 100-180 s a question on this 2-core CPU, so this run takes one question per category
-(about 35 minutes); ``--config.specbench.per_category=5`` (Spec-Bench's subset of 65) keeps
-the answers and adds the rest.
+(github.com/hemingkx/Spec-Bench; nothing of it ships here). The run takes about 37 minutes on
+this 2-core CPU.
 """
 
 from configs import specbench as specbench_config
@@ -44,5 +42,5 @@ def get_config():
   c = specbench_config.get_config()
   c.output_dir = "experiments/specbench_smollm2/results"
   c.specbench.variants = VARIANTS
-  c.specbench.per_category = 1  # 4 methods x 256 tokens take 100-180 s a question here
+  c.specbench.per_category = 5  # Spec-Bench's 65-question subset
   return c

@@ -15,8 +15,8 @@ share one AR run and one answer file each). First turns only
 (``specbench.turns = 1``, the default) or every turn (``2``: the second is asked after the
 method's own first answer, as Spec-Bench does). ``specbench.categories`` and
 ``specbench.per_category`` (the first N of each) take a subset. At temperature 0 every turn's
-tokens must equal AR's, or the run stops with an error. A call that compiled (a prompt width
-not seen before) is run again and only the second run is timed.
+tokens must equal AR's, or the run stops with an error. A prompt width a method has not
+decoded before is compiled by a one-token call first, so every timed call runs warm.
 
 Writes under ``output_dir``: ``model_answer/<model_id>.jsonl`` per method in Spec-Bench's own
 answer layout (its ``evaluation/speed.py`` reads them unchanged), appended after every
@@ -38,7 +38,7 @@ import ml_collections
 from ml_collections import config_dict
 from tqdm.auto import tqdm
 
-from specjax import build, loop, results
+from specjax import build, decode, loop, results
 from specjax.decode import generate
 from specjax.models import source
 from specjax.tasks import specbench_report, sweep
@@ -226,9 +226,15 @@ def accept_lengths(counts: dict) -> list[int]:
   return out
 
 
-def _timed(fn, prompt: list[int]):
-  """``(fn's Generation for [prompt], seconds)``; a call that traced (compiled) is run again
-  and only the second run is timed, as Spec-Bench warms up before it times."""
+def _timed(fn, prompt: list[int], warmed: set):
+  """``(fn's Generation for [prompt], seconds)``, timed warm, as Spec-Bench warms up before it
+  times. A prompt width ``warmed`` (this method's widths so far) lacks is compiled first by a
+  one-token call (the budget is traced, so it is the same program); a timed call that still
+  traced is run again and only the second run is timed."""
+  width = decode.prompt_width(len(prompt), fn.keywords["max_len"])
+  if width not in warmed:
+    fn([prompt], max_new_tokens=1)
+    warmed.add(width)
   for _ in range(2):
     traces = loop.TRACES["generate"]
     t0 = time.perf_counter()
@@ -239,16 +245,18 @@ def _timed(fn, prompt: list[int]):
   return out, seconds
 
 
-def answer(question: dict, fn, encoder: Encoder, config, model_id: str) -> tuple[dict, list]:
+def answer(
+  question: dict, fn, encoder: Encoder, config, model_id: str, warmed: set
+) -> tuple[dict, list]:
   """One method's answer to every turn asked of ``question``, as a Spec-Bench answer line,
-  and the new ids of each turn."""
+  and the new ids of each turn (``warmed``: the prompt widths ``fn`` has compiled)."""
   turns = question["turns"][: config.specbench.turns]
   ids, choice = [], {"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [],
                      "wall_time": [], "accept_lengths": []}  # fmt: skip
   for j in range(len(turns)):
     prompt = encoder.prompt(turns[: j + 1], ids)
     encoder.check_fits(question, prompt, config)
-    out, seconds = _timed(fn, prompt)
+    out, seconds = _timed(fn, prompt, warmed)
     ids.append(out.tokens[0])
     lengths = accept_lengths(out.counts)
     choice["turns"].append(encoder.text(out.tokens[0]))
@@ -369,10 +377,11 @@ def _decode(config, pending: list[dict], methods: dict, files: dict, total: int)
   files[AR].parent.mkdir(parents=True, exist_ok=True)
   bar = tqdm(pending, desc="specbench", unit="question", initial=total - len(pending), total=total)
   steps, tokens = {m: 0 for m in fns if m != AR}, {m: 0 for m in fns if m != AR}  # running τ
+  warmed = {m: set() for m in fns}
   for q in bar:
     lines, ids = {}, {}
     for m, fn in fns.items():
-      lines[m], ids[m] = answer(q, fn, encoder, config, methods[m])
+      lines[m], ids[m] = answer(q, fn, encoder, config, methods[m], warmed[m])
       if m != AR and config.temperature == 0:
         _check_equal(q, ids[AR], ids[m], m)
     for m in methods:
