@@ -265,3 +265,31 @@ def test_second_turn_is_asked_after_the_first_answer_in_the_chat_template():
     "<|im_start|>assistant\nParis.<|im_end|>\n<|im_start|>user\nAnd of Spain?<|im_end|>\n"
     "<|im_start|>assistant\n"
   )
+
+
+def test_a_new_prompt_width_is_compiled_by_a_one_token_call_before_the_timed_one():
+  """The timed call of a width never compiles: a width not seen before is compiled by a
+  one-token call first, once per width (a stand-in for generate that counts a trace the first
+  time it meets a width, as the decode loop does)."""
+  import functools
+
+  from specjax import decode, loop
+
+  calls, compiled = [], set()
+
+  def fake_generate(prompts, max_new_tokens, max_len):
+    width = decode.prompt_width(len(prompts[0]), max_len)
+    if width not in compiled:
+      compiled.add(width)
+      loop.TRACES["generate"] += 1
+    calls.append((width, max_new_tokens, loop.TRACES["generate"]))
+    return max_new_tokens
+
+  fn = functools.partial(fake_generate, max_new_tokens=256, max_len=1024)
+  warmed = set()
+  for n in (20, 30, 100, 20):
+    specbench._timed(fn, list(range(n)), warmed)
+  # widths 32, 32, 128, 32: one-token calls for 32 and 128 only, and one timed call per prompt.
+  assert [(w, k) for w, k, _ in calls] == [(32, 1), (32, 256), (32, 256), (128, 1), (128, 256),
+                                           (32, 256)]  # fmt: skip
+  assert warmed == {32, 128}
