@@ -149,6 +149,7 @@ def test_promote_copies_the_drafter_with_its_provenance(tmp_path, saved):
   assert manifest["train_minutes"] == 1.5 and manifest["data"]["sources"] == ["chitchat"]
   assert manifest["sha256"][FILES["eagle"]] == artifact.sha256(saved["eagle"] / FILES["eagle"])
   _check("eagle", to)  # decodes from there as from the run
+  assert [oct(q.stat().st_mode & 0o777) for q in (to, to / FILES["eagle"])] == ["0o755", "0o644"]
   (run / "draft_final" / "eagle.json").write_text(
     (run / "draft_final" / "eagle.json").read_text().replace("}", ', "note": 2}', 1)
   )
@@ -181,3 +182,18 @@ def test_promote_refuses_before_writing(tmp_path, saved, case):
   with pytest.raises(ValueError, match=message):
     _promote(run, to)
   assert (sorted(p.name for p in to.iterdir()) if to.exists() else None) == before
+
+
+def test_every_committed_promoted_drafter_matches_its_manifest():
+  """A drafter committed by task=promote (experiments/*/*/manifest.json) holds exactly the
+  files its manifest names, each with the SHA-256 recorded when it was promoted."""
+  from pathlib import Path
+
+  manifests = sorted((Path(__file__).parents[1] / "experiments").glob("*/*/manifest.json"))
+  assert manifests, "no promoted drafter is committed"
+  for path in manifests:
+    manifest = json.loads(path.read_text())
+    files = {f.name for f in path.parent.iterdir() if f.name != path.name}
+    assert files == set(manifest["sha256"]), path
+    for name, digest in manifest["sha256"].items():
+      assert artifact.sha256(path.parent / name) == digest, path.parent / name

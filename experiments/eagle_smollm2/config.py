@@ -67,6 +67,7 @@ from experiments.eagle_smollm2.variants import (
   MEDUSA_HEADS,
   REGEN,
   REQUESTS_DATA,
+  REQUESTS_DRAFTER,
   RESULTS,
   SCALE_RUNS,
   SWEEPS,
@@ -146,11 +147,19 @@ def _eagle3(c, name: str) -> None:
   c.objective.eagle.update(feature_layers=EAGLE3_LAYERS, rollout=3)
 
 
+PROMOTIONS = {  # name: (the run whose drafter is promoted, where it goes)
+  "promote": (WORKDIR, DRAFTER),
+  "promote_requests": (f"{WORKDIR}_requests", REQUESTS_DRAFTER),
+}
+
+
 def _promote(c, name: str) -> None:
-  """1.'s drafter to ``DRAFTER``, with its manifest (task=promote)."""
+  """1.'s drafter to ``DRAFTER`` (``:promote``), or ``:requests``' to ``REQUESTS_DRAFTER``
+  (``:promote_requests``), with its manifest (task=promote)."""
   c.task = "promote"
   c.promote = promote.default_config()
-  c.promote.update(run=WORKDIR, to=DRAFTER)
+  run, to = PROMOTIONS[name]
+  c.promote.update(run=run, to=to)
 
 
 def _sweep(c, name: str) -> None:
@@ -168,7 +177,7 @@ VARIANTS = {  # name: what it changes in 1.'s config (the error message lists th
   "ttt_300": _equal_budget,
   "eagle3": _eagle3,
   **{name: _ablation for name in ABLATIONS},
-  "promote": _promote,
+  **{name: _promote for name in PROMOTIONS},
   **{name: _sweep for name in SWEEPS},
 }
 

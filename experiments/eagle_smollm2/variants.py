@@ -8,6 +8,9 @@ from experiments import held_out
 WORKDIR = "results/eagle_smollm2"  # checkpoints and exports (not in git)
 HERE = "experiments/eagle_smollm2"
 DRAFTER = f"{HERE}/drafter"  # committed copy of WORKDIR/draft_final
+# :requests' drafter (1.'s continued on replies to assistant requests), promoted by
+# :promote_requests: higher held-out chat τ than DRAFTER; README's EAGLE commands decode it.
+REQUESTS_DRAFTER = f"{HERE}/drafter_requests"
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 TASKS_DATA = "data/self_distill/smollm2_tasks"  # configs/self_distill_smollm2.py:tasks
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests

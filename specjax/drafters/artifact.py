@@ -76,6 +76,10 @@ def atomic_directory(directory):
   tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
   try:
     yield tmp
+    tmp.chmod(0o755)  # mkdtemp makes it owner-only, as do some writers their files
+    for f in tmp.iterdir():
+      if f.is_file():
+        f.chmod(0o644)
     if directory.exists():
       shutil.rmtree(directory)
     tmp.rename(directory)
