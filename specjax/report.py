@@ -2,7 +2,7 @@
 
     python -m specjax.report experiments/attention_window [experiments/feature_cost ...]
 
-An experiment's ``report.py`` (or, in the older experiments, its ``config.py``) defines
+An experiment's ``report.py`` (beside its ``config.py``, which holds no report code) defines
 ``report(results_dir) -> str`` (Markdown built from the JSON under ``results/``, figures drawn
 there too); this writes it between the ``<!-- results -->`` and ``<!-- /results -->`` lines of
 the experiment's ``README.md``. Where the module also defines ``details(results_dir) -> str``
@@ -62,11 +62,13 @@ def _filled(text: str, markdown: str) -> str:
 
 
 def load_module(folder: Path):
-  """The experiment's report module: its ``report.py``, else its ``config.py``; it defines
-  ``report`` (and may define ``details``)."""
-  path = next((folder / f for f in ("report.py", "config.py") if (folder / f).is_file()), None)
-  if path is None:
-    raise ValueError(f"{folder} has no config.py: pass an experiment folder (experiments/NAME).")
+  """The experiment's report module, its ``report.py``: it defines ``report`` (and may define
+  ``details``)."""
+  path = folder / "report.py"
+  if not path.is_file():
+    raise ValueError(
+      f"{folder} has no report.py: pass an experiment folder with results (experiments/NAME)."
+    )
   spec = importlib.util.spec_from_file_location(f"_experiment_{folder.name}_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -76,7 +78,7 @@ def load_module(folder: Path):
 
 
 def load(folder: Path):
-  """The experiment's ``report`` function: from its ``report.py``, else its ``config.py``."""
+  """The experiment's ``report`` function, from its ``report.py``."""
   return load_module(folder).report
 
 

@@ -418,7 +418,8 @@ def test_report_fills_the_readme_block_from_json(tmp_path):
   folder = tmp_path / "exp"
   (folder / "results").mkdir(parents=True)
   (folder / "results" / "r.json").write_text('{"rows": [{"a": 1, "b": 0.5}]}')
-  (folder / "config.py").write_text(
+  (folder / "config.py").write_text("def report(d):\n  return 'not here'\n")  # configs: no reports
+  (folder / "report.py").write_text(
     "import json\n"
     "from specjax import results\n"
     "def report(d):\n"
@@ -430,15 +431,11 @@ def test_report_fills_the_readme_block_from_json(tmp_path):
   text = (folder / "README.md").read_text()
   assert "| a | b |" in text and "| 1 | 0.5 |" in text and "old" not in text
   assert text.startswith("# exp") and text.endswith("end\n")
-  # An experiment's own report.py, where it has one, renders instead of config.py's report.
-  (folder / "report.py").write_text("def report(d):\n  return 'from report.py'\n")
-  report.render(folder)
-  assert "<!-- results -->\nfrom report.py\n<!-- /results -->" in (folder / "README.md").read_text()
   # A folder that is missing, empty or a file: one error line (as the CLI prints it).
   (tmp_path / "empty").mkdir()
   cases = {
     tmp_path / "nowhere": "nowhere does not exist: pass an experiment folder",
-    tmp_path / "empty": "empty has no config.py: pass an experiment folder",
+    tmp_path / "empty": "empty has no report.py: pass an experiment folder",
     folder / "README.md": "README.md is a file: pass its experiment folder",
   }
   for path, message in cases.items():

@@ -62,16 +62,3 @@ def get_config(arg: str = "b1"):
   c.sweep.verify_sizes = (1, 2, 5, 9, 11, 13, 25) if arg == "b1" else ()
   c.sweep.variants = VARIANTS if arg == "b1" else {k: VARIANTS[k] for k in BATCH4_VARIANTS}
   return c
-
-
-def report(results_dir):
-  """The README's results block, from results/{b1,b4}/sweep.json."""
-  import json
-
-  out = []
-  for arg in ("b1", "b4"):
-    path = results_dir / arg / "sweep.json"
-    if not path.exists():
-      continue
-    out += [sweep.markdown(json.loads(path.read_text()))]
-  return "\n".join(out)
