@@ -496,7 +496,15 @@ def test_experiment_configs_pass_their_checks(name, arg):
     generated = [s for s in made if not (Path(s) / data.MANIFEST).exists()]
     drafter = c.objective.get(c.objective.name)  # a run continued from another run's workdir
     init_from = drafter.get("init_from", "") if drafter is not None else ""
-    if init_from and not Path(init_from).is_dir():  # workdirs are not in git either
+    missing_run = False  # workdirs are not in git either
+    if init_from:  # "<experiment>:<variant>" names that run's output, as training resolves it
+      from specjax.train import objectives
+
+      try:
+        missing_run = not Path(objectives.run_output(init_from, "init_from")).is_dir()
+      except ValueError:  # a run not trained here
+        missing_run = True
+    if missing_run:
       with pytest.raises(ValueError, match="init_from"):
         train.plan(c)
     elif generated:
