@@ -49,6 +49,7 @@ already proposed its token, its renormalised q is zero and it is skipped.
 """
 
 from specjax.drafters.eagle.drafter import Eagle, EagleState
+from specjax.drafters.eagle.layouts import load
 from specjax.drafters.eagle.model import (
   ARCHITECTURES,
   FIELD,
@@ -63,7 +64,7 @@ from specjax.drafters.eagle.model import (
   init_params,
   inputs,
   layer,
-  load,
+  load_saved,
   logits,
   param_shapes,
   read_meta,
@@ -77,6 +78,6 @@ from specjax.drafters.eagle.tree import Expanded, Pool, check_shape, pool_size
 __all__ = [
   "ARCHITECTURES", "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED_BY", "WEIGHTS_FILE",
   "Eagle", "EagleConfig", "EagleState", "Expanded", "Pool", "check_shape", "frozen_params",
-  "fuse", "init_params", "inputs", "layer", "load", "logits", "param_shapes", "pool_size",
-  "read_meta", "read_trained", "rollout_layer", "save", "widen",
+  "fuse", "init_params", "inputs", "layer", "load", "load_saved", "logits", "param_shapes",
+  "pool_size", "read_meta", "read_trained", "rollout_layer", "save", "widen",
 ]  # fmt: skip

@@ -28,13 +28,13 @@ from specjax.drafters.base import (
   sampled_candidates,
   verify_forward,
 )
+from specjax.drafters.eagle.layouts import load
 from specjax.drafters.eagle.model import (
   FIELD,
   EagleConfig,
   fuse,
   inputs,
   layer,
-  load,
   logits,
   param_shapes,
   read_meta,

@@ -4,7 +4,6 @@ tree) is ``drafter.py``; the package docstring describes both.
 """
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -368,17 +367,10 @@ def read_trained(directory) -> dict:
   return unflatten(artifact.read_tensors(directory, WEIGHTS_FILE))
 
 
-def load(directory, target, fmt: str = "auto") -> tuple[EagleConfig, dict, dict]:
-  """``(cfg, decode params, meta)``; a clear error if the drafter was trained for another
-  target, reads features the target lacks, or cannot propose the target's stop tokens.
-  ``fmt`` (``drafter.eagle.format``): ``auto`` reads a specjax drafter (eagle.json) or a
-  published one (SafeAILab, SpecForge, speculators: ``specjax.interop.eagle``), ``specjax`` only
-  the former, ``eagle`` / ``eagle3`` / ``speculators`` only that published layout."""
-  has_meta = (Path(directory) / META_FILE).is_file()
-  if fmt not in ("auto", "specjax") or (fmt == "auto" and not has_meta):
-    from specjax.interop import eagle as interop
-
-    return interop.load(directory, target, fmt)
+def load_saved(directory, target) -> tuple[EagleConfig, dict, dict]:
+  """``(cfg, decode params, meta)`` of a drafter specjax saved (``eagle.json``); a clear error
+  if it was trained for another target, reads features the target lacks, or cannot propose
+  the target's stop tokens. Any layout, published ones included: ``layouts.load``."""
   meta = read_meta(directory)
   cfg = EagleConfig.fromdict(meta["eagle"])
   field = f"{FIELD}.path={str(directory)!r}"

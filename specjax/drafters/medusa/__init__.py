@@ -35,6 +35,7 @@ fingerprint: their sizes are checked against the target's.
 """
 
 from specjax.drafters.medusa.drafter import Medusa, parse_tree
+from specjax.drafters.medusa.layouts import load
 from specjax.drafters.medusa.model import (
   FIELD,
   FORMAT,
@@ -47,7 +48,6 @@ from specjax.drafters.medusa.model import (
   fingerprint,
   head_logits,
   init_heads,
-  load,
   load_saved,
   random_heads,
   read_meta,

@@ -21,14 +21,13 @@ from specjax.drafters.base import (
   sampled_candidates,
   verify_forward,
 )
+from specjax.drafters.medusa.layouts import load, published
 from specjax.drafters.medusa.model import (
   FIELD,
   SCHEMA,
   HeadsConfig,
-  _layouts,
   head_logits,
   init_heads,
-  load,
   read_meta,
 )
 from specjax.drafters.prompt_lookup import PromptLookup
@@ -118,14 +117,14 @@ class Medusa(Chain):
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     tree = parse_tree(c)
-    fmt = source.choice(c.get("format", "auto"), _layouts().FORMATS, "drafter.medusa.format")
-    if c.path and _layouts().detect(c.path, fmt) != "specjax":
-      found = _layouts().peek(c.path, fmt)  # headers only: no tensor is read
+    fmt = source.choice(c.get("format", "auto"), published().FORMATS, "drafter.medusa.format")
+    if c.path and published().detect(c.path, fmt) != "specjax":
+      found = published().peek(c.path, fmt)  # headers only: no tensor is read
       num_heads = found.heads.num_heads
       target = source.peek(config.target)
       if target is not None:
-        _layouts().check_sizes(found, target.cfg)
-      _layouts().check_names(found)
+        published().check_sizes(found, target.cfg)
+      published().check_names(found)
     elif c.path:
       meta = read_meta(c.path)
       num_heads = meta["heads"]["num_heads"]

@@ -133,22 +133,6 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
   return artifact.read_tensors(directory, HEADS_FILE)
 
 
-def _layouts():
-  """``specjax.interop.medusa``: the other projects' layouts. It maps their files onto this
-  module's ``HeadsConfig``, so it sits above drafters/ and is imported when first needed."""
-  from specjax.interop import medusa as layouts
-
-  return layouts
-
-
-def load(directory, target, fmt: str = "auto") -> tuple[HeadsConfig, dict, dict]:
-  """``(heads, decode params, meta)`` from heads saved by specjax (``load_saved``) or in
-  another project's layout (``fmt``: auto | specjax | medusa | vllm_medusa; see
-  ``specjax.interop.medusa``). Foreign heads carry no target fingerprint: their sizes are
-  checked against the target's."""
-  return _layouts().load(directory, target, fmt)
-
-
 def load_saved(directory, target) -> tuple[HeadsConfig, dict, dict]:
   """``(heads, decode params, meta)`` saved by specjax; a clear error if they were trained for
   another target or their vocabulary cannot emit the target's stop tokens."""

@@ -11,8 +11,8 @@ import ml_dtypes
 import numpy as np
 
 from specjax.drafters import artifact
-from specjax.drafters import medusa as specjax_medusa
-from specjax.drafters.medusa import HeadsConfig
+from specjax.drafters.medusa import model as specjax_medusa
+from specjax.drafters.medusa.model import HeadsConfig
 from specjax.interop import torch_files
 from specjax.models import schema
 

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 
 from specjax.drafters import artifact
-from specjax.drafters import medusa as specjax_medusa
-from specjax.drafters.medusa import HeadsConfig
+from specjax.drafters.medusa import model as specjax_medusa
+from specjax.drafters.medusa.model import HeadsConfig
 from specjax.interop import torch_files
 from specjax.interop.medusa.read import CONFIG, DTYPES, EXPORTS, MEDUSA_FILES, VLLM_FILE
 from specjax.models import schema
