@@ -4,12 +4,13 @@ from results/.
     python -m specjax.report experiments/attention_window
 """
 
+import json
+
+from specjax import results
+
 
 def report(results_dir):
   """The README's results block, from results/max_len.json (and before_refit.json)."""
-  import json
-
-  from specjax import results
 
   record = json.loads((results_dir / "max_len.json").read_text())
   rows = [r | {"calls_per_token": r["target_calls_per_token"]} for r in record["runs"]]

@@ -4,12 +4,13 @@ from results/.
     python -m specjax.report experiments/feature_cost
 """
 
+import json
+
+from specjax import results
+
 
 def report(results_dir):
   """The README's results block, from results/feature_cost.json."""
-  import json
-
-  from specjax import results
 
   record = json.loads((results_dir / "feature_cost.json").read_text())
   cols = ("mode", "features", "hlo_ops", "gflops", "gbytes", "tau", "tokens_per_s", "vs_none")

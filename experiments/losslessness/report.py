@@ -4,15 +4,18 @@ from results/.
     python -m specjax.report experiments/losslessness
 """
 
+import json
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+
 from specjax import results
 
 
 def figure(record: dict, path) -> None:
-  import matplotlib
 
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import numpy as np
 
   fig, axes = plt.subplots(1, 4, figsize=(18, 4))
   pairs = record["random_pairs"]
@@ -42,7 +45,6 @@ def figure(record: dict, path) -> None:
 
 
 def report(results_dir):
-  import json
 
   record = json.loads((results_dir / "losslessness.json").read_text())
   pairs = record["random_pairs"]

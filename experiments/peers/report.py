@@ -4,12 +4,13 @@ from results/.
     python -m specjax.report experiments/peers
 """
 
+import json
+
+from specjax import results
+from specjax.tasks import peers
+
 
 def report(results_dir):
-  import json
-
-  from specjax import results
-  from specjax.tasks import peers
 
   out = []
   for name in ("smollm2", "qwen"):

@@ -4,6 +4,12 @@ from results/.
     python -m specjax.report experiments/speculative_theory
 """
 
+import json
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+
 from experiments.speculative_theory.config import KS
 from specjax import results, theory
 
@@ -72,11 +78,8 @@ def formula_table() -> list[dict]:
 
 
 def figure(analyses: dict, grid: dict, path) -> None:
-  import matplotlib
 
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import numpy as np
 
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
   for name, an in analyses.items():
@@ -106,7 +109,6 @@ def figure(analyses: dict, grid: dict, path) -> None:
 
 def report(results_dir):
   """The README's results block (and figure.png) from results/*/sweep.json."""
-  import json
 
   out = ["Formulas (no measurement): E[tokens per step] and the best K at c = 0.05.", ""]
   cols = ("alpha", "E[K=1]", "E[K=2]", "E[K=4]", "E[K=8]", "best K (c=0.05)", "speedup")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from experiments.summary.config import CHIP, COST_MODEL, QWEN, ROOT, SMOL, SOURCES, WANTED
+from specjax import results
 
 
 def _drafter_section(base: dict, override: dict) -> tuple[str, dict]:
@@ -84,7 +85,6 @@ def rows() -> list[dict]:
 
 
 def report(results_dir):
-  from specjax import results
 
   table = rows()
   have = {(r["model"], r["temperature"], r["batch"]) for r in table}

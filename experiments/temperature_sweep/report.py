@@ -4,6 +4,11 @@ from results/.
     python -m specjax.report experiments/temperature_sweep
 """
 
+import json
+
+import matplotlib
+import matplotlib.pyplot as plt
+
 from specjax import results
 
 
@@ -33,10 +38,8 @@ def rows(record: dict) -> list[dict]:
 
 
 def figure(table: list[dict], path) -> None:
-  import matplotlib
 
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 3, figsize=(14, 4))
   names = [v for v in dict.fromkeys(r["variant"] for r in table) if v not in ("ar", "draft_ar")]
@@ -54,7 +57,6 @@ def figure(table: list[dict], path) -> None:
 
 
 def report(results_dir):
-  import json
 
   record = json.loads((results_dir / "sweep.json").read_text())
   table = rows(record)

@@ -4,12 +4,13 @@ from results/.
     python -m specjax.report experiments/training_free
 """
 
+import json
+
 from specjax.tasks import sweep
 
 
 def report(results_dir):
   """The README's results block, from results/{b1,b4}/sweep.json."""
-  import json
 
   out = []
   for arg in ("b1", "b4"):

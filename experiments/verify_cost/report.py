@@ -5,9 +5,11 @@ from results/.
 """
 
 import importlib.util
+import json
 from pathlib import Path
 
 from experiments.verify_cost.config import FLOAT32_SWEEP, ONE_SHAPE_ROWS
+from specjax import results
 
 
 def _script(name: str = "verify_cost"):
@@ -20,7 +22,6 @@ def _script(name: str = "verify_cost"):
 
 def report(results_dir):
   """The README's results block, from results/verify_cost.json."""
-  import json
 
   record = json.loads((Path(results_dir) / "verify_cost.json").read_text())
   m = record["machine"]
@@ -58,7 +59,6 @@ def report(results_dir):
 def _loop_cost(results_dir: Path) -> list[str]:
   """A token inside the decode loop with and without the weights' barrier
   (results/loop_cost.json)."""
-  import json
 
   path = results_dir / "loop_cost.json"
   if not path.exists():
@@ -77,7 +77,6 @@ def _loop_cost(results_dir: Path) -> list[str]:
 
 def _drafter_cost(results_dir: Path) -> list[str]:
   """The drafters' own step against an AR step (results/drafter_cost.json)."""
-  import json
 
   path = results_dir / "drafter_cost.json"
   if not path.exists():
@@ -100,9 +99,6 @@ def _drafter_cost(results_dir: Path) -> list[str]:
 def _eagle_levels(results_dir: Path) -> list[str]:
   """The float32 EAGLE sweep rerun with levels that keep their keys and values, beside the
   committed run from before (another run: each speedup is a ratio within its own run)."""
-  import json
-
-  from specjax import results
 
   path = results_dir / "eagle_levels" / "sweep.json"
   if not path.exists():
@@ -136,9 +132,6 @@ def _eagle_levels(results_dir: Path) -> list[str]:
 def _bf16_sweep(results_dir: Path) -> list[str]:
   """The drafters decoded in bfloat16 beside the same variants in float32 (another run: each
   speedup is a ratio within its own run)."""
-  import json
-
-  from specjax import results
 
   path = results_dir / "bf16_sweep" / "sweep.json"
   if not path.exists():
@@ -172,9 +165,6 @@ def _bf16_sweep(results_dir: Path) -> list[str]:
 def _bf16_one_shape(results_dir: Path) -> list[str]:
   """The bfloat16 sweep with every forward at one shape (``:one_shape``), beside the one where
   AR steps run one row (another run: each speedup is a ratio within its own run)."""
-  import json
-
-  from specjax import results
 
   path, plain = results_dir / "bf16_one_shape" / "sweep.json", results_dir / "bf16_sweep"
   if not path.exists() or not (plain / "sweep.json").exists():
