@@ -42,9 +42,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import train_worker  # noqa: E402
 from jax import monitoring  # noqa: E402
 
 from specjax.models import registry, tiny  # noqa: E402
+
+# --- Python's cyclic garbage collector, tuned for a process that compiles (train_worker.py) ------
+
+
+def pytest_collection_finish(session):
+  train_worker.collect_less()
+
 
 # --- where a test's time goes: JAX's own compile events, per test ------------------------------
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import train_worker
 
 from specjax import parallel, placement, testing
 from specjax.decode import compiled, generate
@@ -146,5 +147,6 @@ def main(args: dict) -> dict:
 
 
 if __name__ == "__main__":
+  train_worker.collect_less()
   result = main(json.loads(sys.argv[1]))
   print("RESULT " + json.dumps(result, default=lambda x: np.asarray(x).tolist()))
