@@ -18,16 +18,13 @@ not τ.
 
 import argparse
 import json
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, testing
+from specjax import decode, results, testing
 from specjax.drafters import DraftModel, PromptLookup
 from specjax.models import llama, tiny
 from specjax.trees import Tree
@@ -97,12 +94,7 @@ def main() -> None:
     same = sum(a == b for a, b in zip(ar_at[0], ar_at[ROWS], strict=True))
     record[f"{dtype}_ar_rows_equal_across_forward_rows"] = int(same)
     print(f"{dtype}: AR at forward_rows={ROWS} equals AR at 0 in {same}/{len(prompts)} rows")
-  out_path = Path(args.out)
-  out_path.parent.mkdir(parents=True, exist_ok=True)
-  with tempfile.NamedTemporaryFile("w", dir=out_path.parent, delete=False, suffix=".tmp") as f:
-    json.dump(record, f, indent=1)
-  os.replace(f.name, out_path)
-  print(f"wrote {out_path}")
+  print(f"wrote {results.write_json(args.out, record)}")
 
 
 if __name__ == "__main__":
