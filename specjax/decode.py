@@ -93,7 +93,8 @@ def generate(
 
   Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
   tokens per row and, with the batch size, the drafter and the model, fixes the compiled
-  shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile).
+  shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile; only
+  turning top-k/top-p filtering on or off compiles another program, ``SamplingParams``).
   Prompts are padded to a power-of-two width; ``pad_to`` (e.g. the longest prompt of a whole
   run) makes every batch of a run share one width, hence one compiled program.
 

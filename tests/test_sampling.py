@@ -43,6 +43,9 @@ def test_top_k_then_top_p():
 
 
 def test_knobs_are_traced_not_static():
+  """The knobs' values are traced; only whether filtering is on at all is static (one trace
+  with top-k/top-p off, one for every filtered setting), and the unfiltered trace holds no
+  sort."""
   traces = []
 
   @jax.jit
@@ -50,9 +53,11 @@ def test_knobs_are_traced_not_static():
     traces.append(1)
     return sampling.probs(logits, sp)
 
-  for t, k, p in [(1.0, 0, 1.0), (0.5, 2, 0.9), (0.0, 3, 0.5)]:
+  for t, k, p in [(1.0, 0, 1.0), (0.0, 0, 1.0), (0.5, 2, 0.9), (0.0, 3, 0.5), (1.0, 0, 0.7)]:
     f(LOGITS, sampling.SamplingParams.create(t, k, p))
-  assert len(traces) == 1
+  assert len(traces) == 2
+  jaxprs = [str(jax.make_jaxpr(f)(LOGITS, sampling.SamplingParams.create(1.0, k))) for k in (0, 2)]
+  assert [j.count("sort") > 0 for j in jaxprs] == [False, True]
 
 
 @pytest.mark.parametrize(
