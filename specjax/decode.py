@@ -93,8 +93,8 @@ def generate(
 
   Every argument is checked before anything is compiled. ``max_len`` bounds prompt plus new
   tokens per row and, with the batch size, the drafter and the model, fixes the compiled
-  shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile; only
-  turning top-k/top-p filtering on or off compiles another program, ``SamplingParams``).
+  shapes; prompts, budgets, sampling knobs, seed and stop ids are traced (no recompile, except
+  that temperature 0 and top-k/top-p filtering being on are static: ``SamplingParams``).
   Prompts are padded to a power-of-two width; ``pad_to`` (e.g. the longest prompt of a whole
   run) makes every batch of a run share one width, hence one compiled program.
 
@@ -216,12 +216,16 @@ def compiled(
   pad_to: int = 0,
   mesh: Mesh | None = None,
   forward_rows: int = 0,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
 ) -> jax.stages.Compiled:
-  """The compiled program ``generate`` runs for these shapes (ahead of time, nothing run):
-  for ``cost_analysis()``, ``as_text()`` (the optimised HLO) or timing a compile."""
+  """The compiled program ``generate`` runs for these shapes and sampling knobs (ahead of time,
+  nothing run): for ``cost_analysis()``, ``as_text()`` (the optimised HLO) or timing a
+  compile."""
   args, st = _arguments(
     target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,
-    0.0, 0, 1.0, 0, None, verifier, pad_to, mesh, forward_rows,
+    temperature, top_k, top_p, 0, None, verifier, pad_to, mesh, forward_rows,
   )  # fmt: skip
   fn, kw = jitted(st, args[0], args[1])
   return fn.lower(*args, **kw).compile()

@@ -114,7 +114,7 @@ def _prefill(tparams, st: Static, tokens_BxS, prompt_len_B, sp, key):
     st.drafter.feature_layers, window=p,  # an empty cache: the prompt's p slots are all
   )  # fmt: skip
   last_BxV = indexing.take_along(logits_BxPxV, (prompt_len_B - 1)[:, None, None], axis=1)[:, 0]
-  first_B = sampling.sample(key, sampling.probs(last_BxV, sp))
+  first_B = sampling.sample(key, sampling.probs(last_BxV, sp), sp)
   tokens = write_rows(tokens_BxS, first_B[:, None], prompt_len_B)
   prefill = Prefill(prompt_BxP, prompt_len_B, _features(feats, st.drafter), st.num_slots)
   return tokens, first_B, cache.replace(lengths=prompt_len_B), prefill
@@ -167,7 +167,8 @@ def _verdict(verifier, d: int, key, draft: Draft, logits_BxN1xV, sp):
 def _greedy_verdict(d: int, key, draft: Draft, logits_BxN1xV, sp):
   """``_verdict`` at temperature 0, where every verifier takes the longest path of the target's
   argmax tokens (its distributions are one-hot): from the argmax alone, so no V-wide softmax,
-  residual or sampling is computed (a real branch: ``lax.cond`` on the temperature)."""
+  residual or sampling is computed (``sampling.by_temperature``: the only verdict compiled where
+  the temperature is static)."""
   argmax_BxN1 = jnp.argmax(logits_BxN1xV, axis=-1).astype(jnp.int32)
   end_B, next_B = verify.greedy(draft, argmax_BxN1)
   if draft.parents is not None or d == 0:  # as _overlap: zeros for trees
@@ -219,9 +220,8 @@ def _verify(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, *, st: Sta
   L_B = cache.lengths
   tokens_BxT, positions_BxT, mask, anc, depth_BxN1 = _verify_inputs(draft, root_Bx1, L_B)
   logits, feats, new_kv = target_forward(tparams, st, tokens_BxT, positions_BxT, cache, mask)
-  end_B, next_B, overlap = jax.lax.cond(
-    sp.temperature <= 0, functools.partial(_greedy_verdict, d),
-    functools.partial(_verdict, st.verifier, d),
+  end_B, next_B, overlap = sampling.by_temperature(
+    sp, functools.partial(_greedy_verdict, d), functools.partial(_verdict, st.verifier, d),
     key, draft, logits[:, : n_nodes + 1], sp,
   )  # fmt: skip
   n_B = indexing.take_along(depth_BxN1, end_B[:, None], axis=1)[:, 0]
@@ -257,7 +257,7 @@ def _verify_root_only(tparams, sp, key, draft: Draft, root_Bx1, cache: KVCache, 
   t_pad = ((0, 0), (0, 0), (0, d), (0, 0))  # the root's K/V, then D unused entries
   pad = lambda kv: tuple(jnp.pad(x, t_pad) for x in kv)  # noqa: E731
   path_kv = llama.NewKV(pad(new_kv.k), pad(new_kv.v))
-  next_B = sampling.sample(jax.random.split(key)[1], sampling.probs(logits[:, 0], sp))
+  next_B = sampling.sample(jax.random.split(key)[1], sampling.probs(logits[:, 0], sp), sp)
   tokens_BxT = jnp.concatenate([root_Bx1, draft.tokens], axis=1)
   extra_logits = None
   if draft.extra_tokens is not None:

@@ -274,7 +274,7 @@ def rerank_by_own_q(drafter, params):
     def _children(self, logits_BxMxW, key, sp):
       tok, score, q = super()._children(logits_BxMxW, key, sp)
       own = jnp.log(indexing.take_along(q, tok, axis=-1))
-      return tok, jnp.where(sp.temperature <= 0, score, own), q
+      return tok, jnp.where(sampling.is_greedy(sp), score, own), q
 
   d = drafter
   return OwnScore(d.cfg, d.top_k, d.depth, d.total, d.sampled, d.lookup), params

@@ -171,8 +171,10 @@ def rejection_sample_tree(
   q = jnp.zeros((b, n, 0)) if one_hot else draft.probs  # vmap needs an array
   end_B, p_final_BxV = jax.vmap(row)(draft.tokens, q, draft.parents, p_BxN1xV, u_BxN)
   sampled_B = sampling.sample(key_sample, p_final_BxV)
+  is_greedy = sampling.is_greedy(sp)
+  if is_greedy is False:
+    return end_B, sampled_B
   greedy_end_B, greedy_next_B = greedy_tree(draft, p_BxN1xV)
-  is_greedy = sp.temperature == 0
   return jnp.where(is_greedy, greedy_end_B, end_B), jnp.where(is_greedy, greedy_next_B, sampled_B)
 
 

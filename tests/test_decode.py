@@ -82,25 +82,28 @@ def test_eos_and_budget_stop_rows(small_target, drafts, ar_tokens, two_stop_ids)
 
 
 def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
-  """Prompts, budgets, temperature, seed and stop ids are traced: one program serves them all.
-  Turning top-k/top-p filtering on compiles one more program, which then serves every top-k
-  and top-p; the program without it holds no filter (fewer sorts in its HLO)."""
+  """Prompts, budgets, temperature, seed and stop ids are traced: one program serves them all,
+  except that temperature 0 (greedy) and top-k/top-p filtering being on are static, each a
+  program of its own that then serves every value; the program without filtering holds no
+  filter (fewer sorts in its HLO)."""
   cfg, params = small_target
   dcfg, dparams = drafts["truncated"]
   drafter = DraftModel(dcfg, 2)
   common = dict(drafter=drafter, drafter_params=dparams, max_len=48)
   generate(params, cfg, [[1, 2], [3, 4, 5]], max_new_tokens=8, **common)
   before = loop.TRACES["generate"]
+  generate(params, cfg, [[7, 7, 7, 1], [9]], max_new_tokens=[5, 12], seed=123, eos_id=3, **common)
+  assert loop.TRACES["generate"] == before
   generate(
     params, cfg, [[7, 7, 7, 1], [9]], max_new_tokens=[5, 12], temperature=0.8, seed=123,
     eos_id=3, **common,
   )  # fmt: skip
   generate(params, cfg, [[2], [5, 6]], max_new_tokens=8, temperature=1.3, seed=9, **common)
-  assert loop.TRACES["generate"] == before
+  assert loop.TRACES["generate"] == before + 1
   generate(params, cfg, [[2], [5, 6]], temperature=0.8, top_k=5, top_p=0.9, **common)
   generate(params, cfg, [[7, 1], [9]], temperature=1.3, top_k=2, seed=4, eos_id=3, **common)
   generate(params, cfg, [[3], [4, 4]], temperature=0.5, top_p=0.8, **common)
-  assert loop.TRACES["generate"] == before + 1
+  assert loop.TRACES["generate"] == before + 2
 
   def sorts(top_k):
     args, st = decode._arguments(

@@ -1,5 +1,7 @@
 """sampling.py: temperature, top-k, top-p produce the distributions their definitions say."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,9 +45,10 @@ def test_top_k_then_top_p():
 
 
 def test_knobs_are_traced_not_static():
-  """The knobs' values are traced; only whether filtering is on at all is static (one trace
-  with top-k/top-p off, one for every filtered setting), and the unfiltered trace holds no
-  sort."""
+  """The knobs' values are traced; static are only whether the temperature is 0 and whether
+  filtering is on (three traces below: greedy, sampled, sampled with filtering). The greedy
+  trace holds no softmax, the unfiltered ones no sort; each gives what the run-time choice
+  (``greedy=None``) gives."""
   traces = []
 
   @jax.jit
@@ -53,11 +56,18 @@ def test_knobs_are_traced_not_static():
     traces.append(1)
     return sampling.probs(logits, sp)
 
-  for t, k, p in [(1.0, 0, 1.0), (0.0, 0, 1.0), (0.5, 2, 0.9), (0.0, 3, 0.5), (1.0, 0, 0.7)]:
-    f(LOGITS, sampling.SamplingParams.create(t, k, p))
-  assert len(traces) == 2
-  jaxprs = [str(jax.make_jaxpr(f)(LOGITS, sampling.SamplingParams.create(1.0, k))) for k in (0, 2)]
-  assert [j.count("sort") > 0 for j in jaxprs] == [False, True]
+  knobs = [(1.0, 0, 1.0), (0.0, 0, 1.0), (0.5, 2, 0.9), (0.0, 3, 0.5), (1.0, 0, 0.7), (0.7, 0, 1.0)]
+  for t, k, p in knobs:
+    sp = sampling.SamplingParams.create(t, k, p)
+    got = f(LOGITS, sp)
+    want = sampling.probs(LOGITS, dataclasses.replace(sp, greedy=None, filtering=True))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert len(traces) == 3
+  jaxpr = lambda *knobs: str(jax.make_jaxpr(f)(LOGITS, sampling.SamplingParams.create(*knobs)))  # noqa: E731
+  assert [j.count("sort") > 0 for j in (jaxpr(1.0), jaxpr(1.0, 2), jaxpr(0.0, 2))] == [
+    False, True, False
+  ]  # fmt: skip
+  assert ["exp" in jaxpr(t) for t in (0.0, 1.0)] == [False, True]
 
 
 @pytest.mark.parametrize(

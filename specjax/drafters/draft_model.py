@@ -138,7 +138,7 @@ class DraftModel(Chain):
       params, self.cfg, tokens_BxT, positions_BxT, cache, llama.causal_mask(t)
     )
     q_BxV = sampling.probs(logits[:, -1], sp)
-    return q_BxV, sampling.sample(key, q_BxV), cache.replace(lengths=cache.lengths + t)
+    return q_BxV, sampling.sample(key, q_BxV, sp), cache.replace(lengths=cache.lengths + t)
 
   def step_forwards(self):
     """Its first forward re-feeds the two newest tokens (no commit needed), then one per draft

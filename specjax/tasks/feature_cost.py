@@ -49,10 +49,10 @@ class KeepFeatures(WithFeatures):
 
 def compiled_cost(target, drafter, dparams, prompts, kw) -> dict:
   """Cost analysis and instruction count of ``generate``'s compiled program for these shapes."""
-  keys = ("max_new_tokens", "max_len", "pad_to")
+  keys = ("max_new_tokens", "max_len", "pad_to", "temperature", "top_k", "top_p")
   program = decode.compiled(
     target.params, target.cfg, prompts, drafter=drafter, drafter_params=dparams,
-    **{k: kw[k] for k in keys},
+    **{k: kw[k] for k in keys if k in kw},
   )  # fmt: skip
   cost = program.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost

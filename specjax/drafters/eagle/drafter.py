@@ -251,11 +251,15 @@ class Eagle(Chain):
       score, tok = jax.lax.top_k(log_soft, k)
       return tok, score, None
     q_BxMxW = sampling.probs(logits_BxMxW, sp)
-    greedy = sp.temperature <= 0
+    greedy = sampling.is_greedy(sp)
+    if greedy is True:  # static temperature 0: q is one-hot, the children are the top-k
+      return jax.lax.top_k(logits_BxMxW, k)[1], jax.lax.top_k(log_soft, k)[0], q_BxMxW
     gumbel = jax.random.gumbel(key, q_BxMxW.shape)
     _, tok = jax.lax.top_k(jnp.where(greedy, logits_BxMxW, jnp.log(q_BxMxW) + gumbel), k)
     # The rank-r child's score is q's r-th largest probability: the parent's, not the draw's.
     rank_score = jnp.log(jax.lax.top_k(q_BxMxW, k)[0])
+    if greedy is False:
+      return tok, rank_score, q_BxMxW
     return tok, jnp.where(greedy, jax.lax.top_k(log_soft, k)[0], rank_score), q_BxMxW
 
   @property

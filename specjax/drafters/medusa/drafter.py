@@ -252,11 +252,14 @@ class Medusa(Chain):
     inner = sorted(set(parents.tolist()))  # nodes with children
     row_of = {p: i for i, p in enumerate(inner)}
     head_I = np.asarray(self.tree.depth)[inner]  # children of a depth-d node come from head d
-    gumbel_BxIxW = jax.random.gumbel(ctx.key, (state.shape[0], len(inner), q_BxHxW.shape[-1]))
-    greedy = ctx.sampling.temperature <= 0
-    scores_BxIxW = jnp.where(
-      greedy, logits_BxHxW[:, head_I], jnp.log(q_BxHxW[:, head_I]) + gumbel_BxIxW
-    )
+    greedy = sampling.is_greedy(ctx.sampling)
+    if greedy is True:  # static temperature 0: the top tokens of each head, no draw
+      scores_BxIxW = logits_BxHxW[:, head_I]
+    else:
+      gumbel_BxIxW = jax.random.gumbel(ctx.key, (state.shape[0], len(inner), q_BxHxW.shape[-1]))
+      scores_BxIxW = jnp.where(
+        greedy, logits_BxHxW[:, head_I], jnp.log(q_BxHxW[:, head_I]) + gumbel_BxIxW
+      )
     _, top_BxIxC = jax.lax.top_k(scores_BxIxW, width)
     parent_row_N = np.asarray([row_of[p] for p in parents])
     tokens_BxN = vocab_ids[top_BxIxC[:, parent_row_N, rank_N]]
