@@ -83,3 +83,16 @@ def test_knobs_are_traced_not_static():
 def test_bad_knobs_name_the_field(kw, field):
   with pytest.raises(ValueError, match=field):
     sampling.SamplingParams.create(**kw)
+
+
+def test_greedy_sample_is_the_draw_it_skips():
+  """At a static temperature 0 ``sample`` takes the argmax without drawing: the token the
+  inverse-CDF draw gives on the same one-hot distribution, for every row and key."""
+  logits = jax.random.normal(jax.random.key(0), (64, 7))
+  sp = sampling.SamplingParams.create(0.0)
+  q = sampling.probs(logits, sp)
+  for seed in range(3):
+    key = jax.random.key(seed)
+    got = sampling.sample(key, q, sp)
+    np.testing.assert_array_equal(got, sampling.sample(key, q))
+    np.testing.assert_array_equal(got, jnp.argmax(logits, axis=-1))
