@@ -138,6 +138,9 @@ def rejection_sample_tree(
   ``renormalise=False`` (keep rejected siblings in a soft q) and ``remove_rejected=False``
   (keep a rejected one-hot candidate in p') are wrong; tests show it.
   """
+  is_greedy = sampling.is_greedy(sp)
+  if is_greedy is True:  # a static temperature 0: nothing to sample
+    return greedy_tree(draft, p_BxN1xV)
   b, n = draft.tokens.shape
   key_accept, key_sample = jax.random.split(key)
   u_BxN = jax.random.uniform(key_accept, (b, n))
@@ -171,7 +174,6 @@ def rejection_sample_tree(
   q = jnp.zeros((b, n, 0)) if one_hot else draft.probs  # vmap needs an array
   end_B, p_final_BxV = jax.vmap(row)(draft.tokens, q, draft.parents, p_BxN1xV, u_BxN)
   sampled_B = sampling.sample(key_sample, p_final_BxV)
-  is_greedy = sampling.is_greedy(sp)
   if is_greedy is False:
     return end_B, sampled_B
   greedy_end_B, greedy_next_B = greedy_tree(draft, p_BxN1xV)
