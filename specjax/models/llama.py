@@ -448,13 +448,21 @@ def forward_kv(
   return logits, feats, new
 
 
+# Every layer of a forward has the same shapes, so ``block`` runs as a nested jit: JAX traces it
+# once per shape and lowers it once per program (a function every layer calls), and XLA inlines
+# the calls before it optimises, so the compiled program computes what the unrolled layers did.
+# A SmolLM2 prompt-lookup loop (30 layers) traced in 0.58 s instead of 2.41 s and lowered in
+# 0.35 s instead of 0.72 s; the test suite ran in 0.83-0.88x its time (docs/testing.md).
+_block = jax.jit(block, static_argnums=(1,))
+
+
 def _layers(params, cfg, tokens_BxT, positions_BxT, layer_kv, attn, features):
   """``embed``, every ``block`` over its (k, v) in ``layer_kv``, ``final_norm``, ``head``:
   ``(logits, features, NewKV)``, the blocks' K/V outputs (what ``attn`` made of the cache)."""
   x = embed(params, cfg, tokens_BxT)
   new_k, new_v, after = [], [], {}
   for i, (p, (k_i, v_i)) in enumerate(zip(params["layers"], layer_kv, strict=True)):
-    x, k_new, v_new = block(p, cfg, x, positions_BxT, k_i, v_i, attn)
+    x, k_new, v_new = _block(p, cfg, x, positions_BxT, k_i, v_i, attn)
     new_k.append(k_new)
     new_v.append(v_new)
     if i in features:
