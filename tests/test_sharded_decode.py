@@ -65,8 +65,8 @@ def test_eight_device_layouts_match_one_device(layout):
 def test_exact_distribution_on_a_mesh():
   """The exact-distribution test, multi-step form, on a 4 x 2 mesh: an EAGLE sampled tree at
   temperature 1 with top-k passes for each of three ragged prompts (Bonferroni); the verifier
-  that keeps a rejected candidate fails it. 16,000 rows (5,333 per prompt, as test_lossless's
-  multi-step case draws): the broken verifier measured at min p = 9e-52 against the 1e-6 bar."""
+  that keeps a rejected candidate fails it. 8,000 rows (2,667 per prompt): the broken verifier
+  measured at min p = 3e-22 against the 1e-6 bar (9e-52 at twice the rows)."""
   got = train_worker.run_subprocess(
     {"exact": True}, devices=8, timeout=600, script="decode_worker.py"
   )
