@@ -4,8 +4,10 @@ Tests see one CPU device unless a test asks for more in a subprocess. XLA compil
 its backend optimisation and with its classic emitters (flags that tests/train_worker.py passes
 on to the processes it starts), and torch (the HF oracle) runs one thread per worker.
 Compiled programs go to a persistent XLA cache under ``.pytest_cache/xla`` (override with
-JAX_COMPILATION_CACHE_DIR): the subprocesses a test starts (CLI runs, multi-process workers)
-reuse what another process already compiled, and a second run of the suite skips most compiles.
+JAX_COMPILATION_CACHE_DIR): a program compiled again (after a test that monkeypatches, or on the
+other worker) is read from it, and a second run of the suite skips most compiles. The
+subprocesses a test starts (CLI runs, multi-process workers) share a cache of their own, one per
+worker for the session (tests/train_worker.py).
 """
 
 import functools
