@@ -25,6 +25,7 @@ Two kinds of profile:
 """
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -132,13 +133,7 @@ def llama_forward_seconds(
   (``"tree"``: data, as a tree's ancestors are). The median of ``repeats`` rounds, each timing
   every (mask, T) once: a slow spell of a shared machine then lands on every size alike."""
 
-  @jax.jit
-  def fwd(params, cache, tokens_1xT, mask):
-    t = tokens_1xT.shape[1]
-    positions = context + jnp.arange(t)[None]
-    logits, _, _ = llama.forward_kv(params, cfg, tokens_1xT, positions, cache, mask)
-    return logits
-
+  fwd = functools.partial(_forward_logits, cfg=cfg, context=context)
   num_slots = num_slots or context + max(sizes) + 1
   if context + max(sizes) > num_slots:
     raise ValueError(f"context {context} + {max(sizes)} tokens do not fit {num_slots} slots.")
@@ -156,6 +151,15 @@ def llama_forward_seconds(
       jax.block_until_ready(fwd(params, cache, tokens, mask))
       times[job].append(time.perf_counter() - t0)
   return {m: {t: statistics.median(times[m, t]) for t in sizes} for m in masks}
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "context"))
+def _forward_logits(params, cache, tokens_1xT, mask, *, cfg: ModelConfig, context: int):
+  """The verify forward that ``llama_forward_seconds`` times (one program per model, context
+  and shape, shared by every call that times it)."""
+  positions = context + jnp.arange(tokens_1xT.shape[1])[None]
+  logits, _, _ = llama.forward_kv(params, cfg, tokens_1xT, positions, cache, mask)
+  return logits
 
 
 TARGET_PARTS = {"causal": "target", "tree": "target_tree"}  # mask -> step_work's model name
@@ -207,17 +211,20 @@ def drafter_seconds(
 def _eagle_seconds(drafter, p, t: int, head_rows: int, repeats: int) -> float:
   """One EAGLE forward over t pairs (fc, the layer) with no cache, its head on the last
   ``head_rows``."""
-
-  @jax.jit
-  def fwd(p, tokens_1xT, s_1xTxF):
-    attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
-    x = eagle.inputs(p, drafter.cfg, tokens_1xT, eagle.fuse(p, s_1xTxF))
-    out, _, _ = eagle.layer(p, drafter.cfg, x, jnp.arange(t)[None], None, None, attn)
-    return eagle.logits(p, drafter.cfg, out[:, t - head_rows :])
-
+  fwd = functools.partial(_eagle_logits, cfg=drafter.cfg, head_rows=head_rows)
   width = drafter.cfg.target.dim * len(drafter.feature_layers)
   s = jnp.ones((1, t, width), jnp.float32)
   return median_seconds(lambda: fwd(p, jnp.ones((1, t), jnp.int32), s), repeats)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "head_rows"))
+def _eagle_logits(p, tokens_1xT, s_1xTxF, *, cfg, head_rows: int):
+  """The EAGLE forward that ``_eagle_seconds`` times."""
+  t = tokens_1xT.shape[1]
+  attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
+  x = eagle.inputs(p, cfg, tokens_1xT, eagle.fuse(p, s_1xTxF))
+  out, _, _ = eagle.layer(p, cfg, x, jnp.arange(t)[None], None, None, attn)
+  return eagle.logits(p, cfg, out[:, t - head_rows :])
 
 
 def measured(name: str, target_parts: dict, drafter_parts: dict, overhead: float) -> Profile:

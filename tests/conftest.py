@@ -48,6 +48,7 @@ import train_worker  # noqa: E402
 from jax import monitoring  # noqa: E402
 
 from specjax.models import registry, tiny  # noqa: E402
+from specjax.models.tokenizer import Tokenizer  # noqa: E402
 
 # --- Python's cyclic garbage collector, tuned for a process that compiles (train_worker.py) ------
 
@@ -189,6 +190,33 @@ def _one_real_model_load_per_worker():
   registry.load = functools.lru_cache(maxsize=1)(load)
   yield
   registry.load = load
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_tokenizer_parse_per_file():
+  """``Tokenizer.from_gguf`` of a path parses the file's whole vocabulary and merges (1.5-2 s for
+  SmolLM2, 3-4 s for Qwen here), and tests of several files ask for the same one: one
+  tokenizer per file (same path, size and mtime) serves a worker. A tokenizer is never changed
+  after it is built (nothing in specjax or the tests assigns to one). Readers, and files that
+  fail to load, go through as they are."""
+  plain = Tokenizer.from_gguf.__func__
+  built = {}
+
+  def from_gguf(cls, path_or_reader):
+    if cls is not Tokenizer or not isinstance(path_or_reader, str | os.PathLike):
+      return plain(cls, path_or_reader)
+    try:
+      stat = os.stat(path_or_reader)
+    except OSError:
+      return plain(cls, path_or_reader)
+    key = (os.path.realpath(path_or_reader), stat.st_size, stat.st_mtime_ns)
+    if key not in built:
+      built[key] = plain(cls, path_or_reader)
+    return built[key]
+
+  Tokenizer.from_gguf = classmethod(from_gguf)
+  yield
+  Tokenizer.from_gguf = classmethod(plain)
 
 
 class _NumpyWithPlainMaps(types.ModuleType):

@@ -1,9 +1,10 @@
 """task=peers runs specjax and HF transformers side by side on the real SmolLM2 (short).
 
 Two tests, each a subset of the six modes (``peers.modes``) beside specjax AR, the reference
-of every row, on one of the demo's first two prompts: prompt lookup in both libraries, then
-draft-model decoding and HF's assisted generation with the same draft. Together they run every
-mode on both prompts and check what one run of all six checked."""
+of every row, on the demo's first prompt (a text to copy: lookup drafts pay): prompt lookup in
+both libraries, then draft-model decoding and HF's assisted generation with the same draft.
+Together they run every mode and check what one run of all six checked; on one prompt, the
+second test's specjax AR is the first's compiled program."""
 
 import json
 
@@ -16,13 +17,13 @@ from specjax.models import registry
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 
-def _run(tmp_path, modes, prompt: int):
+def _run(tmp_path, modes):
   pytest.importorskip("transformers")  # the oracle extra, which README's test command installs
   registry.resolve("smollm2-135m-instruct")  # installed by scripts/install_models.sh
   from specjax.tasks import peers
 
   c = peers_config.get_config()
-  c.prompts = demo.base().prompts[prompt : prompt + 1]  # texts to copy: lookup drafts pay
+  c.prompts = demo.base().prompts[:1]
   c.max_new_tokens = 16
   c.output_dir = str(tmp_path)
   c.peers.modes = modes
@@ -40,7 +41,7 @@ def _run(tmp_path, modes, prompt: int):
 def test_prompt_lookup_side_by_side_on_smollm2(tmp_path):
   """Both libraries' prompt lookup: lossless (specjax's rows equal its AR, HF's equal HF's
   greedy), HF's greedy equals specjax AR, and both need < 0.9 target calls per token."""
-  _, rows = _run(tmp_path, ("specjax_prompt_lookup", "hf_greedy", "hf_prompt_lookup"), 0)
+  _, rows = _run(tmp_path, ("specjax_prompt_lookup", "hf_greedy", "hf_prompt_lookup"))
   for mode in ("specjax_prompt_lookup", "hf_greedy"):
     assert rows[mode]["equal_rows"] == "1/1", mode  # lossless, and HF's greedy is ours
   for mode in ("specjax_prompt_lookup", "hf_prompt_lookup"):  # fewer target forwards, counted
@@ -55,7 +56,7 @@ def test_draft_model_side_by_side_on_smollm2(tmp_path):
   at most one target call per token; greedy batch 1 only, and unknown modes are refused."""
   from specjax.tasks import peers
 
-  c, rows = _run(tmp_path, ("specjax_draft_model", "hf_greedy", "hf_assisted"), 1)
+  c, rows = _run(tmp_path, ("specjax_draft_model", "hf_greedy", "hf_assisted"))
   for mode in ("specjax_draft_model", "hf_greedy"):
     assert rows[mode]["equal_rows"] == "1/1", mode
   assert rows["hf_assisted"]["calls_per_token"] <= 1

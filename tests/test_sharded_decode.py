@@ -280,8 +280,9 @@ def test_generate_refuses_a_mesh_the_batch_does_not_divide():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_device_bench_script_runs_end_to_end_on_cpu(tmp_path):
-  """scripts/device_bench.sh on random tiny models: every drafter x batch size benchmarked, the
-  verify-cost curve measured, one JSON written."""
+  """scripts/device_bench.sh on random tiny models: every drafter benchmarked at a batch of two
+  rows (the full set's batch sizes run through the same loop), the verify-cost curve measured,
+  one JSON written."""
   proc = subprocess.run(
     ["bash", "scripts/device_bench.sh", "tiny", f"--config.output_dir={tmp_path}"],
     cwd=ROOT, env=train_worker.env(1), capture_output=True, text=True, timeout=600,
@@ -290,8 +291,7 @@ def test_device_bench_script_runs_end_to_end_on_cpu(tmp_path):
   assert "device: cpu" in proc.stdout
   record = json.loads((tmp_path / "device_bench.json").read_text())
   runs = {(r["drafter"], r["batch"]): r for r in record["runs"]}
-  assert sorted(runs) == [("draft_model", 1), ("draft_model", 2), ("prompt_lookup", 1),
-                          ("prompt_lookup", 2)]  # fmt: skip
+  assert sorted(runs) == [("draft_model", 2), ("prompt_lookup", 2)]
   for r in runs.values():
     assert r["greedy_identical"] is True
     assert r["tau"] >= 1 and r["calls_per_token"] == pytest.approx(1 / r["tau"], rel=0.2)

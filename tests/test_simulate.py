@@ -128,6 +128,9 @@ def test_accepted_lengths_follow_the_tree_and_walk_counts_the_prefill():
   # A tree per row (EAGLE-2): row 1 is a chain 1 -> 2 -> 3 -> 4.
   parents[1] = (0, 1, 2, 3)
   assert simulate.node_depths(parents)[1].tolist() == [0, 1, 2, 3, 4]
+  # The decode loop's own depths (trees.ancestors, in JAX) on both kinds of row.
+  want = trees.depths(trees.ancestors(jnp.asarray(parents, jnp.int32)))
+  assert simulate.node_depths(parents).tolist() == np.asarray(want).tolist()
   assert simulate.accepted_lengths(hits, parents).tolist() == [2, 1, 0, 1]
   assert simulate.walk(np.array([2, 0, 0, 5, 0]), 5) == (3, 0)  # prefill, 3 tokens, then 1
   assert simulate.walk(np.array([0, 0, 0, 0]), 5, np.array([1, 0, 1, 1])) == (5, 3)

@@ -246,7 +246,7 @@ def test_metrics_log_drops_records_after_the_resume_step(tmp_path):
 
 
 _SAVE_THEN_DIE = """
-import os, signal, sys
+import os, pathlib, signal, sys, time
 import jax, jax.numpy as jnp
 from specjax.train import checkpoint, step
 from specjax.models import tiny
@@ -256,6 +256,11 @@ state = lambda s: step.TrainState(jnp.int32(s), {"w": jnp.full((2048, 2048), flo
 ckpt.save(1, state(1), {"signature": {}})
 ckpt.wait()
 ckpt.save(2, state(2), {"signature": {}})  # async: returns while the files are being written
+# Orbax may create the step's temporary directory on its background thread too: kill once it
+# is there (the save is then under way), not before it exists.
+partial, deadline = pathlib.Path(sys.argv[1]) / "2.orbax-checkpoint-tmp", time.time() + 60
+while not partial.is_dir() and time.time() < deadline:
+  time.sleep(0.001)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
