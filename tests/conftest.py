@@ -192,24 +192,57 @@ def _one_real_model_load_per_worker():
   registry.load = load
 
 
+def _file_key(path) -> tuple | None:
+  """(real path, size, mtime): the same file, unchanged; None where it cannot be read."""
+  try:
+    stat = os.stat(path)
+  except (OSError, TypeError, ValueError):
+    return None
+  return os.path.realpath(path), stat.st_size, stat.st_mtime_ns
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_gguf_parse_per_file():
+  """specjax's own GGUF reads (``checkpoint.open_gguf``: a model's header for a config check,
+  its weights, its tokenizer) parse the whole vocabulary and merges each time (~1 s for SmolLM2,
+  ~3 s for Qwen here), and many tests read the same two files: one reader per file (same path,
+  size and mtime; four at most) serves a worker. A reader only reads. Files that fail to open
+  go through every time, so each still raises its own error."""
+  from specjax.models import checkpoint
+
+  plain = checkpoint.open_gguf
+  readers = {}
+
+  def open_gguf(path):
+    key = _file_key(path)
+    if key is None:
+      return plain(path)
+    if key not in readers:
+      reader = plain(path)
+      if len(readers) == 4:
+        readers.pop(next(iter(readers)))
+      readers[key] = reader
+    return readers[key]
+
+  checkpoint.open_gguf = open_gguf
+  yield
+  checkpoint.open_gguf = plain
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_tokenizer_parse_per_file():
-  """``Tokenizer.from_gguf`` of a path parses the file's whole vocabulary and merges (1.5-2 s for
-  SmolLM2, 3-4 s for Qwen here), and tests of several files ask for the same one: one
-  tokenizer per file (same path, size and mtime) serves a worker. A tokenizer is never changed
-  after it is built (nothing in specjax or the tests assigns to one). Readers, and files that
-  fail to load, go through as they are."""
+  """``Tokenizer.from_gguf`` of a path builds the BPE from the file's whole vocabulary and
+  merges (1.5-2 s for SmolLM2, 3-4 s for Qwen here, with the parse), and tests of several files
+  ask for the same one: one tokenizer per file (same path, size and mtime) serves a worker. A
+  tokenizer is never changed after it is built (nothing in specjax or the tests assigns to
+  one). Readers, and files that fail to load, go through as they are."""
   plain = Tokenizer.from_gguf.__func__
   built = {}
 
   def from_gguf(cls, path_or_reader):
-    if cls is not Tokenizer or not isinstance(path_or_reader, str | os.PathLike):
+    key = _file_key(path_or_reader) if isinstance(path_or_reader, str | os.PathLike) else None
+    if cls is not Tokenizer or key is None:
       return plain(cls, path_or_reader)
-    try:
-      stat = os.stat(path_or_reader)
-    except OSError:
-      return plain(cls, path_or_reader)
-    key = (os.path.realpath(path_or_reader), stat.st_size, stat.st_mtime_ns)
     if key not in built:
       built[key] = plain(cls, path_or_reader)
     return built[key]

@@ -6,8 +6,8 @@ Prints one line ``RESULT {json}``: per drafter and layout the greedy tokens, the
 one attention weight and of the KV cache (to show the layout really splits them), and the
 all-gathers in the compiled program whose result has a weight's full shape; with ``"exact"``
 also the exact-distribution p-values of an EAGLE sampled tree on the mesh, correct and broken;
-with ``"load_onto"`` whether the target, saved as a two-shard HF checkpoint and loaded onto the
-layout's mesh, arrives with ``placement.place``'s shardings and the same values.
+with ``"load_onto": layout`` whether the target, saved as a two-shard HF checkpoint and loaded
+onto that layout's mesh, arrives with ``placement.place``'s shardings and the same values.
 ``cases()`` is imported by the tests, which run the one-device reference in their own process.
 """
 
@@ -128,7 +128,7 @@ def main(args: dict) -> dict:
       out["tokens"][f"{drafter_name}/{name}"] = got.tokens
       out["tokens"][f"{drafter_name}/{name}/tau"] = got.metrics["tau"]
     out["weight_gathers"][name] = weight_gathers(*cases()["draft_model"], mesh)
-    if args.get("load_onto"):
+    if args.get("load_onto") == name:
       with tempfile.TemporaryDirectory() as d:
         out["load_onto"] = load_onto(mesh, Path(d))
   if args.get("fsdp_check"):  # the check's teeth: weights split over fsdp are gathered every step

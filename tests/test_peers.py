@@ -6,6 +6,7 @@ both libraries, then draft-model decoding and HF's assisted generation with the 
 Together they run every mode and check what one run of all six checked; on one prompt, the
 second test's specjax AR is the first's compiled program."""
 
+import functools
 import json
 
 import pytest
@@ -15,6 +16,18 @@ from experiments.peers import config as peers_config
 from specjax.models import registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_hf_load():
+  """Both tests compare with the same HF model, read from the GGUF once for the module (each
+  run still truncates its own copy for assisted generation)."""
+  from specjax.tasks import peers
+
+  load = peers._hf_model
+  peers._hf_model = functools.lru_cache(maxsize=1)(load)
+  yield
+  peers._hf_model = load
 
 
 def _run(tmp_path, modes):

@@ -29,35 +29,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", decode_worker.LAYOUTS)
-def test_eight_device_layouts_match_one_device(layout):
-  """Data, tensor and mixed layouts; a draft model and four tree drafters (all in the mixed
-  layout, the published EAGLE-3 architecture among them): greedy tokens identical to one
-  device, the weights really split, and no weight gathered whole (with the data layout:
-  weights split over fsdp instead are seen gathered). With the tensor layout, the target saved
+def test_eight_device_layouts_match_one_device():
+  """Data, tensor and mixed layouts, in one process of 8 devices; a draft model and four tree
+  drafters (all in the mixed layout, the published EAGLE-3 architecture among them): greedy
+  tokens identical to one device, the weights really split, and no weight gathered whole
+  (weights split over fsdp instead are seen gathered). With the tensor layout, the target saved
   as a two-shard HF checkpoint loads straight onto the mesh, each weight already placed as the
   partition rules place it (loaded without the mesh, it is not)."""
-  args = {"layouts": {layout: decode_worker.LAYOUTS[layout]}, "fsdp_check": layout == "data",
-          "load_onto": layout == "tensor"}  # fmt: skip
+  args = {"layouts": decode_worker.LAYOUTS, "fsdp_check": True, "load_onto": "tensor"}
   got = train_worker.run_subprocess(args, devices=8, timeout=600, script="decode_worker.py")
-  decoded = 0
-  for name, (drafter, dparams) in decode_worker.cases().items():
-    if name not in decode_worker.LAYOUT_DRAFTERS.get(layout, (name,)):
-      continue
-    want = decode_worker.run(drafter, dparams)
-    assert got["tokens"][f"{name}/{layout}"] == want.tokens, name
-    assert got["tokens"][f"{name}/{layout}/tau"] == pytest.approx(want.metrics["tau"])
-    decoded += 1
-  assert decoded == {"mixed": 5}.get(layout, 2)
+  want = {name: decode_worker.run(*case) for name, case in decode_worker.cases().items()}
+  for layout in decode_worker.LAYOUTS:
+    names = decode_worker.LAYOUT_DRAFTERS.get(layout, tuple(want))
+    assert len(names) == {"mixed": 5}.get(layout, 2)
+    for name in names:
+      assert got["tokens"][f"{name}/{layout}"] == want[name].tokens, (name, layout)
+      assert got["tokens"][f"{name}/{layout}/tau"] == pytest.approx(want[name].metrics["tau"])
+    assert got["weight_gathers"][layout] == [], layout
   # wq is [32, 32] (8 heads x 4): tensor splits its rows, data leaves it whole.
-  assert got["shards"] == {layout: {"data": [32, 32], "tensor": [4, 32], "mixed": [8, 32]}[layout]}
-  assert got["weight_gathers"][layout] == []
-  if layout == "data":
-    assert got["weight_gathers"]["fsdp"], got["weight_gathers"]
-  if layout == "tensor":
-    assert got["load_onto"] == {
-      "same_shardings": True, "same_values": True, "without_mesh_same_shardings": False
-    }  # fmt: skip
+  assert got["shards"] == {"data": [32, 32], "tensor": [4, 32], "mixed": [8, 32]}
+  assert got["weight_gathers"]["fsdp"], got["weight_gathers"]
+  assert got["load_onto"] == {
+    "same_shardings": True, "same_values": True, "without_mesh_same_shardings": False
+  }  # fmt: skip
 
 
 @pytest.mark.slow
