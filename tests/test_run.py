@@ -1,9 +1,11 @@
 """The entry point: python -m specjax.run, its tasks, and its config errors."""
 
+import contextlib
 import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -470,6 +472,21 @@ EXPERIMENT_VARIANTS = {
 }
 
 
+@pytest.fixture
+def _source_tree_kept():
+  """``build.check`` makes a config's output directory to prove it writable; the empty ones it
+  makes under experiments/ are removed again, so the tree (and what test_experiments collects
+  from it) is what git checked out."""
+  root = Path(__file__).resolve().parents[1] / "experiments"
+  before = {p for p in root.rglob("*") if p.is_dir()}
+  yield
+  made = {p for p in root.rglob("*") if p.is_dir()} - before
+  for p in sorted(made, key=lambda p: -len(p.parts)):  # the deepest first
+    with contextlib.suppress(OSError):  # a directory something was written to stays
+      p.rmdir()
+
+
+@pytest.mark.usefixtures("_source_tree_kept")
 @pytest.mark.parametrize(
   "name, arg", [(n, a) for n, args in EXPERIMENT_VARIANTS.items() for a in args]
 )
@@ -486,8 +503,6 @@ def test_experiment_configs_pass_their_checks(name, arg):
   for v in configs:
     build.check(v)
   if c.task == "train":
-    from pathlib import Path
-
     from specjax.tasks import train
     from specjax.train import corpora, data
 
