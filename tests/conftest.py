@@ -192,39 +192,38 @@ def _one_real_model_load_per_worker():
   registry.load = load
 
 
-def _file_key(path) -> tuple | None:
-  """(real path, size, mtime): the same file, unchanged; None where it cannot be read."""
-  try:
-    stat = os.stat(path)
-  except (OSError, TypeError, ValueError):
-    return None
-  return os.path.realpath(path), stat.st_size, stat.st_mtime_ns
+def _per_file(load, most: int):
+  """``load(path, *rest)`` kept per file (same real path, size and mtime) and ``rest``, at most
+  ``most`` at a time; a path that cannot be stat'ed is loaded every time, so it raises its own
+  error."""
+  kept = {}
+
+  def cached(path, *rest):
+    try:
+      stat = os.stat(path)
+    except (OSError, TypeError, ValueError):
+      return load(path, *rest)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, *rest)
+    if key not in kept:
+      value = load(path, *rest)
+      if len(kept) == most:
+        kept.pop(next(iter(kept)))
+      kept[key] = value
+    return kept[key]
+
+  return cached
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_gguf_parse_per_file():
   """specjax's own GGUF reads (``checkpoint.open_gguf``: a model's header for a config check,
   its weights, its tokenizer) parse the whole vocabulary and merges each time (~1 s for SmolLM2,
-  ~3 s for Qwen here), and many tests read the same two files: one reader per file (same path,
-  size and mtime; four at most) serves a worker. A reader only reads. Files that fail to open
-  go through every time, so each still raises its own error."""
+  ~3 s for Qwen here), and many tests read the same two files: one reader per file (four at
+  most) serves a worker. A reader only reads. Files that fail to open go through every time."""
   from specjax.models import checkpoint
 
   plain = checkpoint.open_gguf
-  readers = {}
-
-  def open_gguf(path):
-    key = _file_key(path)
-    if key is None:
-      return plain(path)
-    if key not in readers:
-      reader = plain(path)
-      if len(readers) == 4:
-        readers.pop(next(iter(readers)))
-      readers[key] = reader
-    return readers[key]
-
-  checkpoint.open_gguf = open_gguf
+  checkpoint.open_gguf = _per_file(plain, 4)
   yield
   checkpoint.open_gguf = plain
 
@@ -233,19 +232,15 @@ def _one_gguf_parse_per_file():
 def _one_tokenizer_parse_per_file():
   """``Tokenizer.from_gguf`` of a path builds the BPE from the file's whole vocabulary and
   merges (1.5-2 s for SmolLM2, 3-4 s for Qwen here, with the parse), and tests of several files
-  ask for the same one: one tokenizer per file (same path, size and mtime) serves a worker. A
-  tokenizer is never changed after it is built (nothing in specjax or the tests assigns to
-  one). Readers, and files that fail to load, go through as they are."""
+  ask for the same one: one tokenizer per file serves a worker. A tokenizer is never changed
+  after it is built (nothing in specjax or the tests assigns to one). Readers go through."""
   plain = Tokenizer.from_gguf.__func__
-  built = {}
+  built = _per_file(lambda path: plain(Tokenizer, path), 4)
 
   def from_gguf(cls, path_or_reader):
-    key = _file_key(path_or_reader) if isinstance(path_or_reader, str | os.PathLike) else None
-    if cls is not Tokenizer or key is None:
-      return plain(cls, path_or_reader)
-    if key not in built:
-      built[key] = plain(cls, path_or_reader)
-    return built[key]
+    if cls is Tokenizer and isinstance(path_or_reader, str | os.PathLike):
+      return built(path_or_reader)
+    return plain(cls, path_or_reader)
 
   Tokenizer.from_gguf = classmethod(from_gguf)
   yield
@@ -287,25 +282,23 @@ def _one_hf_gguf_parse_per_worker():
   plain = gguf.GGUFReader
   name_map = gguf.get_tensor_name_map
   gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
-  readers = {}
+
+  def parse(path, mode):
+    reader = plain.__new__(SharedReader)
+    gguf.gguf_reader.np = _NumpyWithPlainMaps("numpy")
+    try:
+      plain.__init__(reader, path, mode)
+    finally:
+      gguf.gguf_reader.np = np
+    return reader
+
+  shared = _per_file(parse, 2)
 
   class SharedReader(plain):
     def __new__(cls, path, mode="r"):
       if cls is not SharedReader:
         return super().__new__(cls)
-      stat = os.stat(path)
-      key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, mode)
-      if key not in readers:
-        reader = super().__new__(cls)
-        gguf.gguf_reader.np = _NumpyWithPlainMaps("numpy")
-        try:
-          plain.__init__(reader, path, mode)
-        finally:
-          gguf.gguf_reader.np = np
-        if len(readers) == 2:
-          readers.pop(next(iter(readers)))
-        readers[key] = reader
-      return readers[key]
+      return shared(path, mode)
 
     def __init__(self, path, mode="r"):
       if type(self) is not SharedReader:
