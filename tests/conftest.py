@@ -193,9 +193,9 @@ def _one_real_model_load_per_worker():
 
 
 def _per_file(load, most: int):
-  """``load(path, *rest)`` kept per file (same real path, size and mtime) and ``rest``, at most
-  ``most`` at a time; a path that cannot be stat'ed is loaded every time, so it raises its own
-  error."""
+  """``load(path, *rest)`` kept per file (same real path, size and mtime) and ``rest``, the
+  ``most`` most recently used; a path that cannot be stat'ed is loaded every time, so it raises
+  its own error."""
   kept = {}
 
   def cached(path, *rest):
@@ -208,24 +208,12 @@ def _per_file(load, most: int):
       value = load(path, *rest)
       if len(kept) == most:
         kept.pop(next(iter(kept)))
-      kept[key] = value
-    return kept[key]
+    else:
+      value = kept.pop(key)  # the least recently used goes first
+    kept[key] = value
+    return value
 
   return cached
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _one_gguf_parse_per_file():
-  """specjax's own GGUF reads (``checkpoint.open_gguf``: a model's header for a config check,
-  its weights, its tokenizer) parse the whole vocabulary and merges each time (~1 s for SmolLM2,
-  ~3 s for Qwen here), and many tests read the same two files: one reader per file (four at
-  most) serves a worker. A reader only reads. Files that fail to open go through every time."""
-  from specjax.models import checkpoint
-
-  plain = checkpoint.open_gguf
-  checkpoint.open_gguf = _per_file(plain, 4)
-  yield
-  checkpoint.open_gguf = plain
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -260,24 +248,27 @@ class _NumpyWithPlainMaps(types.ModuleType):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _one_hf_gguf_parse_per_worker():
-  """HF transformers (the oracle) builds a ``gguf.GGUFReader`` for every read of a GGUF: one for
-  the config and one for the weights of each model, another for a tokenizer. Each parses the
-  whole vocabulary and merges in Python: ~7 s for SmolLM2, ~25 s for Qwen2.5-Coder's 151,936
-  tokens. Here one reader per file (same path, size and mtime; two files at most) serves them
-  all; what HF does with it is unchanged. Readers of other classes (specjax's own) pass
-  through.
+def _one_gguf_parse_per_file():
+  """Every GGUF read parses the whole vocabulary and merges in Python: ~2 s for SmolLM2, ~6 s
+  for Qwen2.5-Coder's 151,936 tokens here. specjax reads a file for a config check, its
+  weights and its tokenizer (``checkpoint.open_gguf``), and HF transformers (the oracle) builds
+  a ``gguf.GGUFReader`` for the config and another for the weights of each model it loads, and
+  many tests read the same few files. Here one reader per file (same path, size and mtime; the
+  four most recently used) serves specjax and HF alike; what each does with it is unchanged. A
+  reader only reads. Files that fail to open go through every time, and raise their own errors.
 
   HF also builds gguf's tensor-name table (``gguf.get_tensor_name_map``) once per module of the
   model it loads, ~400 times for SmolLM2 at ~0.03 s each: one table per (architecture, layer
   count) serves them (10-14 s less per HF load here; the loaded weights are bit-identical).
 
   The shared reader parses over a plain array view of the file's memory map rather than an
-  ``np.memmap``: gguf slices it ~1.5 million times for Qwen's vocabulary, and every memmap
-  slice runs Python-level bookkeeping. The same bytes, every field and tensor equal (checked):
-  a Qwen parse took 6.1 s against 10.2 s."""
+  ``np.memmap``, as specjax's own reader does: gguf slices it ~1.5 million times for Qwen's
+  vocabulary, and every memmap slice runs Python-level bookkeeping. The same bytes, every field
+  and tensor equal (checked): a Qwen parse took 6.1 s against 10.2 s."""
   import gguf
   import gguf.gguf_reader
+
+  from specjax.models import checkpoint
 
   plain = gguf.GGUFReader
   name_map = gguf.get_tensor_name_map
@@ -292,7 +283,7 @@ def _one_hf_gguf_parse_per_worker():
       gguf.gguf_reader.np = np
     return reader
 
-  shared = _per_file(parse, 2)
+  shared = _per_file(parse, 4)
 
   class SharedReader(plain):
     def __new__(cls, path, mode="r"):
@@ -305,7 +296,13 @@ def _one_hf_gguf_parse_per_worker():
         plain.__init__(self, path, mode)
 
   gguf.GGUFReader = SharedReader
+  reader_class = checkpoint._reader_class
+  checkpoint._reader_class = lambda: SharedReader  # open_gguf checks each file's tensors
+  open_gguf = checkpoint.open_gguf
+  checkpoint.open_gguf = _per_file(open_gguf, 4)  # and its checked reader is kept
   yield
+  checkpoint.open_gguf = open_gguf
+  checkpoint._reader_class = reader_class
   gguf.GGUFReader = plain
   gguf.get_tensor_name_map = name_map
 

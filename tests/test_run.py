@@ -200,55 +200,80 @@ def test_timed_passes_interleave_the_modes_batch_by_batch(monkeypatch):
     assert timed[m]["outs"] == [(m, b) for b in range(4)]
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize(
-  "override, message",
-  [
-    ("--config.drafter.name=hydra", "drafter.name='hydra' is unknown"),
-    ("--config.task=fly", "config.task='fly' is unknown"),
-    ("--config.tempreature=0.5", "did you mean 'temperature'"),
-    ("--config.top_p=1.5", "top_p must be in (0, 1]"),
-    (
-      "--config.drafter.draft_model.num_draft=0",
-      "draft_model.num_draft (K) must be an integer >= 1",
-    ),
-    ("--config.drafter.prompt_lookup.max_ngrm=2", "did you mean 'max_ngram'"),
-  ],
-)
-def test_cli_rejects_bad_config(override, message, request):
-  proc = _run(override, cwd=request.config.rootpath)
-  assert proc.returncode != 0
-  assert message in proc.stderr + proc.stdout
+_BAD_OVERRIDES = [  # a --config.* override of configs/tiny.py, and what its one line says
+  ("--config.drafter.name=hydra", "drafter.name='hydra' is unknown"),
+  ("--config.task=fly", "config.task='fly' is unknown"),
+  ("--config.tempreature=0.5", "did you mean 'temperature'"),
+  ("--config.top_p=1.5", "top_p must be in (0, 1]"),
+  ("--config.drafter.draft_model.num_draft=0", "draft_model.num_draft (K) must be an integer >= 1"),
+  ("--config.drafter.prompt_lookup.max_ngrm=2", "did you mean 'max_ngram'"),
+]
 
 
-@pytest.mark.multiprocess
-def test_cli_names_the_config_file_or_the_field_at_fault(tmp_path, request):
-  """A missing --config, a file without get_config, a bug inside the file and a field the
-  config lacks each give one line naming what is wrong (exit 1), before any model loads; a
-  target path can be given on the command line."""
-  (tmp_path / "noget.py").write_text("x = 1\n")
-  (tmp_path / "typo.py").write_text(
+def _bad_config_files(d: Path) -> list[tuple[tuple[str, ...], str]]:
+  """Command lines whose config file, or a field the config lacks, is at fault, and what the
+  one line says."""
+  (d / "noget.py").write_text("x = 1\n")
+  (d / "typo.py").write_text(
     "from configs import tiny\ndef get_config():\n  c = tiny.get_config()\n"
     "  return c.drafter.nosuch_section\n"
   )
-  root = request.config.rootpath
-  run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "specjax.run", *a], capture_output=True, text=True, cwd=root,
-    timeout=600,
-  )  # fmt: skip
-  cases = [
+  return [
     ((), "--config is missing"),
-    ((f"--config={tmp_path}/noget.py",), "defines no get_config()"),
-    ((f"--config={tmp_path}/typo.py",), "typo.py failed building its config (" + str(tmp_path)),
+    ((f"--config={d}/noget.py",), "defines no get_config()"),
+    ((f"--config={d}/typo.py",), "typo.py failed building its config (" + str(d)),
     (("--config=configs/tiny.py", "--config.target.nme=x"), "config.target has no field 'nme'"),
     (("--config=configs/demo.py", "--config.target.source=gguf",
       "--config.target.path=/no/model.gguf"), "config.target.path='/no/model.gguf' does not exist"),
   ]  # fmt: skip
-  for args, message in cases:
-    proc = run(*args)
-    assert proc.returncode == 1, (args, proc.stderr[-400:])
-    lines = [ln for ln in proc.stderr.splitlines() if "rror" in ln and "TRACEBACK" not in ln]
-    assert message in proc.stderr, (args, proc.stderr[-400:])
+
+
+@pytest.fixture(scope="module")
+def cli_errors(tmp_path_factory, request):
+  """``(file cases, {command line: (exit status, stderr)})``: every bad command line of this
+  file through specjax.run's entry point, all in one tests/cli_worker.py process."""
+  import train_worker
+
+  files = _bad_config_files(tmp_path_factory.mktemp("cli"))
+  lines = [args for args, _ in files] + [("--config=configs/tiny.py", o) for o, _ in _BAD_OVERRIDES]
+  proc = subprocess.run(
+    [sys.executable, "tests/cli_worker.py", json.dumps(lines)], capture_output=True, text=True,
+    cwd=request.config.rootpath, env=train_worker.env(), timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return files, dict(zip(lines, map(tuple, train_worker.parse(proc.stdout)), strict=True))
+
+
+@pytest.mark.multiprocess
+def test_the_command_line_ends_on_bad_config_with_one_line(request):
+  """``python -m specjax.run`` itself, on one bad config: exit status 1 and one error line
+  naming the field (the other bad command lines run through the same entry point in one
+  process, below)."""
+  proc = _run("--config.top_p=1.5", cwd=request.config.rootpath)
+  assert proc.returncode == 1, proc.stderr[-400:]
+  lines = [ln for ln in proc.stderr.splitlines() if "rror" in ln and "TRACEBACK" not in ln]
+  assert len(lines) == 1 and "top_p must be in (0, 1]" in lines[0], proc.stderr[-400:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("override, message", _BAD_OVERRIDES)
+def test_cli_rejects_bad_config(override, message, cli_errors):
+  status, stderr = cli_errors[1][("--config=configs/tiny.py", override)]
+  assert status == 1, stderr[-400:]
+  assert message in stderr
+
+
+@pytest.mark.multiprocess
+def test_cli_names_the_config_file_or_the_field_at_fault(cli_errors):
+  """A missing --config, a file without get_config, a bug inside the file and a field the
+  config lacks each give one line naming what is wrong (exit 1), before any model loads; a
+  target path can be given on the command line."""
+  files, results = cli_errors
+  for args, message in files:
+    status, stderr = results[args]
+    assert status == 1, (args, stderr[-400:])
+    lines = [ln for ln in stderr.splitlines() if "rror" in ln and "TRACEBACK" not in ln]
+    assert message in stderr, (args, stderr[-400:])
     assert len(lines) == 1, lines
 
 
