@@ -13,7 +13,6 @@ worker for the session (tests/train_worker.py).
 import functools
 import math
 import os
-import types
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -42,7 +41,6 @@ os.environ.setdefault(
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import train_worker  # noqa: E402
 from jax import monitoring  # noqa: E402
@@ -235,18 +233,6 @@ def _one_tokenizer_parse_per_file():
   Tokenizer.from_gguf = classmethod(plain)
 
 
-class _NumpyWithPlainMaps(types.ModuleType):
-  """numpy, except that ``memmap`` returns the map as a plain ndarray (the map stays open as
-  its base)."""
-
-  def __getattr__(self, name):
-    return getattr(np, name)
-
-  @staticmethod
-  def memmap(*args, **kwargs):
-    return np.memmap(*args, **kwargs).view(np.ndarray)
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _one_gguf_parse_per_file():
   """Every GGUF read parses the whole vocabulary and merges in Python: ~2 s for SmolLM2, ~6 s
@@ -261,42 +247,43 @@ def _one_gguf_parse_per_file():
   model it loads, ~400 times for SmolLM2 at ~0.03 s each: one table per (architecture, layer
   count) serves them (10-14 s less per HF load here; the loaded weights are bit-identical).
 
-  The shared reader parses over a plain array view of the file's memory map rather than an
-  ``np.memmap``, as specjax's own reader does: gguf slices it ~1.5 million times for Qwen's
-  vocabulary, and every memmap slice runs Python-level bookkeeping. The same bytes, every field
-  and tensor equal (checked): a Qwen parse took 6.1 s against 10.2 s."""
+  The shared reader is specjax's own (``checkpoint._reader_class``), which parses over a plain
+  array view of the file's memory map rather than an ``np.memmap``: gguf slices it ~1.5 million
+  times for Qwen's vocabulary, and every memmap slice runs Python-level bookkeeping (a Qwen
+  parse took 6.1 s against gguf's own reader's 10.2 s, every field and tensor equal). HF reads
+  through it as through gguf's."""
   import gguf
-  import gguf.gguf_reader
 
   from specjax.models import checkpoint
 
   plain = gguf.GGUFReader
   name_map = gguf.get_tensor_name_map
   gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+  reader_class = checkpoint._reader_class
+  specjax_reader = reader_class()  # a subclass of gguf's own reader, made before it is replaced
 
   def parse(path, mode):
-    reader = plain.__new__(SharedReader)
-    gguf.gguf_reader.np = _NumpyWithPlainMaps("numpy")
-    try:
-      plain.__init__(reader, path, mode)
-    finally:
-      gguf.gguf_reader.np = np
+    reader = specjax_reader.__new__(SharedReader)
+    specjax_reader.__init__(reader, path, mode)
     return reader
 
   shared = _per_file(parse, 4)
 
-  class SharedReader(plain):
+  class SharedReader(specjax_reader):
+    """``SharedReader(path)``: the one reader of ``path``, parsed by specjax's reader class
+    (so it is also a reader of gguf's class, as HF and specjax check); a subclass constructs
+    as gguf's reader does."""
+
     def __new__(cls, path, mode="r"):
       if cls is not SharedReader:
         return super().__new__(cls)
       return shared(path, mode)
 
     def __init__(self, path, mode="r"):
-      if type(self) is not SharedReader:
-        plain.__init__(self, path, mode)
+      if type(self) is not SharedReader:  # the shared reader is initialised once, by parse
+        super().__init__(path, mode)
 
   gguf.GGUFReader = SharedReader
-  reader_class = checkpoint._reader_class
   checkpoint._reader_class = lambda: SharedReader  # open_gguf checks each file's tensors
   open_gguf = checkpoint.open_gguf
   checkpoint.open_gguf = _per_file(open_gguf, 4)  # and its checked reader is kept
