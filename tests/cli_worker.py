@@ -16,7 +16,9 @@ command line for one case.
 import contextlib
 import io
 import json
+import os
 import sys
+from pathlib import Path
 
 from absl import app, flags
 
@@ -45,4 +47,5 @@ def run_one(args: list[str]) -> tuple[int, str]:
 
 
 if __name__ == "__main__":
+  os.chdir(Path(__file__).resolve().parents[1])  # config paths are given from the repository root
   print("RESULT " + json.dumps([run_one(args) for args in json.loads(sys.argv[1])]))

@@ -229,19 +229,15 @@ def _bad_config_files(d: Path) -> list[tuple[tuple[str, ...], str]]:
 
 
 @pytest.fixture(scope="module")
-def cli_errors(tmp_path_factory, request):
+def cli_errors(tmp_path_factory):
   """``(file cases, {command line: (exit status, stderr)})``: every bad command line of this
   file through specjax.run's entry point, all in one tests/cli_worker.py process."""
   import train_worker
 
   files = _bad_config_files(tmp_path_factory.mktemp("cli"))
   lines = [args for args, _ in files] + [("--config=configs/tiny.py", o) for o, _ in _BAD_OVERRIDES]
-  proc = subprocess.run(
-    [sys.executable, "tests/cli_worker.py", json.dumps(lines)], capture_output=True, text=True,
-    cwd=request.config.rootpath, env=train_worker.env(), timeout=600,
-  )  # fmt: skip
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return files, dict(zip(lines, map(tuple, train_worker.parse(proc.stdout)), strict=True))
+  got = train_worker.run_subprocess(lines, timeout=600, script="cli_worker.py")
+  return files, dict(zip(lines, map(tuple, got), strict=True))
 
 
 @pytest.mark.multiprocess

@@ -56,7 +56,7 @@ def env(devices: int = 1) -> dict:
   }
 
 
-def command(args: dict, script: str = "train_worker.py") -> list[str]:
+def command(args: dict | list, script: str = "train_worker.py") -> list[str]:
   return [sys.executable, str(ROOT / "tests" / script), json.dumps(args)]
 
 
@@ -72,8 +72,8 @@ def parse(stdout: str) -> dict:
 
 
 def run_subprocess(
-  args: dict, devices: int = 1, timeout: float = 300, script: str = "train_worker.py"
-) -> dict:
+  args: dict | list, devices: int = 1, timeout: float = 300, script: str = "train_worker.py"
+) -> dict | list:
   """Runs a worker script (this one by default) to completion in a fresh process and returns
   its RESULT."""
   proc = subprocess.run(
