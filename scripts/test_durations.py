@@ -5,12 +5,13 @@
 
 Each test's time is its setup + call + teardown in its xdist worker (the sum over tests is
 worker time; the wall time is about that over the number of workers). tests/conftest.py adds
-to every test the seconds its own process spent tracing, lowering and XLA-compiling, and its
-markers; a test's subprocesses are counted in its time but not in those columns. Causes, first
-that applies: ``multiprocess`` marker (CLI runs, jax.distributed, emulated meshes), ``real_model``
-marker, training (a ``train``/``resume`` test or test_train*), statistical sampling (an
-exact-distribution test or its broken variant), else XLA compiles and tiny-model runs.
-Prints markdown tables (docs/testing.md quotes them).
+to every test the seconds its own process spent tracing, lowering and XLA-compiling, its
+markers, its xdist worker and when it ended; a test's subprocesses are counted in its time but
+not in those columns. Causes, first that applies: ``multiprocess`` marker (CLI runs,
+jax.distributed, emulated meshes), ``real_model`` marker, training (a ``train``/``resume`` test
+or test_train*), statistical sampling (an exact-distribution test or its broken variant), else
+XLA compiles and tiny-model runs.
+Prints markdown tables (docs/testing.md quotes them), the workers' balance among them.
 """
 
 import argparse
@@ -41,6 +42,8 @@ def read(path: str) -> list[dict]:
       "xla_compiles": int(float(props.get("xla_compiles", 0))),
       # tracing + lowering + XLA compiling in the test's own process
       "jax_s": sum(float(props.get(k, 0)) for k in ("xla_compile_s", "trace_s", "lower_s")),
+      "worker": props.get("worker"),
+      "ended": float(props["ended"]) if "ended" in props else None,
     }
     tests.append(t)
   return tests
@@ -85,6 +88,28 @@ def _by(tests, key) -> dict:
   return out
 
 
+def balance(tests: list[dict]) -> None:
+  """Per xdist worker: its tests' seconds and when its last test ended (from the first test's
+  start); a worker that ends early leaves its core idle while the other finishes."""
+  timed = [t for t in tests if t["worker"] and t["ended"] is not None]
+  if not timed:
+    return
+  start = min(t["ended"] - t["s"] for t in timed)
+  ends = {}
+  print("| worker | tests | s | last test ended at | the file it ended with |")
+  print("|---|---|---|---|---|")
+  for w in sorted({t["worker"] for t in timed}):
+    mine = [t for t in timed if t["worker"] == w]
+    last = max(mine, key=lambda t: t["ended"])
+    ends[w] = last["ended"] - start
+    file_s = sum(t["s"] for t in mine if t["file"] == last["file"])
+    print(
+      f"| {w} | {len(mine)} | {sum(t['s'] for t in mine):.0f} | {ends[w]:.0f} s "
+      f"| {last['file']} ({file_s:.0f} s) |"
+    )
+  print(f"\nThe workers ended {max(ends.values()) - min(ends.values()):.0f} s apart.\n")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("xml")
@@ -108,6 +133,7 @@ def main() -> None:
       prev = f" {before[k]['s']:.0f} |" if old else ""
       print(f"| {k} | {r['n']} |{prev} {r['s']:.0f} | {r['jax_s']:.0f} |")
     print()
+  balance(now)
   print("| slowest tests | s | JAX compiles s | XLA compiles | cause |\n|---|---|---|---|---|")
   for t in sorted(now, key=lambda t: -t["s"])[: a.top]:
     print(

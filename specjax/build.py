@@ -129,7 +129,7 @@ def check_request(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.{e}") from None
       raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
   kind = dtype(config)
-  weights = jax.eval_shape(lambda: llama.init_params(cfg, jax.random.key(0), dtype=kind))
+  weights = llama.param_shapes(cfg, kind)
   fp = decode.footprint(cfg, weights, decode.AUTOREGRESSIVE, None, config.batch_size,
                         config.max_len, shape)  # fmt: skip
   try:

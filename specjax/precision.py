@@ -83,7 +83,7 @@ def decide(ratios: dict[int, float], speculative: bool) -> str:
 def ratios(cfg: ModelConfig) -> dict[int, float]:
   """``{T: bfloat16 / float32 seconds}`` of the forward over T tokens, timed here."""
   small = dataclasses.replace(cfg, num_layers=min(cfg.num_layers, LAYERS))
-  shapes = jax.eval_shape(lambda: llama.init_params(small, jax.random.key(0)))
+  shapes = llama.param_shapes(small)
   params = {d: jax.tree.map(lambda s, d=d: jnp.full(s.shape, 0.01, d), shapes)
             for d in (jnp.float32, jnp.bfloat16)}  # fmt: skip
   cells = {d: {t: [] for t in SIZES} for d in params}

@@ -13,6 +13,7 @@ worker for the session (tests/train_worker.py).
 import functools
 import math
 import os
+import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -91,6 +92,9 @@ def pytest_runtest_makereport(item, call):
       item.user_properties.append((key, round(value - before[key], 3)))
     marks = sorted({m.name for m in item.iter_markers()} & {"slow", "real_model", "multiprocess"})
     item.user_properties.append(("marks", ",".join(marks)))
+    # which xdist worker ran it, and when it ended: the workers' balance (test_durations.py)
+    item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
+    item.user_properties.append(("ended", round(time.time(), 2)))
   yield
 
 

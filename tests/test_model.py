@@ -1,5 +1,7 @@
 """models/: incremental decoding = a full forward, tree masks, blocks, windows, schema."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,6 +172,13 @@ def test_schema_drives_init_checks_rules_and_names(model):
   rules = dict(llama.RULES)
   assert rules[r"(^|/)wo$"] == P("fsdp", "tensor") and rules[r"(^|/)embed$"] == P("tensor", "fsdp")
   assert not any("norm" in pattern for pattern in rules)
+  # The shapes read off the schema (what build.check sizes memory by) are init's own.
+  for c in (cfg, dataclasses.replace(cfg, qkv_bias=True, tie_embeddings=False)):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      want = jax.eval_shape(
+        lambda c=c, dtype=dtype: llama.init_params(c, jax.random.key(0), dtype=dtype)
+      )
+      assert llama.param_shapes(c, dtype) == want
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,11 @@ def init_params(
   return schema.init_params(SCHEMA, cfg, key, cfg.num_layers, embed_std, residual_scale, dtype)
 
 
+def param_shapes(cfg: ModelConfig, dtype=jnp.float32) -> Params:
+  """``init_params``' shapes and dtype (``jax.ShapeDtypeStruct`` leaves), read off the schema."""
+  return schema.shapes(SCHEMA, cfg, cfg.num_layers, dtype)
+
+
 def check_params(cfg: ModelConfig, params: Params) -> None:
   """Raises a ValueError naming the first weight missing, extra or misshapen for ``cfg``."""
   if not isinstance(params, dict) or len(params.get("layers", ())) != cfg.num_layers:

@@ -107,6 +107,15 @@ def init_params(
   return assemble({path: draw(p, p.shape(cfg)) for path, p in todo}, num_layers)
 
 
+def shapes(schema: Schema, cfg, num_layers: int, dtype=jnp.float32) -> dict[str, Any]:
+  """The params' shapes and dtype (``jax.ShapeDtypeStruct`` leaves) from the schema alone, as
+  ``init_params`` would make them, without tracing or allocating anything."""
+  structs = {
+    path: jax.ShapeDtypeStruct(p.shape(cfg), dtype) for path, p in entries(schema, cfg, num_layers)
+  }
+  return assemble(structs, num_layers)
+
+
 def check_shapes(schema: Schema, cfg, params, num_layers: int) -> None:
   """Raises a ValueError naming the first weight that is missing, extra or of the wrong shape."""
   expected = {path: p.shape(cfg) for path, p in entries(schema, cfg, num_layers)}
