@@ -10,6 +10,7 @@ one token, the number a per-device cost model needs. Writes ``output_dir/device_
 (each run's full record beside it) and prints a table.
 """
 
+import jax
 import ml_collections
 
 from specjax import build, results
@@ -27,6 +28,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for name in bench.drafters:
     if name not in config.drafter:
       raise ValueError(f"config.device_bench.drafters has {name!r}, which has no config.drafter.")
+  d = jax.devices()[0]
+  print(f"device: {d.platform} {d.device_kind} x{jax.device_count()}", flush=True)
   rows = []
   for name in bench.drafters:
     for b in bench.batch_sizes:
