@@ -43,21 +43,27 @@ def write_rows(buf: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 0
   """Writes ``new[b]`` into ``buf[b]`` starting at ``offsets[b]`` along the row's ``axis``.
 
   E.g. tokens ``[B, S]`` <- ``[B, T]`` (axis 0), or one layer's cache ``[B, G, S, Dh]`` <-
-  ``[B, G, T, Dh]`` (axis 1 of each row). One scatter with in-bounds indices promised: a
-  vmapped ``dynamic_update_slice`` lowers to a bounds-checked scatter whose select kept XLA
-  from updating a loop-carried cache in place (it copied every layer's cache every step).
-  Callers keep ``offsets[b] + T`` within the row (loop.Static sizes buffers so it always is).
+  ``[B, G, T, Dh]`` (axis 1 of each row). One scatter of whole windows (every axis but the row
+  and the slot) at in-bounds ``(row, slot)`` pairs: a vmapped ``dynamic_update_slice`` lowers
+  to a bounds-checked scatter whose select kept XLA from updating a loop-carried cache in place
+  (it copied every layer's cache every step). Callers keep ``offsets[b] + T`` within the row
+  (loop.Static sizes buffers so it always is).
   """
   b, t = new.shape[0], new.shape[axis + 1]
-  index = [jnp.arange(b).reshape((b,) + (1,) * (axis + 1))]
-  for i in range(axis):  # leading row axes: every index
-    shape = [1] * (axis + 2)
-    shape[i + 1] = new.shape[i + 1]
-    index.append(jnp.arange(new.shape[i + 1]).reshape(shape))
-  slots = offsets.reshape((b,) + (1,) * axis + (1,)) + jnp.arange(t)
-  index.append(slots.reshape((b,) + (1,) * axis + (t,)))
-  return buf.at[tuple(index)].set(
-    new.astype(buf.dtype), mode="promise_in_bounds", unique_indices=True
+  rows_BxTx1 = jax.lax.broadcasted_iota(jnp.int32, (b, t, 1), 0)
+  slots_BxTx1 = (offsets.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32))[..., None]
+  dims = jax.lax.ScatterDimensionNumbers(
+    update_window_dims=tuple(d for d in range(1, new.ndim) if d != axis + 1),
+    inserted_window_dims=(0, axis + 1),
+    scatter_dims_to_operand_dims=(0, axis + 1),
+  )
+  return jax.lax.scatter(
+    buf,
+    jnp.concatenate([rows_BxTx1, slots_BxTx1], axis=-1),
+    new.astype(buf.dtype),
+    dims,
+    unique_indices=True,
+    mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
   )
 
 
