@@ -56,6 +56,27 @@ def pytest_collection_finish(session):
   train_worker.collect_less()
 
 
+# --- whole files over the xdist workers, longest first ------------------------------------------
+
+# xdist's loadfile hands out files with the most tests first, which left a file of few, long
+# tests (test_real_models: 8 tests, ~180 s) for last on one worker while the other ran out of
+# work (runs 33-34: 16-17 s apart). Files go out longest first instead (pyproject's
+# --no-loadscope-reorder keeps this order): the files of 20 s or more, by their worker seconds
+# in run 34 (docs/testing.md; scripts/test_durations.py prints them), then the rest, each under
+# 15 s, in collection order. Replayed on runs 32-34, the workers end within 1 s of each other.
+_LONGEST_FILES_FIRST = (
+  "test_lossless", "test_real_models", "test_eagle", "test_sharded_decode", "test_peers",
+  "test_run", "test_simulate", "test_checkpoint", "test_trees", "test_train", "test_decode",
+  "test_medusa", "test_train_multiprocess", "test_interop_eagle", "test_distill",
+  "test_data_files", "test_families", "test_prompt_lookup",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(_LONGEST_FILES_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each file's order
+
+
 # --- where a test's time goes: JAX's own compile events, per test ------------------------------
 
 _JAX_EVENTS = {
