@@ -10,8 +10,8 @@ markers, its xdist worker and when it ended; a test's subprocesses are counted i
 not in those columns. Causes, first that applies: ``multiprocess`` marker (CLI runs,
 jax.distributed, emulated meshes), ``real_model`` marker, training (a ``train``/``resume`` test
 or test_train*), statistical sampling (an exact-distribution test or its broken variant), else
-XLA compiles and tiny-model runs.
-Prints markdown tables (docs/testing.md quotes them), the workers' balance among them.
+XLA compiles and tiny-model runs. Prints markdown tables (docs/testing.md quotes them), the
+workers' balance among them.
 """
 
 import argparse
