@@ -10,7 +10,6 @@ one token, the number a per-device cost model needs. Writes ``output_dir/device_
 (each run's full record beside it) and prints a table.
 """
 
-import jax
 import ml_collections
 
 from specjax import build, results
@@ -28,8 +27,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for name in bench.drafters:
     if name not in config.drafter:
       raise ValueError(f"config.device_bench.drafters has {name!r}, which has no config.drafter.")
-  d = jax.devices()[0]
-  print(f"device: {d.platform} {d.device_kind} x{jax.device_count()}", flush=True)
+  machine = benchmark.machine()
+  print(f"device: {machine['platform']} {machine['device']} x{machine['devices']}", flush=True)
   rows = []
   for name in bench.drafters:
     for b in bench.batch_sizes:
@@ -55,7 +54,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   curve = sweep.verify_cost(target, bench.verify_sizes, config.max_len)
   record = {
     "config": config.to_dict(),
-    "machine": benchmark.machine(),
+    "machine": machine,
     "dtype": build.dtype(config),
     "runs": rows,
     "verify_cost": curve,
