@@ -1,7 +1,7 @@
 """Where the test suite's time goes, from pytest's JUnit XML: per file, per cause, slowest tests.
 
     python -m pytest -q --junitxml=results/tests.xml
-    python scripts/test_durations.py results/tests.xml [--before OLD.xml] [--top 30]
+    python scripts/test_durations.py results/tests.xml [--before OLD.xml] [--top 30] [--record]
 
 Each test's time is its setup + call + teardown in its xdist worker (the sum over tests is
 worker time; the wall time is about that over the number of workers). tests/conftest.py adds
@@ -11,11 +11,14 @@ not in those columns. Causes, first that applies: ``multiprocess`` marker (CLI r
 jax.distributed, emulated meshes), ``real_model`` marker, training (a ``train``/``resume`` test
 or test_train*), statistical sampling (an exact-distribution test or its broken variant), else
 XLA compiles and tiny-model runs. Prints markdown tables (docs/testing.md quotes them), the
-workers' balance among them.
+workers' balance among them. ``--record`` writes each file's worker seconds to
+``tests/durations.json``, the order in which tests/conftest.py hands files to the workers.
 """
 
 import argparse
 import collections
+import json
+import os
 import re
 import xml.etree.ElementTree as ET
 
@@ -110,13 +113,32 @@ def balance(tests: list[dict]) -> None:
   print(f"\nThe workers ended {max(ends.values()) - min(ends.values()):.0f} s apart.\n")
 
 
+DURATIONS = "tests/durations.json"
+
+
+def record(tests: list[dict], path: str = DURATIONS) -> None:
+  """Each file's worker seconds in this run, longest first, written whole or not at all."""
+  seconds = collections.Counter()
+  for t in tests:
+    seconds[t["file"]] += t["s"]
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump({k: round(v, 1) for k, v in seconds.most_common()}, f, indent=0)
+    f.write("\n")
+  os.replace(tmp, path)
+  print(f"wrote {path}: {len(seconds)} files\n")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("xml")
   ap.add_argument("--before", help="an earlier run's XML: its seconds beside this run's")
   ap.add_argument("--top", type=int, default=30)
+  ap.add_argument("--record", action="store_true", help=f"write {DURATIONS}: files, longest first")
   a = ap.parse_args()
   now = with_causes(read(a.xml))
+  if a.record:
+    record(now)
   old = with_causes(read(a.before), now) if a.before else []
   total = sum(t["s"] for t in now)
   jax_s = sum(t["jax_s"] for t in now)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import train_worker
 
 from specjax import parallel, placement, testing
 from specjax.decode import compiled, generate
@@ -147,6 +146,5 @@ def main(args: dict) -> dict:
 
 
 if __name__ == "__main__":
-  train_worker.collect_less()
   result = main(json.loads(sys.argv[1]))
   print("RESULT " + json.dumps(result, default=lambda x: np.asarray(x).tolist()))

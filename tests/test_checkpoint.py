@@ -97,43 +97,6 @@ def _specjax_run(cfg, params, prompts, steps):
   return prefill, np.stack(tokens, 1), np.stack(step_logits, 1)
 
 
-@pytest.mark.slow
-@pytest.mark.real_model
-def test_logits_and_greedy_match_hf(real_model):
-  """specjax's prefill and its 32 greedy steps (batched, right-padded, KV cache) against HF
-  transformers' own reading of the GGUF, on every prompt: HF runs one forward, without a
-  cache, over the prompt and specjax's tokens. Its logits at the prompt are the prefill's; at
-  each later position they are what HF decodes from that prefix, so its argmax there equal to
-  specjax's next token, at every step, is HF's greedy decoding giving specjax's tokens (HF's
-  cached decode is the same function of the prefix), and the step logits are compared there."""
-  name, cfg, params, tok, hf = real_model
-  prompts = [tok.encode(tok.apply_chat_template(m)) for m in _PROMPTS]
-  prefill, tokens_BxK, step_logits_BxKxV = _specjax_run(cfg, params, prompts, _GREEDY_STEPS)
-  prefill_diff = step_diff = 0.0
-  for i, ids in enumerate(prompts):
-    t = len(ids)
-    # The last token's own logits are not needed: position t - 1 + s predicts token s.
-    ref_SxV = _hf_logits(hf, ids + tokens_BxK[i, :-1].tolist())
-    prefill_diff = max(prefill_diff, float(np.abs(prefill[i] - ref_SxV[:t]).max()))
-    ref_step_KxV = ref_SxV[t - 1 :]
-    hf_next_K = ref_step_KxV.argmax(-1)
-    if (bad := np.flatnonzero(hf_next_K != tokens_BxK[i])).size:
-      s = int(bad[0])
-      raise AssertionError(
-        f"{name} prompt {i}, step {s}: HF's greedy token after "
-        f"{tok.decode(tokens_BxK[i, :s])!r} is {tok.decode([hf_next_K[s]])!r}, specjax's "
-        f"{tok.decode([tokens_BxK[i, s]])!r}"
-      )
-    step_diff = max(step_diff, float(np.abs(step_logits_BxKxV[i] - ref_step_KxV).max()))
-  print(
-    f"\n{name}: prefill max |logit diff| {prefill_diff:.2e} over {len(prompts)} prompts; "
-    f"{_GREEDY_STEPS} greedy tokens identical on {len(prompts)} prompts; decode-step max "
-    f"|logit diff| {step_diff:.2e}"
-  )
-  assert prefill_diff <= _LOGIT_TOL
-  assert step_diff <= _LOGIT_TOL
-
-
 _EXPECTED_CONFIGS = {
   "smollm2-135m-instruct": dict(
     num_layers=30,
@@ -160,9 +123,11 @@ _EXPECTED_CONFIGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_config_from_metadata(real_model):
-  """The numbers in MODELS.md, read from the files (registry.load names the config)."""
+  """The numbers in MODELS.md, read from the files (registry.load names the config). The first
+  test of each model, so it carries the module's loads (specjax's and HF's)."""
   name, cfg, params, tok, _ = real_model
   assert cfg.name == name
   for field, value in _EXPECTED_CONFIGS[name].items():
@@ -171,6 +136,82 @@ def test_real_config_from_metadata(real_model):
   assert params["embed"].dtype == jnp.float32 and isinstance(params["embed"], jax.Array)
   assert ("lm_head" in params) == (not cfg.tie_embeddings)
   assert ("bq" in params["layers"][0]) == cfg.qkv_bias
+
+
+def _parity(cfg, params, tok, hf, prompts, steps) -> tuple[float, float, str | None]:
+  """specjax's prefill and ``steps`` greedy steps (batched, right-padded, KV cache) against HF
+  transformers' own reading of the GGUF: HF runs one forward, without a cache, over each prompt
+  and specjax's tokens. Its logits at the prompt are the prefill's; at each later position they
+  are what HF decodes from that prefix, so its argmax there equal to specjax's next token, at
+  every step, is HF's greedy decoding giving specjax's tokens (HF's cached decode is the same
+  function of the prefix), and the step logits are compared there. Returns the prefill's and
+  the steps' max |logit difference| and the first greedy disagreement (None if there is none)."""
+  prompts = [tok.encode(tok.apply_chat_template(m)) for m in prompts]
+  prefill, tokens_BxK, step_logits_BxKxV = _specjax_run(cfg, params, prompts, steps)
+  prefill_diff = step_diff = 0.0
+  for i, ids in enumerate(prompts):
+    t = len(ids)
+    # The last token's own logits are not needed: position t - 1 + s predicts token s.
+    ref_SxV = _hf_logits(hf, ids + tokens_BxK[i, :-1].tolist())
+    prefill_diff = max(prefill_diff, float(np.abs(prefill[i] - ref_SxV[:t]).max()))
+    ref_step_KxV = ref_SxV[t - 1 :]
+    hf_next_K = ref_step_KxV.argmax(-1)
+    if (bad := np.flatnonzero(hf_next_K != tokens_BxK[i])).size:
+      s = int(bad[0])
+      return (
+        prefill_diff,
+        step_diff,
+        (
+          f"prompt {i}, step {s}: HF's greedy token after {tok.decode(tokens_BxK[i, :s])!r} is "
+          f"{tok.decode([hf_next_K[s]])!r}, specjax's {tok.decode([tokens_BxK[i, s]])!r}"
+        ),
+      )
+    step_diff = max(step_diff, float(np.abs(step_logits_BxKxV[i] - ref_step_KxV).max()))
+  return prefill_diff, step_diff, None
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_logits_and_greedy_match_hf(real_model):
+  """specjax's prefill and 32 greedy steps on every prompt against HF's (``_parity``)."""
+  name, cfg, params, tok, hf = real_model
+  prefill_diff, step_diff, disagreement = _parity(cfg, params, tok, hf, _PROMPTS, _GREEDY_STEPS)
+  assert disagreement is None, f"{name} {disagreement}"
+  print(
+    f"\n{name}: prefill max |logit diff| {prefill_diff:.2e} over {len(_PROMPTS)} prompts; "
+    f"{_GREEDY_STEPS} greedy tokens identical on {len(_PROMPTS)} prompts; decode-step max "
+    f"|logit diff| {step_diff:.2e}"
+  )
+  assert prefill_diff <= _LOGIT_TOL
+  assert step_diff <= _LOGIT_TOL
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+@pytest.mark.parametrize("real_model", ["smollm2-135m-instruct"], indirect=True)
+def test_the_oracle_reads_the_file_itself(real_model, monkeypatch):
+  """HF is an independent oracle: a GGUF read that goes wrong in specjax alone (two rows of
+  one layer's weight swapped by specjax's reader, injected here only) fails the parity check,
+  because HF reads the file with gguf's own reader, not specjax's."""
+  import gguf
+
+  name, _, _, tok, hf = real_model
+  plain = checkpoint._reader_class()
+  assert plain is not gguf.GGUFReader and gguf.GGUFReader.__module__.startswith("gguf.")
+
+  class Misread(plain):
+    def __init__(self, path, mode="r"):
+      super().__init__(path, mode)
+      for i, t in enumerate(self.tensors):
+        if t.name == "blk.0.ffn_down.weight":
+          rows = np.array(t.data)
+          rows[[0, 1]] = rows[[1, 0]]
+          self.tensors[i] = t._replace(data=rows)
+
+  monkeypatch.setattr(checkpoint, "_reader_class", lambda: Misread)
+  cfg, params = checkpoint.load_gguf(checkpoint.open_gguf(registry.resolve(name)))
+  prefill_diff, _, _ = _parity(cfg, params, tok, hf, _PROMPTS[:1], 1)
+  assert prefill_diff > 100 * _LOGIT_TOL  # the parity test's bound, failed by a wide margin
 
 
 # ----------------------------------------------------------------------------------------------

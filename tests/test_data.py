@@ -148,6 +148,7 @@ print(b["tokens"].tolist(), b["mask"].tolist())
 """
 
 
+@pytest.mark.slow
 def test_batches_are_the_same_after_a_restart(request):
   """A fresh process (another hash seed) rebuilds the data and serves the same rows."""
   tok = ByteTokenizer()

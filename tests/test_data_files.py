@@ -301,6 +301,7 @@ def test_resume_at_a_step_gives_the_same_rows(tok, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_large_file_is_streamed_in_little_memory():
   """10 MB here (scripts/data_files_memory.py --mb 200 --steps 5 is the measured number in
   docs/data.md): scanning it and reading rows grows the process by a few MB, not the file."""

@@ -81,6 +81,7 @@ def test_eos_and_budget_stop_rows(small_target, drafts, ar_tokens, two_stop_ids)
   assert out.tokens[2][-1] in stops
 
 
+@pytest.mark.slow
 def test_no_retrace_across_prompts_temperature_and_seed(small_target, drafts):
   """Prompts, budgets, temperature, seed and stop ids are traced: one program serves them all,
   except that temperature 0 (greedy) and top-k/top-p filtering being on are static, each a

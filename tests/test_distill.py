@@ -154,6 +154,7 @@ def test_hidden_states_are_the_targets(model, prompts, tmp_path):
     assert not got[~valid].any()
 
 
+@pytest.mark.slow
 def test_corpus_prompts_are_deterministic_and_mixed():
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
   make = lambda seed: distill_prompts.corpus_prompts(
@@ -175,6 +176,7 @@ def test_corpus_prompts_are_deterministic_and_mixed():
   assert all(len(ids) == 8 for ids in raw.ids) and "<|im_start|>" not in "".join(raw.texts)
 
 
+@pytest.mark.slow
 def test_task_prompts_ask_for_answers_and_never_repeat_the_held_out_prompts():
   tok = Tokenizer.from_gguf(registry.resolve("smollm2-135m-instruct"))
   make = lambda seed: distill_prompts.corpus_prompts(
@@ -311,6 +313,7 @@ def test_task_writes_a_readable_directory(tmp_path, capsys):
   assert "wrote 10 examples" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_task_runs_on_the_real_model_with_corpus_prompts(tmp_path, capsys):
   """SmolLM2 with its tokenizer: the prompts come from the corpora, not ``config.prompts``."""
   config = self_distill_smollm2.get_config("greedy")

@@ -80,6 +80,7 @@ def _state_after_prompt(drafter, params, target, prompt, newest, slots=32):
   return state, ctx
 
 
+@pytest.mark.slow
 def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
   """Depth 1: the newest pair's top-k; depth 2: each child's top-k after feeding (out, child);
   depth 3: the two best depth-2 nodes' (by cumulative log-probability) top-k after feeding their
@@ -192,6 +193,7 @@ def test_input_ablation_drops_one_half_of_the_pair(small_target, inputs):
 
 
 @pytest.mark.parametrize("architecture", ["specjax", "eagle3"])
+@pytest.mark.slow
 def test_training_rollout_sees_what_decoding_sees(small_target, architecture):
   """Training-time test: rollout steps 2 and 3 from every start t at once give the outputs a
   cache-free forward of pairs 0..t followed by the drafter's own outputs gives, as at decode."""
@@ -251,6 +253,7 @@ def test_greedy_equals_autoregressive(small_target, sampled, vocab_ids, architec
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["top_k", "sampled"])
+@pytest.mark.slow
 def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sampled):
   """The lookup guess follows EAGLE's nodes as a chain from the root (longer than EAGLE's depth
   here, so it sets the step's depth); batch 4, ragged prompts, a stop id: the tokens are AR's,
@@ -276,6 +279,7 @@ def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sa
   assert out.metrics["target_calls"] < without.metrics["target_calls"]
 
 
+@pytest.mark.slow
 def test_auto_candidates_follow_each_runs_temperature(small_target):
   """``candidates = "auto"`` is decided by the temperature a run decodes at, not by the config
   the drafter was built from: one drafter swept over temperatures 0 and 1 (task=sweep) takes
@@ -329,6 +333,7 @@ def test_saved_drafter_loads_and_decodes_the_same(tmp_path, architecture):
   assert not list(tmp_path.glob(".*tmp"))  # written atomically
 
 
+@pytest.mark.slow
 def test_a_widened_drafter_drafts_what_it_did(tmp_path):
   """``objective.eagle.ffn_dim`` above init_from's width: the new MLP units start silent, so
   the wider drafter gives the same draft distribution and, sampling at temperature 1 with the
@@ -526,6 +531,7 @@ def test_training_raises_tau_and_the_export_decodes_the_same(
     eagle3_exports_match_their_references(tmp_path, target, drafter.cfg, params)
 
 
+@pytest.mark.slow
 def test_cached_features_give_the_same_loss_and_are_reused(tmp_path, capsys):
   """The loss over cached (float16) features equals the loss with the target's forward; a
   second attach reads the shards, other rows recompute them."""

@@ -324,6 +324,7 @@ print((after - before) * 1024)
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sharded_checkpoint_streams_shard_by_shard(tmp_path):
   """A checkpoint in 8 shards (about 140 MB of float32) with its index loads, and the load's
   peak host memory grows by at most 1.3 x the largest shard plus the result: tensors are read

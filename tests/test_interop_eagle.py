@@ -593,6 +593,7 @@ class _D2tTwice(eagle.Eagle):
     return dataclasses.replace(draft, tokens=draft.tokens + d2t[draft_id[draft.tokens]])
 
 
+@pytest.mark.slow
 def test_an_imported_reduced_vocabulary_eagle3_samples_the_targets_distribution(tmp_path):
   """The multi-step exact-distribution check (five tokens, three ragged prompts in one batch,
   a stop id, T = 1 with top-p 0.8) passes for a speculators EAGLE-3 with a 3-token draft

@@ -286,6 +286,7 @@ def test_converting_fasterdecoding_heads_to_vllms_layout_keeps_their_logits(
 # --- decoding ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_published_heads_decode_as_autoregressive_through_the_config(tmp_path, monkeypatch):
   """drafter.medusa.path at a FasterDecoding directory: config check, build, generate; the
   greedy tokens are the target's own."""

@@ -38,6 +38,7 @@ def test_exact_distribution_independent_draft(tiny_pair, knobs):
   assert testing.exact_pvalue(target, DraftModel(dcfg, 2), dparams, knobs) > P_PASS
 
 
+@pytest.mark.slow
 def test_exact_distribution_truncated_draft(tiny_pair):
   """A draft close to the target accepts often: exercises the multi-token and bonus paths."""
   target, _ = tiny_pair

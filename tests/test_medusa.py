@@ -61,6 +61,7 @@ def test_heads_draft_from_the_newest_feature_by_depth_and_rank(small_target):
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["top_k", "sampled"])
+@pytest.mark.slow
 def test_lookup_branch_is_the_roots_last_child_and_stays_greedy(small_target, sampled):
   """The lookup guess follows the heads' nodes as a chain from the root (longer than the heads'
   tree, so it sets the step's depth); batch 4, ragged prompts, a stop id: the tokens are AR's,

@@ -1,12 +1,12 @@
 """task=peers runs specjax and HF transformers side by side on the real SmolLM2 (short).
 
-Two tests, each a subset of the six modes (``peers.modes``) beside specjax AR, the reference
-of every row, on the demo's first prompt (a text to copy: lookup drafts pay): prompt lookup in
-both libraries, then draft-model decoding and HF's assisted generation with the same draft.
-Together they run every mode and check what one run of all six checked; on one prompt, the
-second test's specjax AR is the first's compiled program."""
+Three tests, each a subset of the six modes (``peers.modes``) beside specjax AR, the reference
+of every row, on the demo's first prompt (a text to copy: lookup drafts pay): HF's greedy
+decoding, then prompt lookup in both libraries, then draft-model decoding and HF's assisted
+generation with the same draft. Together they run every mode and check what one run of all six
+checked; on one prompt, the later tests' specjax AR is the first's compiled program, and their
+HF model the first's (the task keeps the model it read)."""
 
-import functools
 import json
 
 import pytest
@@ -16,18 +16,6 @@ from experiments.peers import config as peers_config
 from specjax.models import registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_hf_load():
-  """Both tests compare with the same HF model, read from the GGUF once for the module (each
-  run still truncates its own copy for assisted generation)."""
-  from specjax.tasks import peers
-
-  load = peers._hf_model
-  peers._hf_model = functools.lru_cache(maxsize=1)(load)
-  yield
-  peers._hf_model = load
 
 
 def _run(tmp_path, modes):
@@ -49,6 +37,15 @@ def _run(tmp_path, modes):
   for r in rows.values():  # K = 4 drafts per step: at most 5 tokens per target call
     assert r["tau"] <= 5, r["mode"]
   return c, rows
+
+
+def test_hf_greedy_is_specjax_ar_on_smollm2(tmp_path):
+  """HF's greedy decoding of the GGUF it reads itself gives specjax AR's tokens, one target call
+  per token each (the first test of the file: it carries HF's read of the GGUF, which the task
+  keeps for the two after it)."""
+  _, rows = _run(tmp_path, ("hf_greedy",))
+  assert rows["hf_greedy"]["equal_rows"] == "1/1"
+  assert rows["specjax_ar"]["speedup"] == rows["hf_greedy"]["speedup"] == 1
 
 
 def test_prompt_lookup_side_by_side_on_smollm2(tmp_path):

@@ -31,6 +31,7 @@ def measuring(tmp_path, monkeypatch):
   return c, tmp_path / "dtype.json"
 
 
+@pytest.mark.slow
 def test_measured_once_then_read_from_the_cache(measuring, monkeypatch, capsys):
   """The first run times both dtypes (real forwards of the model's shapes) and says what it
   chose and why; a later process reads the cache, times nothing and chooses the same; the
@@ -111,6 +112,7 @@ def _features_by_position(rec) -> dict:
   return out
 
 
+@pytest.mark.slow
 def test_one_forward_shape_makes_bfloat16_speculative_rows_equal_ar_bit_for_bit():
   """With ``forward_rows``, every target forward after the prefill (AR steps, a chain's
   verifies, an abstaining lookup's one-token steps) runs at one shape, and the final hidden

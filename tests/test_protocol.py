@@ -69,6 +69,7 @@ def test_a_drafter_defined_here_runs_everywhere(registered):
   assert profile.step_seconds(d) > profile.step_seconds(None)
 
 
+@pytest.mark.slow
 def test_its_sampled_rows_follow_the_targets_distribution(registered):
   """Temperature 1 on a 5-token vocabulary, three tokens enumerated; a verifier that accepts
   with the target's probability instead of the rejection rule fails the same check."""

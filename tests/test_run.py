@@ -116,6 +116,7 @@ def test_sweep_resume_keeps_finished_jobs_and_measures_others(small_config, tmp_
     sweep.run(c)
 
 
+@pytest.mark.slow
 def test_sweep_variant_sets_its_own_verifier_and_log_likelihood_is_recorded(small_config, tmp_path):
   """A variant's ``verifier``/``typical`` keys reach its decode only: typical acceptance with a
   bar near 0 keeps every draft token, the lossless variant of the same drafter does not;
@@ -317,6 +318,7 @@ def test_sweep_category_without_prompts_is_named(small_config):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ctrl_c_during_compilation_exits_130_at_once(request, tmp_path):
   """SIGINT while XLA compiles the demo's program: exit status 130 within 2 s, no core dump."""
   import signal
@@ -413,6 +415,7 @@ def test_unknown_verifier(small_config):
     build.check(small_config)
 
 
+@pytest.mark.slow
 def test_max_len_task_times_every_size_and_keeps_the_text(small_config, tmp_path):
   c = small_config
   c.output_dir = str(tmp_path)
@@ -426,6 +429,7 @@ def test_max_len_task_times_every_size_and_keeps_the_text(small_config, tmp_path
   assert saved["greedy_texts_identical"] is True and record["runs"][0]["vs_smallest"] == 1.0
 
 
+@pytest.mark.slow
 def test_feature_cost_task_counts_what_features_add(small_config, tmp_path):
   c = small_config
   c.output_dir = str(tmp_path)

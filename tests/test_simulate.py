@@ -94,6 +94,7 @@ def test_simulated_target_calls_equal_greedy_decoding_row_by_row(model, rows, na
   assert sum(decoded) < len(PROMPTS) * NEW, "nothing accepted, the check is empty"
 
 
+@pytest.mark.slow
 def test_broken_replays_differ_from_the_replay_that_equals_decoding(model, rows, monkeypatch):
   """The row-by-row test's teeth. Its replays equal decoding; these broken ones differ from
   them: drafts taken at the prompt's last token as if the prefill had drafted too (for at
@@ -365,6 +366,7 @@ def test_tau_by_chain_length_matches_each_chain_simulated_alone(model):
   assert curve[4] > curve[1] > 1
 
 
+@pytest.mark.slow
 def test_eagle_budget_grid_is_replayed_priced_and_feeds_total_auto(tmp_path, capsys, monkeypatch):
   from specjax.drafters import eagle
   from specjax.tasks import cost_model

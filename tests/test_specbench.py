@@ -48,6 +48,7 @@ def _answers(path):
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_specbench_samples_without_the_equality_check(config):
   """At temperature > 0 the two methods draw their own samples: no equality check, and the
   record says so. (First in the file: it compiles the first-turn programs the next test
@@ -59,6 +60,7 @@ def test_specbench_samples_without_the_equality_check(config):
   assert all(m["model_id"].endswith("-temp-1.0") for m in record["methods"].values())
 
 
+@pytest.mark.slow
 def test_specbench_writes_answers_json_and_table_and_resumes(config, tmp_path, monkeypatch):
   """Both turns of the MT-bench questions, first turns of the rest: answer lines in Spec-Bench's
   layout (what its speed.py reads: tokens, wall times, accept lengths; AR's all 1), per-column

@@ -214,6 +214,7 @@ def test_strings_are_varied():
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_smollm2_ids_match_hf(smollm2):
   import tokenizers
 
@@ -255,6 +256,7 @@ def test_qwen_ids_match_hf(qwen):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_decode_round_trip(smollm2, qwen):
   for (_, tok), normalize in (
     (smollm2, lambda s: s),
@@ -290,6 +292,7 @@ _CONVERSATIONS = [
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("which", ["smollm2", "qwen"])
+@pytest.mark.slow
 def test_chat_template_matches_hf(which, request):
   path, tok = request.getfixturevalue(which)
   hf = _hf_from_gguf(path)
@@ -309,6 +312,7 @@ def test_chatml_fallback_without_template(smollm2):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_fingerprints(smollm2, qwen):
   assert smollm2[1].fingerprint() != qwen[1].fingerprint()
   assert len(qwen[1].fingerprint()) == 64
@@ -319,6 +323,7 @@ def test_fingerprints(smollm2, qwen):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_from_directory_matches_gguf(smollm2, tmp_path):
   """An HF tokenizer directory (tokenizer.json) gives the same ids, special ids and fingerprint."""
   path, tok = smollm2

@@ -131,6 +131,7 @@ def test_tree_exact_distribution(tiny_pair, knobs):
   assert testing.exact_pvalue(target, drafter, None, knobs) > P_PASS
 
 
+@pytest.mark.slow
 def test_dynamic_tree_exact_distribution(tiny_pair):
   """Parents as data: each row draws one of two topologies per step."""
   target, _ = tiny_pair
@@ -139,6 +140,7 @@ def test_dynamic_tree_exact_distribution(tiny_pair):
   assert testing.exact_pvalue(target, drafter, None, dict(temperature=1.0)) > P_PASS
 
 
+@pytest.mark.slow
 def test_deterministic_topk_with_soft_q_fails(tiny_pair):
   """Top-k picks are not draws from q: labelling them with the soft q is not lossless."""
   target, _ = tiny_pair
@@ -146,6 +148,7 @@ def test_deterministic_topk_with_soft_q_fails(tiny_pair):
   assert testing.exact_pvalue(target, drafter, None, dict(temperature=1.0)) < P_FAIL
 
 
+@pytest.mark.slow
 def test_verifier_without_q_renormalisation_fails(tiny_pair):
   target, _ = tiny_pair
   drafter = testing.RandomTreeDrafter(SMALL_TREE, spread=2.0)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specjax import sampling, verify
 from specjax.decode import generate
@@ -33,6 +34,7 @@ def test_rejection_rate_equals_total_variation():
   np.testing.assert_allclose(freq, np.asarray(p), atol=4 * (0.25 / n) ** 0.5)
 
 
+@pytest.mark.slow
 def test_rejection_rate_in_decode_matches_analytic_overlap(tiny_pair):
   """Through generate(): measured alpha_1 agrees with the analytic mean of 1 - TV(p, q)."""
   (tcfg, tparams), (dcfg, dparams) = tiny_pair

@@ -13,7 +13,6 @@ batch: a slow input pipeline, so a test can kill the run mid-way).
 import atexit
 import dataclasses
 import functools
-import gc
 import json
 import os
 import shutil
@@ -142,22 +141,7 @@ def reference_losses(steps: int, global_batch: int = 8) -> list[float]:
   return out["one"]["losses"]
 
 
-def collect_less() -> None:
-  """Python's cyclic garbage collector, tuned for a process that mostly traces and compiles (a
-  test session, a worker process). Tracing and lowering a decode loop allocate millions of
-  short-lived objects, so the collector runs often, and each full collection walks every live
-  object: the modules imported, and the jaxprs and lowerings JAX caches as the process goes on.
-  What is alive now is frozen out of later collections, and collections run less often (a young
-  generation of 50,000 allocations instead of 700). Cold, two workers: test_trees, test_decode,
-  test_simulate and test_medusa 169-177 s -> 151-157 s wall, peak memory unchanged; the whole
-  suite's wall time moved within its run-to-run noise (docs/testing.md)."""
-  gc.collect()
-  gc.freeze()
-  gc.set_threshold(50_000, 20, 100)
-
-
 def main():
-  collect_less()
   args = json.loads(sys.argv[1])
   if args.get("distributed"):
     parallel.initialize(parallel.DistributedConfig(**args["distributed"]))

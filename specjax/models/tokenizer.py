@@ -10,6 +10,7 @@ Draft/target pairs must share a tokenizer; compare ``fingerprint()`` before pair
 import functools
 import hashlib
 import json
+import weakref
 from pathlib import Path
 
 import tokenizers
@@ -63,6 +64,7 @@ _PRE_TOKENIZERS = {
   "default": _gpt2_pre,
 }
 
+_FROM_READER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> Tokenizer
 _CHATML_STOPS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -90,10 +92,24 @@ class Tokenizer:
 
   @classmethod
   def from_gguf(cls, path_or_reader) -> "Tokenizer":
-    """From the vocab, merges, token types and special ids stored in a GGUF's metadata."""
-    from specjax.models.checkpoint import as_gguf_reader, gguf_field
+    """From the vocab, merges, token types and special ids stored in a GGUF's metadata.
+
+    Building the BPE takes seconds for a large vocabulary (Qwen's: ~3 s here), so the tokenizer
+    is kept with its reader: the same file opened again (``checkpoint.open_gguf`` keeps the last
+    few readers) gives the same tokenizer, which nothing in specjax changes once built."""
+    from specjax.models.checkpoint import as_gguf_reader
 
     reader = as_gguf_reader(path_or_reader)
+    if cls is Tokenizer:
+      if (built := _FROM_READER.get(reader)) is None:
+        built = _FROM_READER[reader] = cls._build_from_gguf(reader)
+      return built
+    return cls._build_from_gguf(reader)
+
+  @classmethod
+  def _build_from_gguf(cls, reader) -> "Tokenizer":
+    from specjax.models.checkpoint import gguf_field
+
     model = gguf_field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
       raise ValueError(

@@ -16,6 +16,7 @@ each row equals specjax AR's (greedy rows agree until two logits tie within floa
 """
 
 import dataclasses
+import functools
 import time
 
 import ml_collections
@@ -73,7 +74,11 @@ def check(config: ml_collections.ConfigDict) -> None:
     ) from None
 
 
+@functools.lru_cache(maxsize=1)
 def _hf_model(name: str):
+  """HF's model, read from the registry's GGUF by transformers' own loader (tens of seconds
+  here); kept for the next run in this process, as HF only reads it (eval mode, no gradients;
+  a truncated draft is a copy)."""
   import torch
   import transformers
 
