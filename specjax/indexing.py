@@ -6,7 +6,8 @@ operations around a two-operation gather. specjax's indices are lengths, accepte
 parents and top-k slots, in range by construction, and a decode loop makes about a hundred such
 gathers once its ``cond`` branches are counted: without the checks a tiny EAGLE loop's
 optimised HLO has 5,889 instructions instead of 8,005, and four tiny loops compile in 0.93x the
-CPU time (docs/testing.md, the tenth run). These helpers promise the gather in bounds.
+CPU time (notes/testing-diary.md, the tenth run). These helpers promise the gather in
+bounds.
 Negative indices still count from the end, as in NumPy.
 """
 

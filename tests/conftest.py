@@ -21,7 +21,7 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Tests compile far more than they run: XLA's backend optimisation is most of a compile, and the
 # classic emitters compile a tiny model's loop in 0.65x the time; one codegen thread, as the
-# xdist workers fill the cores. Measured in docs/testing.md; train_worker.py passes these on.
+# xdist workers fill the cores. Measured in notes/testing-diary.md; train_worker.py passes these on.
 os.environ.setdefault(
   "XLA_FLAGS",
   "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"

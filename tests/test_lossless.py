@@ -81,14 +81,14 @@ def v5_pair():
   return tiny.random_model(seed=7, vocab_size=5), tiny.random_model(seed=8, vocab_size=5)
 
 
-# Samples: calls of V5_ROWS rows, the three prompts cycled (rows x calls / 3 per prompt). Sized
-# by the broken variants' chi-square statistics measured at 10,000 rows per prompt
-# (docs/testing.md, "Sample counts"): the two that move a lookup branch (medusa_lookup_first,
-# statistic 328 on 121 degrees of freedom; eagle_lookup_first) need 0.57 and 0.25 of that to
-# reach p = 1e-9 in expectation, so a drafter with a lookup branch draws 5,000 per prompt; every
-# other variant needs 0.23 or less, so other drafters draw 3,000 (skip_q_renormalisation, the
-# weakest of them, expects p = 1e-13 there). Each broken test below runs at its drafter's count
-# and fails below P_FAIL; a correct sampler passes at any count.
+# Samples: calls of V5_ROWS rows, the three prompts cycled (rows x calls / 3 per prompt). Sized by
+# the broken variants' chi-square statistics measured at 10,000 rows per prompt
+# (notes/testing-diary.md, "Sample counts"): the two that move a lookup branch (medusa_lookup_first,
+# statistic 328 on 121 degrees of freedom; eagle_lookup_first) need 0.57 and 0.25 of that to reach p
+# = 1e-9 in expectation, so a drafter with a lookup branch draws 5,000 per prompt; every other
+# variant needs 0.23 or less, so other drafters draw 3,000 (skip_q_renormalisation, the weakest of
+# them, expects p = 1e-13 there). Each broken test below runs at its drafter's count and fails below
+# P_FAIL; a correct sampler passes at any count.
 V5_ROWS, V5_CALLS, V5_CALLS_LOOKUP = 3000, 3, 5
 
 

@@ -457,7 +457,7 @@ def forward_kv(
 # once per shape and lowers it once per program (a function every layer calls), and XLA inlines
 # the calls before it optimises, so the compiled program computes what the unrolled layers did.
 # A SmolLM2 prompt-lookup loop (30 layers) traced in 0.58 s instead of 2.41 s and lowered in
-# 0.35 s instead of 0.72 s; the test suite ran in 0.83-0.88x its time (docs/testing.md).
+# 0.35 s instead of 0.72 s; the test suite ran in 0.83-0.88x its time (notes/testing-diary.md).
 _block = jax.jit(block, static_argnums=(1,))
 
 
