@@ -64,11 +64,12 @@ def open_gguf(path):
   if not path.is_file():
     raise FileNotFoundError(f"GGUF file not found: {path}")
   stat = path.stat()
-  key = (_reader_class(), os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+  reader_class = _reader_class()
+  key = (reader_class, os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
   if key in _OPEN:
     _OPEN.move_to_end(key)  # the most recently used last
   else:
-    _OPEN[key] = _open_checked(key[0], path, stat.st_size)
+    _OPEN[key] = _open_checked(reader_class, path, stat.st_size)
   while len(_OPEN) > _KEEP_OPEN:
     _OPEN.popitem(last=False)
   return _OPEN[key]
