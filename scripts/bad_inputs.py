@@ -64,7 +64,10 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "no_turns.jsonl").write_text(q(1, "qa", "Why?") + '{"question_id": 2, "category": "qa"}')
   questions = f"--config.specbench.question_file={tmp}/question.jsonl"
   export = ["--config=configs/export_drafter.py", f"--config.export.out={tmp}/export"]
+  (tmp / "mine").mkdir()  # a folder of the user's: an export must not replace it
+  (tmp / "mine" / "NOTES.txt").write_text("keep me")
   heads = "--config.export.path=experiments/medusa_smollm2/heads"
+  vllm = "--config.export.format=vllm_medusa"
   (tmp / "run").mkdir()  # a finished Medusa run: the committed heads and a train.json
   shutil.copytree(ROOT / "experiments/medusa_smollm2/heads", tmp / "run" / "draft_final")
   (tmp / "run" / "train.json").write_text("{}")
@@ -206,6 +209,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("export: Medusa heads in an EAGLE layout", [*export, heads, "--config.export.format=eagle3"]),
     ("export: no drafter at the path",
      [*export, f"--config.export.path={tmp}/empty", "--config.export.format=medusa"]),
+    ("export: out is a folder holding the user's files",
+     [*export[:1], heads, vllm, f"--config.export.out={tmp}/mine"]),
+    ("export: out is a file", [*export[:1], heads, vllm, f"--config.export.out={tmp}/a_file"]),
     ("export: a reduced vocabulary in FasterDecoding's layout",
      [*export, heads, "--config.export.format=medusa"]),
     ("promote: a run that has not finished",

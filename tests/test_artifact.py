@@ -2,6 +2,7 @@
 one gives, checked from its files before any target loads."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -197,3 +198,34 @@ def test_every_committed_promoted_drafter_matches_its_manifest():
     assert files == set(manifest["sha256"]), path
     for name, digest in manifest["sha256"].items():
       assert artifact.sha256(path.parent / name) == digest, path.parent / name
+
+
+def test_a_write_replaces_only_what_it_wrote(tmp_path):
+  """``artifact.atomic_directory``, under every drafter save, export and promote: a directory
+  holding only the writer's own files is replaced whole; one holding anything else (a file, a
+  folder), or a file in its place, is refused before anything is written, and kept as it was."""
+  own = tmp_path / "own"
+  own.mkdir()
+  (own / "a.json").write_text("old")
+  with artifact.atomic_directory(own, {"a.json", "b.bin"}) as tmp:
+    (tmp / "a.json").write_text("new")
+  assert [p.name for p in own.iterdir()] == ["a.json"] and (own / "a.json").read_text() == "new"
+  for extra in ("notes.txt", "sub/"):
+    mine = tmp_path / f"mine_{extra.strip('/')}"
+    (mine / extra).parent.mkdir(parents=True, exist_ok=True)
+    (mine / "a.json").write_text("mine")
+    if not extra.endswith("/"):
+      (mine / extra).write_text("keep me")
+    else:
+      (mine / extra).mkdir()
+    refused = pytest.raises(ValueError, match=r"field=.* holds \['" + re.escape(extra))
+    with refused, artifact.atomic_directory(mine, {"a.json"}, "field"):
+      raise AssertionError("nothing is written into a refused directory")
+    assert sorted(p.name for p in mine.iterdir()) == sorted(["a.json", extra.strip("/")])
+    assert (mine / "a.json").read_text() == "mine"
+  (tmp_path / "a_file").write_text("keep me")
+  refused = pytest.raises(ValueError, match="is a file, not a directory")
+  with refused, artifact.atomic_directory(tmp_path / "a_file", {"a_file"}):
+    pass
+  assert (tmp_path / "a_file").read_text() == "keep me"
+  assert not list(tmp_path.glob(".*.tmp"))  # no temporary directory left behind

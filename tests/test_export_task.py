@@ -120,3 +120,35 @@ def test_bad_input_is_one_clear_error_before_the_target_loads(tmp_path, case, mo
   with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")):
     export_drafter.run(_config(tmp_path, **export))
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "vllm_medusa"])
+def test_an_export_never_deletes_what_the_user_keeps(tmp_path, fmt, monkeypatch):
+  """``export.out`` naming a folder of the user's (a notes file beside what an export writes),
+  or a file, is one error naming the field, before the target loads; both stay as they were. A
+  folder holding only an earlier export's files is replaced, as re-exporting needs."""
+  _medusa_heads(tmp_path, tuple(range(0, 64, 2)))
+  _eagle_drafter(tmp_path, "eagle3")
+  path = str(tmp_path / ("eagle_eagle3" if fmt == "eagle3" else "heads"))
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "NOTES.txt").write_text("keep me")
+  (mine / "config.json").write_text("{}")
+  a_file = tmp_path / "a_file"
+  a_file.write_text("keep me too")
+
+  def no_target(config):
+    raise AssertionError("the target loaded before export.out was checked")
+
+  with monkeypatch.context() as m:
+    m.setattr(build, "target", no_target)
+    with pytest.raises(ValueError, match=r"export.out=.*mine.* holds \['NOTES.txt'\]"):
+      export_drafter.run(_config(tmp_path, path=path, format=fmt, out=str(mine)))
+    with pytest.raises(ValueError, match=r"export.out=.*a_file.* is a file"):
+      export_drafter.run(_config(tmp_path, path=path, format=fmt, out=str(a_file)))
+  assert sorted(p.name for p in mine.iterdir()) == ["NOTES.txt", "config.json"]
+  assert (mine / "NOTES.txt").read_text() == "keep me" and a_file.read_text() == "keep me too"
+  out = tmp_path / "out"
+  again = _config(tmp_path, path=path, format=fmt, out=str(out))
+  first = export_drafter.run(again)["files"]
+  assert export_drafter.run(again)["files"] == first

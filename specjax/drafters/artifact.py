@@ -67,11 +67,36 @@ def target_meta(target) -> dict:
   return {"name": target.cfg.name, "fingerprint": fingerprint(target)}
 
 
-@contextlib.contextmanager
-def atomic_directory(directory):
-  """Yields a temporary sibling of ``directory`` that replaces it once the block has written
-  everything; if the block fails, the temporary directory goes and ``directory`` is untouched."""
+def check_replaceable(directory, replaces, field: str = "") -> None:
+  """A ValueError naming ``directory`` and the fix unless it is absent, empty, or holds only
+  files named in ``replaces`` (what the writer about to replace it writes): nothing else the
+  user keeps there is ever deleted. ``field``: the config field that named it."""
   directory = Path(directory)
+  if not directory.exists() and not directory.is_symlink():
+    return
+  where = f"{field}={str(directory)!r}" if field else str(directory)
+  if not directory.is_dir() or directory.is_symlink():
+    raise ValueError(f"{where} is a file, not a directory: name a new directory to write.")
+  other = sorted(
+    p.name + ("/" if p.is_dir() else "")
+    for p in directory.iterdir()
+    if p.name not in replaces or not p.is_file() or p.is_symlink()
+  )
+  if other:
+    raise ValueError(
+      f"{where} exists and holds {other[:8]}{' ...' if len(other) > 8 else ''}, which this "
+      "write would delete: name a new or empty directory, or move those away."
+    )
+
+
+@contextlib.contextmanager
+def atomic_directory(directory, replaces=(), field: str = ""):
+  """Yields a temporary sibling of ``directory`` that replaces it once the block has written
+  everything; if the block fails, the temporary directory goes and ``directory`` is untouched.
+  An existing ``directory`` is replaced only if it holds nothing but files named in
+  ``replaces`` (``check_replaceable``, checked before anything is written)."""
+  directory = Path(directory)
+  check_replaceable(directory, replaces, field)
   directory.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
   try:
@@ -81,6 +106,7 @@ def atomic_directory(directory):
       if f.is_file():
         f.chmod(0o644)
     if directory.exists():
+      check_replaceable(directory, replaces, field)  # nothing was added there meanwhile
       shutil.rmtree(directory)
     tmp.rename(directory)
   except BaseException:
@@ -89,9 +115,10 @@ def atomic_directory(directory):
 
 
 def save(directory, tensors: dict, tensors_file: str, meta: dict, meta_file: str) -> Path:
-  """Writes ``tensors`` and ``meta`` into ``directory`` atomically (replacing what is there)."""
+  """Writes ``tensors`` and ``meta`` into ``directory`` atomically (replacing a drafter saved
+  there before, and nothing else)."""
   host = {k: np.ascontiguousarray(v) for k, v in jax.device_get(tensors).items()}
-  with atomic_directory(directory) as tmp:
+  with atomic_directory(directory, {tensors_file, meta_file}) as tmp:
     save_file(host, str(tmp / tensors_file))
     meta = meta | {"sha256": {tensors_file: sha256(tmp / tensors_file)}}
     (tmp / meta_file).write_text(json.dumps(meta, indent=1))

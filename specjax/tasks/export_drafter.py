@@ -45,7 +45,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.path = ""  # a drafter task=train wrote (its draft_final directory)
   c.format = ""  # one of FORMATS
-  c.out = ""  # the directory to write (replaced if it exists)
+  c.out = ""  # the directory to write (new, empty, or holding only an earlier export's files)
   c.dtype = "float32"  # one of DTYPES
   return c
 
@@ -82,6 +82,8 @@ def check(config: ml_collections.ConfigDict) -> str:
   if out == src or src in out.parents:
     raise ValueError(f"{FIELD}.out={e.out!r} is inside {FIELD}.path: write it elsewhere.")
   results.check_writable(str(out.parent), f"{FIELD}.out")
+  layouts = importlib.import_module(f"specjax.interop.{kinds[0]}")
+  artifact.check_replaceable(e.out, layouts.WRITES, f"{FIELD}.out")
   return kinds[0]
 
 

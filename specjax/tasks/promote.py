@@ -96,7 +96,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
     "sha256": {f.name: artifact.sha256(f) for f in sorted(draft.iterdir()) if f.is_file()},
     "promoted": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
   }
-  with artifact.atomic_directory(p.to) as tmp:
+  files = {f.name for f in draft.iterdir() if f.is_file()}
+  with artifact.atomic_directory(p.to, files | {MANIFEST}, f"{FIELD}.to") as tmp:
     for f in draft.iterdir():
       if f.is_file():
         shutil.copy2(f, tmp / f.name)

@@ -47,9 +47,9 @@ from specjax.interop.eagle.read import (
   load,
   plan,
 )
-from specjax.interop.eagle.write import check_export, export
+from specjax.interop.eagle.write import WRITES, check_export, export
 
 __all__ = [
-  "DTYPES", "EXPORTS", "FIELD", "FORMATS", "NAMES", "Plan", "check_export", "check_names",
+  "DTYPES", "EXPORTS", "FIELD", "FORMATS", "NAMES", "Plan", "WRITES", "check_export", "check_names",
   "detect", "expected_tensors", "export", "layout", "load", "plan",
 ]  # fmt: skip

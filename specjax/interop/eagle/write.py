@@ -13,6 +13,8 @@ from specjax.interop.eagle.read import DTYPES, EXPORTS, SPECULATORS_VERSION, exp
 
 # --- export ------------------------------------------------------------------------------------
 
+WRITES = frozenset({"model.safetensors", "config.json"})  # what an export may replace
+
 
 def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name: str = "") -> Path:
   """Writes a drafter in a published layout (``fmt``: eagle | eagle3 | speculators) with the
@@ -43,7 +45,7 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name:
     t2d[ids] = True
     tensors["t2d"] = t2d
   config = _export_config(cfg, fmt, kind, dtype, fc_bias, target_name)
-  with artifact.atomic_directory(out_dir) as tmp:
+  with artifact.atomic_directory(out_dir, WRITES) as tmp:
     torch_files.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   return Path(out_dir)

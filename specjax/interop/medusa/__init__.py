@@ -49,9 +49,9 @@ from specjax.interop.medusa.read import (
   peek,
   read,
 )
-from specjax.interop.medusa.write import export
+from specjax.interop.medusa.write import WRITES, export
 
 __all__ = [
-  "CONFIG", "DTYPES", "EXPORTS", "FIELD", "FORMATS", "LAYOUTS", "Found", "check_names",
+  "CONFIG", "DTYPES", "EXPORTS", "FIELD", "FORMATS", "LAYOUTS", "WRITES", "Found", "check_names",
   "check_sizes", "detect", "expected", "export", "load", "main", "peek", "read",
 ]  # fmt: skip

@@ -1,7 +1,6 @@
 """Writing specjax heads in FasterDecoding's ``medusa`` and vLLM's ``vllm_medusa`` layouts, with
 the config.json their loaders read."""
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from specjax.interop import torch_files
 from specjax.interop.medusa.read import CONFIG, DTYPES, EXPORTS, MEDUSA_FILES, VLLM_FILE
 from specjax.models import schema
 
-_WRITTEN = {CONFIG, VLLM_FILE, *MEDUSA_FILES}
+WRITES = frozenset({CONFIG, VLLM_FILE, *MEDUSA_FILES})  # what an export may replace
 
 
 def export(
@@ -90,22 +89,8 @@ def export(
       "max_paths": 64, "topk": 10,
     }  # fmt: skip
     files = {VLLM_FILE: torch_files.write_safetensors}
-  with _atomic_dir(Path(out_dir)) as tmp:
+  with artifact.atomic_directory(out_dir, WRITES) as tmp:
     for name, write in files.items():
       write(tmp / name, out)
     (tmp / CONFIG).write_text(json.dumps(cfg_json, indent=2) + "\n")
   return Path(out_dir)
-
-
-@contextlib.contextmanager
-def _atomic_dir(out: Path):
-  """A temporary sibling of ``out`` renamed to ``out`` once everything is written; ``out`` may
-  be replaced only if it holds nothing but what an export writes."""
-  if out.exists():
-    other = [q.name for q in out.iterdir()] if out.is_dir() else [out.name]
-    if set(other) - _WRITTEN:
-      raise ValueError(
-        f"{out} exists and holds {sorted(other)[:8]}: export into a new or empty directory."
-      )
-  with artifact.atomic_directory(out) as tmp:
-    yield tmp
