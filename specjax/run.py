@@ -171,6 +171,29 @@ def quiet_backend_probe() -> None:
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
 
+# Overrides that leave an experiment's recipe as its config file gives it.
+_NOT_THE_RECIPE = {"workdir", "record_to"}
+
+
+def keep_the_recipes_record(config, overrides) -> str | None:
+  """A config file's ``record_to`` (an experiment's committed results) is written only by the
+  recipe the file gives: a command line that changes any other field (other data, steps,
+  settings) keeps its record in its workdir instead, unless it names ``record_to`` itself.
+  Returns the line that says so, or None where the record goes where the file says."""
+  changed = sorted(set(overrides) - _NOT_THE_RECIPE)
+  if config.task != "train" or not config.get("record_to") or "record_to" in overrides:
+    return None
+  if not changed:  # the recipe itself, perhaps in another workdir
+    return None
+  where = config.record_to
+  config.record_to = ""
+  return (
+    f"note: config.record_to={where!r} is left as it is: the command line changes the recipe "
+    f"({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}), so the record stays in "
+    "config.workdir (--config.record_to=DIR writes it elsewhere)."
+  )
+
+
 def main(argv):
   del argv
   exit_on_interrupt()
@@ -178,6 +201,10 @@ def main(argv):
   config = _CONFIG.value
   if config.task not in TASKS:
     sys.exit(f"error: config.task={config.task!r} is unknown; choose one of {', '.join(TASKS)}.")
+  if note := keep_the_recipes_record(
+    config, config_flags.get_override_values(flags.FLAGS["config"])
+  ):
+    print(note, file=sys.stderr)
   run_task(importlib.import_module(f"specjax.tasks.{TASKS[config.task]}"), config)
 
 

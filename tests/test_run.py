@@ -215,6 +215,10 @@ def _bad_config_files(d: Path) -> list[tuple[tuple[str, ...], str]]:
   """Command lines whose config file, or a field the config lacks, is at fault, and what the
   one line says."""
   (d / "noget.py").write_text("x = 1\n")
+  (d / "recipe.py").write_text(  # an experiment's recipe, whose record is committed
+    "from configs import train_tiny\ndef get_config():\n  c = train_tiny.get_config()\n"
+    f"  c.workdir, c.record_to = {str(d / 'work')!r}, {str(d / 'committed')!r}\n  return c\n"
+  )
   (d / "typo.py").write_text(
     "from configs import tiny\ndef get_config():\n  c = tiny.get_config()\n"
     "  return c.drafter.nosuch_section\n"
@@ -222,6 +226,7 @@ def _bad_config_files(d: Path) -> list[tuple[tuple[str, ...], str]]:
   return [
     ((), "--config is missing"),
     ((f"--config={d}/noget.py",), "defines no get_config()"),
+    ((f"--config={d}/recipe.py", "--config.train.steps=0"), "train.steps must be >= 1, got 0"),
     ((f"--config={d}/typo.py",), "typo.py failed building its config (" + str(d)),
     (("--config=configs/tiny.py", "--config.target.nme=x"), "config.target has no field 'nme'"),
     (("--config=configs/demo.py", "--config.target.source=gguf",
@@ -272,6 +277,41 @@ def test_cli_names_the_config_file_or_the_field_at_fault(cli_errors):
     lines = [ln for ln in stderr.splitlines() if "rror" in ln and "TRACEBACK" not in ln]
     assert message in stderr, (args, stderr[-400:])
     assert len(lines) == 1, lines
+
+
+@pytest.mark.multiprocess
+def test_a_changed_recipe_keeps_its_record_out_of_the_experiments(cli_errors):
+  """A train config file's ``record_to`` (an experiment's committed results) is left alone by
+  a command line that changes the recipe: the entry point says so, before the task's checks."""
+  files, results = cli_errors
+  ((args, _),) = [(a, m) for a, m in files if a and a[0].endswith("recipe.py")]
+  note = "note: config.record_to='" + str(Path(args[0][len("--config=") :]).parent / "committed")
+  assert (
+    note + "' is left as it is: the command line changes the recipe (train.steps)"
+    in (results[args][1])
+  )
+
+
+@pytest.mark.parametrize(
+  "overrides, written",
+  [
+    ({}, True),  # the recipe as its file gives it
+    ({"workdir": "/elsewhere"}, True),  # the recipe, run in another workdir
+    ({"record_to": "/mine"}, True),  # the user names where the record goes
+    ({"data.files": ("chats/*.jsonl",), "data.sources": ()}, False),  # README's own-data run
+    ({"train.steps": 10}, False),
+  ],
+)
+def test_only_the_recipe_writes_the_experiments_record(overrides, written):
+  from specjax import run
+
+  c = config_dict.ConfigDict({"task": "train", "record_to": "experiments/x/results/v"})
+  if "record_to" in overrides:
+    c.record_to = overrides["record_to"]
+  note = run.keep_the_recipes_record(c, overrides)
+  assert (note is None) == written and bool(c.record_to) == written
+  c.task = "sweep"  # only task=train writes a record
+  assert run.keep_the_recipes_record(c, {"train.steps": 10}) is None
 
 
 @pytest.mark.parametrize(
