@@ -24,6 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "a_file").write_text("")
+  st = "--config.target.source=safetensors"
+  for name in ("hf_no_weights", "hf_bad_tok"):  # HF directories, damaged
+    (tmp / name).mkdir()
+    (tmp / name / "config.json").write_text("{}")
+  (tmp / "hf_bad_tok" / "model.safetensors").write_bytes(b"")
+  (tmp / "hf_bad_tok" / "tokenizer.json").write_text("not json")
   (tmp / "noget.py").write_text("x = 1\n")
   (tmp / "typo.py").write_text(
     "from configs import tiny\ndef get_config():\n  c = tiny.get_config()\n"
@@ -100,6 +106,14 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
     ("GGUF path that does not exist",
      [demo, "--config.target.source=gguf", "--config.target.path=/no/model.gguf"]),
+    ("HF directory without config.json", [demo, st, f"--config.target.path={tmp}/empty"]),
+    ("HF directory path is a file", [demo, st, f"--config.target.path={tmp}/a_file"]),
+    ("HF directory without weights", [demo, st, f"--config.target.path={tmp}/hf_no_weights"]),
+    ("HF directory, tokenizer.json not JSON", [demo, st, f"--config.target.path={tmp}/hf_bad_tok"]),
+    ("source=gguf at a directory",
+     [demo, "--config.target.source=gguf", f"--config.target.path={tmp}/empty"]),
+    ("source=gguf at a file that is not GGUF",
+     [demo, "--config.target.source=gguf", f"--config.target.path={tmp}/a_file"]),
     ("prompt + max_new_tokens > max_len", [demo, "--config.max_len=64"]),
     ("KV cache larger than memory", [demo, "--config.max_len=100000000"]),
     ("mesh.tensor does not divide the heads", [demo, "--config.mesh.tensor=2"]),

@@ -363,3 +363,53 @@ def test_sharded_checkpoint_streams_shard_by_shard(tmp_path):
   _, sharded = checkpoint.load_safetensors(path)
   for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _damaged_directory(tmp_path, case):
+  from specjax.models import registry
+
+  cfg, params = tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=2)
+  d = tmp_path / "hf"
+  export.save_model(d, cfg, params)
+  if case == "no config.json":
+    (d / "config.json").unlink()
+  elif case == "no weights":
+    for f in d.glob("*.safetensors"):
+      f.unlink()
+  elif case == "tokenizer.json not JSON":
+    (d / "tokenizer.json").write_text("not json")
+  elif case == "a file, not a directory":
+    return "safetensors", d / "config.json"
+  elif case == "a directory for source=gguf":
+    return "gguf", d
+  elif case == "a GGUF file for source=safetensors":
+    return "safetensors", registry.resolve("smollm2-135m-instruct")
+  elif case == "not a GGUF file":
+    return "gguf", d / "config.json"
+  return "safetensors", d
+
+
+_DAMAGED = {
+  "no config.json": "has no config.json",
+  "no weights": r"has no \*.safetensors weights",
+  "tokenizer.json not JSON": "tokenizer.json is not valid JSON",
+  "a file, not a directory": "is a file; source=safetensors reads an HF directory",
+  "a directory for source=gguf": "is a directory; source=gguf reads one .gguf file",
+  "a GGUF file for source=safetensors": "set config.target.source=gguf for a GGUF file",
+  "not a GGUF file": r"is not a GGUF file \(it starts with b'{",
+}
+
+
+@pytest.mark.parametrize("case", list(_DAMAGED))
+def test_a_damaged_hf_directory_is_one_error_naming_the_field(tmp_path, case):
+  """What an HF directory or GGUF path lacks is one ValueError naming config.target.path,
+  from the checks that run before anything loads (each ended in a traceback before)."""
+  from specjax.models import registry, source
+
+  if case == "a GGUF file for source=safetensors" and not registry.installed(
+    "smollm2-135m-instruct"
+  ):
+    pytest.skip("the SmolLM2 wheel is not installed (scripts/install_models.sh smollm2)")
+  kind, path = _damaged_directory(tmp_path, case)
+  with pytest.raises(ValueError, match=r"config\.target\.path=.*" + _DAMAGED[case]):
+    source.check(source.config(source=kind, path=str(path)), "target")

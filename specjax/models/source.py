@@ -12,6 +12,7 @@ anything is loaded; ``load`` reads the weights.
 
 import dataclasses
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,47 @@ def check(c: ml_collections.ConfigDict, field: str) -> None:
       )
   if c.source in ("gguf", "safetensors") and not Path(c.path).exists():
     raise ValueError(f"config.{field}.path={c.path!r} does not exist.")
+  if c.source == "gguf":
+    _check_gguf_file(Path(c.path), f"config.{field}")
+  if c.source == "safetensors":
+    _check_hf_directory(Path(c.path), f"config.{field}")
+
+
+def _check_gguf_file(path: Path, field: str) -> None:
+  where = f"{field}.path={str(path)!r}"
+  if path.is_dir():
+    raise ValueError(
+      f"{where} is a directory; source=gguf reads one .gguf file: name the file, or set "
+      f"{field}.source=safetensors for an HF directory."
+    )
+  with open(path, "rb") as f:
+    magic = f.read(4)
+  if magic != b"GGUF":
+    raise ValueError(f"{where} is not a GGUF file (it starts with {magic!r}, not b'GGUF').")
+
+
+def _check_hf_directory(path: Path, field: str) -> None:
+  """What ``checkpoint.load_safetensors`` and ``Tokenizer.from_directory`` need, by name."""
+  where = f"{field}.path={str(path)!r}"
+  if not path.is_dir():
+    hint = f" set {field}.source=gguf for a GGUF file, or" if path.suffix == ".gguf" else ""
+    raise ValueError(
+      f"{where} is a file; source=safetensors reads an HF directory (config.json, "
+      f"*.safetensors, tokenizer.json):{hint} name the directory."
+    )
+  if not (path / "config.json").is_file():
+    raise ValueError(f"{where} has no config.json: name the HF checkpoint's own directory.")
+  if not any(path.glob("*.safetensors")):
+    raise ValueError(
+      f"{where} has no *.safetensors weights (a pytorch_model.bin checkpoint must be converted "
+      "to safetensors first)."
+    )
+  for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    if (path / name).is_file():
+      try:
+        json.loads((path / name).read_text())
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: {name} is not valid JSON ({e}): copy it again.") from None
 
 
 def load(c: ml_collections.ConfigDict, dtype="float32", mesh=None) -> Model:
