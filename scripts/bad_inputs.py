@@ -104,6 +104,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
     ("train record_to is a file",
      ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
+    ("a stray argument", [demo, "temperature=0.7"]),
     ("GGUF path that does not exist",
      [demo, "--config.target.source=gguf", "--config.target.path=/no/model.gguf"]),
     ("HF directory without config.json", [demo, st, f"--config.target.path={tmp}/empty"]),

@@ -195,7 +195,11 @@ def keep_the_recipes_record(config, overrides) -> str | None:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:  # absl leaves what is not a flag; a setting there would be ignored
+    sys.exit(
+      f"error: unexpected argument {argv[1]!r}: settings are flags, --config.FIELD=VALUE "
+      "(e.g. --config.temperature=0.7)."
+    )
   exit_on_interrupt()
   quiet_backend_probe()
   config = _CONFIG.value

@@ -226,6 +226,7 @@ def _bad_config_files(d: Path) -> list[tuple[tuple[str, ...], str]]:
   return [
     ((), "--config is missing"),
     ((f"--config={d}/noget.py",), "defines no get_config()"),
+    (("--config=configs/tiny.py", "temperature=0.7"), "unexpected argument 'temperature=0.7'"),
     ((f"--config={d}/recipe.py", "--config.train.steps=0"), "train.steps must be >= 1, got 0"),
     ((f"--config={d}/typo.py",), "typo.py failed building its config (" + str(d)),
     (("--config=configs/tiny.py", "--config.target.nme=x"), "config.target has no field 'nme'"),
