@@ -323,7 +323,15 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   with pytest.raises(ValueError, match="an integer K >= 1, or 'auto'"):
     build.check(la)
   la.drafter.prompt_lookup.num_draft = "auto"
-  la.target.name = "other"
+  la.target.name = "other"  # a grid measured for another target: its fixed K, said so
+  capsys.readouterr()
+  build.check(la)
+  assert la.drafter.prompt_lookup.num_draft == la.drafter.prompt_lookup.auto_fallback == 4
+  assert "was measured for target 'tiny-target', not 'other'; drafting K = 4" in (
+    capsys.readouterr().out
+  )
+  la.drafter.prompt_lookup.num_draft = "auto"
+  la.drafter.prompt_lookup.auto_fallback = 0  # or an error, before anything loads
   with pytest.raises(ValueError, match="was measured for target"):
     build.check(la)
 

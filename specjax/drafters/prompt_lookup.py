@@ -71,6 +71,7 @@ class PromptLookup(Stateless):
     c = ml_collections.ConfigDict()
     c.num_draft = config_dict.FieldReference(4, field_type=object)  # K per branch, or "auto"
     c.auto_from = ""  # num_draft = "auto": a cost_model.json with a lookup_grid (task=cost_model)
+    c.auto_fallback = 4  # "auto" on a target auto_from was not measured for: this K (0: an error)
     c.max_ngram = 3  # longest suffix n-gram searched for
     c.min_ngram = 1  # shortest
     c.num_branches = 1  # > 1: a tree of the best distinct matches
@@ -84,6 +85,16 @@ class PromptLookup(Stateless):
         raise ValueError(f"{FIELD}.num_draft='auto' picks a chain: set num_branches = 1.")
       name = check_auto_from(c, FIELD, "on this target (it holds τ for every K and min_ngram)",
                              config)  # fmt: skip
+      measured = curves.read_cost_model(c.auto_from, f"{FIELD}.auto_from")["target"]
+      if measured != name and c.auto_fallback:
+        check_num_draft(c.auto_fallback, f"{FIELD}.auto_fallback", low=1)
+        print(
+          f"note: {FIELD}.num_draft='auto': {c.auto_from!r} was measured for target "
+          f"{measured!r}, not {name!r}; drafting K = {c.auto_fallback} tokens instead "
+          f"({FIELD}.auto_fallback; run task=cost_model with this target to pick K for it)."
+        )
+        c.num_draft = c.auto_fallback
+        return super().check(c, config)
       if not c.abstain:
         raise ValueError(
           f"{FIELD}.num_draft='auto' prices abstaining steps as AR steps: set abstain = True."
