@@ -161,6 +161,24 @@ def test_resume_continues_exactly(tmp_path, capsys):
   assert all(jax.tree.leaves(same))  # params, optimiser state, rng and step
 
 
+def test_resume_refuses_another_target_or_global_batch(tmp_path):
+  """A run resumed with another target's weights (its fingerprint, task=train's ``setup``) or
+  another global batch is refused naming both values; the same setup resumes."""
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+
+  def run(steps, setup, **kw):
+    cfg = _loop_cfg(tmp_path, steps, **kw)
+    return loop.train(objective, tparams, ds, None, cfg, train_worker.OPTIM, mesh, setup=setup)
+
+  run(2, {"target": "aaaa"})
+  with pytest.raises(ValueError, match="target: checkpoint 'aaaa' vs now 'bbbb'"):
+    run(3, {"target": "bbbb"})
+  with pytest.raises(ValueError, match="global_batch: checkpoint 8 vs now 4"):
+    run(3, {"target": "aaaa"}, global_batch=4)
+  assert run(3, {"target": "aaaa"}).start_step == 2
+
+
 def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path):
   """NaN injected into the loss (a poisoned row): the run stops at the first step whose batch
   holds it, names that step, keeps the checkpoint before it, saves nothing after, and logs

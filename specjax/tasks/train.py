@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 
 from specjax import build, metrics, parallel, results
 from specjax.decode import generate
+from specjax.drafters import artifact
 from specjax.models import source
 from specjax.train import corpora, data, features, files, loop, objectives, step
 
@@ -228,7 +229,10 @@ def run(config: ml_collections.ConfigDict) -> dict:
   )
   meta = {"data": {k: config.data[k] for k in ("seq_len", "seed", "max_examples")}}
   t_train = time.perf_counter()
-  result = loop.train(objective, host_target, train_ds, eval_ds, p.loop, p.optim, mesh, meta=meta)
+  setup = {"target": artifact.fingerprint(target)}  # a resume with other weights is refused
+  result = loop.train(
+    objective, host_target, train_ds, eval_ds, p.loop, p.optim, mesh, meta=meta, setup=setup
+  )
   train_s = time.perf_counter() - t_train
 
   final = result.state.params

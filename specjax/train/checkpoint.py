@@ -56,6 +56,11 @@ DAMAGED_FIX = (
 )
 
 
+# Signature keys added after checkpoints were first written: a checkpoint without them is not
+# checked for them (it resumes as it did), one with them is.
+SIGNED_LATER = ("global_batch", "target")
+
+
 class Checkpointer:
   """``ocp.CheckpointManager`` for one run directory; every process makes one and calls save."""
 
@@ -93,19 +98,30 @@ class Checkpointer:
   def read_meta(self, step: int) -> dict[str, Any]:
     return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def restore(self, step: int, abstract: TrainState, signature: dict[str, Any]) -> TrainState:
-    """The checkpoint at ``step``, sharded like ``abstract``; raises if it is another model's."""
-    meta = self._reading(step, lambda: self.read_meta(step))
-    self._check_leaves(step, abstract)
-    saved = meta.get("signature", {})
+  def check_signature(self, step: int, signature: dict[str, Any], keys=None) -> None:
+    """Raises if the checkpoint at ``step`` was written by another run setup (its objective's
+    shapes, global batch, target), read from its JSON alone; ``keys``: only these."""
+    saved = self._reading(step, lambda: self.read_meta(step)).get("signature", {})
     signature = json.loads(json.dumps(signature))  # as saved: tuples read back as lists
-    diff = sorted(k for k in set(saved) | set(signature) if saved.get(k) != signature.get(k))
+    diff = sorted(
+      k
+      for k in set(saved) | set(signature)
+      if saved.get(k) != signature.get(k)
+      and (k in saved or k not in SIGNED_LATER)
+      and (keys is None or k in keys)
+    )
     if diff:
       raise ValueError(
         f"checkpoint {self.directory}/{step} was written by another run setup: "
         + "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {signature.get(k)!r}" for k in diff)
         + ". Use a new workdir, or restore the settings it was trained with."
       )
+
+  def restore(self, step: int, abstract: TrainState, signature: dict[str, Any]) -> TrainState:
+    """The checkpoint at ``step``, sharded like ``abstract``; raises if it is another model's."""
+    meta = self._reading(step, lambda: self.read_meta(step))
+    self._check_leaves(step, abstract)
+    self.check_signature(step, signature)
     restored = self._reading(
       step,
       lambda: self._manager.restore(

@@ -153,35 +153,39 @@ def train(
   optim: OptimConfig,
   mesh: Mesh,
   meta: dict[str, Any] | None = None,
+  setup: dict[str, Any] | None = None,
 ) -> Result:
   """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming), holding
-  the workdir's lock."""
+  the workdir's lock. A resumed run must share the checkpoint's objective signature, global
+  batch and ``setup`` (JSON: e.g. the target's fingerprint), or it is refused."""
   check(loop, mesh, train_ds, eval_ds)
   with workdir_lock(Path(loop.workdir) if loop.workdir else None):
-    return _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta)
+    return _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta, setup)
 
 
-def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta) -> Result:
+def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta, setup) -> Result:
   is_main = jax.process_index() == 0
   workdir = Path(loop.workdir) if loop.workdir else None
-  steps = compile_steps(objective, optim, mesh, target_params, loop.seed)
-  frozen = parallel.put_global(target_params, steps.frozen_shardings)
-  signature = objective.signature()
-
-  ckpt, start = None, 0
+  run_setup = {"global_batch": loop.global_batch} | (setup or {})
+  signature = objective.signature() | run_setup
+  ckpt, start, latest = None, 0, None
   if workdir is not None:
     ckpt = checkpoint_lib.Checkpointer(
       workdir / "checkpoints", keep=loop.keep, async_save=loop.async_checkpoint
     )
     latest = ckpt.latest_step() if loop.resume else None
-    if latest is not None:
-      state = ckpt.restore(latest, steps.abstract_state, signature)
-      start = latest
-      if is_main:
-        tqdm.write(
-          f"resumed from step {latest} of {loop.steps} (the newest checkpoint in "
-          f"{workdir / 'checkpoints'}; resume=False, or another workdir, starts afresh)"
-        )
+    if latest is not None:  # another run setup is refused before anything compiles (the
+      ckpt.check_signature(latest, signature, run_setup)  # objective's shapes: at restore)
+  steps = compile_steps(objective, optim, mesh, target_params, loop.seed)
+  frozen = parallel.put_global(target_params, steps.frozen_shardings)
+  if latest is not None:
+    state = ckpt.restore(latest, steps.abstract_state, signature)
+    start = latest
+    if is_main:
+      tqdm.write(
+        f"resumed from step {latest} of {loop.steps} (the newest checkpoint in "
+        f"{workdir / 'checkpoints'}; resume=False, or another workdir, starts afresh)"
+      )
   if start == 0:
     state = steps.init(frozen)
   log = MetricsLog(workdir / "metrics.jsonl", start) if workdir is not None and is_main else None
