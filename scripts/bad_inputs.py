@@ -30,6 +30,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     (tmp / name / "config.json").write_text("{}")
   (tmp / "hf_bad_tok" / "model.safetensors").write_bytes(b"")
   (tmp / "hf_bad_tok" / "tokenizer.json").write_text("not json")
+  _hf_directories(tmp)
   (tmp / "noget.py").write_text("x = 1\n")
   (tmp / "typo.py").write_text(
     "from configs import tiny\ndef get_config():\n  c = tiny.get_config()\n"
@@ -111,6 +112,12 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("HF directory path is a file", [demo, st, f"--config.target.path={tmp}/a_file"]),
     ("HF directory without weights", [demo, st, f"--config.target.path={tmp}/hf_no_weights"]),
     ("HF directory, tokenizer.json not JSON", [demo, st, f"--config.target.path={tmp}/hf_bad_tok"]),
+    ("HF directory without tokenizer.json, text prompts",
+     [demo, st, f"--config.target.path={tmp}/hf_tiny"]),
+    ("HF config.json whose vocab_size disagrees with the weights",
+     [demo, st, f"--config.target.path={tmp}/hf_vocab", "--config.prompts=((1, 2),)"]),
+    ("HF config.json with a rope_scaling that is not an object",
+     [demo, st, f"--config.target.path={tmp}/hf_rope", "--config.prompts=((1, 2),)"]),
     ("source=gguf at a directory",
      [demo, "--config.target.source=gguf", f"--config.target.path={tmp}/empty"]),
     ("source=gguf at a file that is not GGUF",
@@ -166,6 +173,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
       "--config.max_new_tokens=32", f"--config.output_dir={tmp}/sweep"]),
     ("specbench: no question file", [bench]),
     ("specbench: question file missing", [bench, "--config.specbench.question_file=/no/q.jsonl"]),
+    ("specbench: question file is a directory",
+     [bench, f"--config.specbench.question_file={tmp}/empty"]),
     ("specbench: a line without turns",
      [bench, f"--config.specbench.question_file={tmp}/no_turns.jsonl"]),
     ("specbench: unknown category", [bench, questions, "--config.specbench.categories=poetry"]),
@@ -253,6 +262,22 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
   ]  # fmt: skip
+
+
+def _hf_directories(tmp: Path) -> None:
+  """A tiny HF directory without tokenizer.json, and copies whose config.json disagrees with
+  the weights (vocab_size) or holds a rope_scaling that is not an object."""
+  import json
+
+  from specjax.models import tiny
+  from specjax.train import export
+
+  cfg, params = tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=2)
+  export.save_model(tmp / "hf_tiny", cfg, params)
+  for name, change in (("hf_vocab", {"vocab_size": 100}), ("hf_rope", {"rope_scaling": "yes"})):
+    shutil.copytree(tmp / "hf_tiny", tmp / name)
+    config = json.loads((tmp / name / "config.json").read_text()) | change
+    (tmp / name / "config.json").write_text(json.dumps(config))
 
 
 def _published_medusa(tmp: Path) -> None:

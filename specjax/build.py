@@ -10,6 +10,7 @@ see models/source.py); the drafter from ``config.drafter`` by name through the r
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -86,6 +87,7 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"config.benchmark.repeats must be >= 1 (timed runs after the compile run), got "
       f"{config.benchmark.repeats}."
     )
+  _check_text_prompts_have_a_tokenizer(config)
   check_request(config)
   out = "workdir" if config.get("task") == "train" else "output_dir"
   if config.get("task") != "generate" and config.get(out):
@@ -95,6 +97,25 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 
 OWN_PROMPTS = ("self_distill", "specbench")  # tasks with prompts of their own, not config.prompts
+
+
+def _check_text_prompts_have_a_tokenizer(config: ml_collections.ConfigDict) -> None:
+  """Text prompts need the target's tokenizer: a random target has none, and an HF directory
+  without tokenizer.json has none (its prompts must be token-id lists)."""
+  texts = [i for i, p in enumerate(config.get("prompts", ())) if isinstance(p, str)]
+  t = config.target
+  if not texts or config.get("task") in OWN_PROMPTS:
+    return
+  if t.source == "random":
+    why = "config.target.source='random' has no tokenizer"
+  elif t.source == "safetensors" and not (Path(t.path) / "tokenizer.json").is_file():
+    why = f"config.target.path={t.path!r} has no tokenizer.json"
+  else:
+    return
+  raise ValueError(
+    f"{why}, so prompts are token-id lists, but config.prompts[{texts[0]}] is text: copy the "
+    "checkpoint's tokenizer.json there, or give the prompts as token ids."
+  )
 
 
 def check_request(config: ml_collections.ConfigDict) -> None:

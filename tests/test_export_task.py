@@ -152,3 +152,14 @@ def test_an_export_never_deletes_what_the_user_keeps(tmp_path, fmt, monkeypatch)
   again = _config(tmp_path, path=path, format=fmt, out=str(out))
   first = export_drafter.run(again)["files"]
   assert export_drafter.run(again)["files"] == first
+
+
+def test_a_drafter_of_another_target_is_named_by_the_export_field(tmp_path):
+  """Heads trained for another target: the error names config.export.path, the field the user
+  set, not the decode config's drafter path."""
+  _medusa_heads(tmp_path)
+  c = _config(tmp_path, path=str(tmp_path / "heads"), format="vllm_medusa", out=str(tmp_path / "o"))
+  c.target.seed = 9
+  with pytest.raises(ValueError, match=r"^config\.export\.path='.*heads'"):
+    export_drafter.run(c)
+  assert not (tmp_path / "o").exists()

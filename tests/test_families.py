@@ -378,6 +378,13 @@ def _damaged_directory(tmp_path, case):
       f.unlink()
   elif case == "tokenizer.json not JSON":
     (d / "tokenizer.json").write_text("not json")
+  elif case in ("vocab_size disagrees with the weights", "rope_scaling not an object"):
+    config = json.loads((d / "config.json").read_text())
+    if case.startswith("vocab"):
+      config["vocab_size"] = 100
+    else:
+      config["rope_scaling"] = "yes please"
+    (d / "config.json").write_text(json.dumps(config))
   elif case == "a file, not a directory":
     return "safetensors", d / "config.json"
   elif case == "a directory for source=gguf":
@@ -393,6 +400,9 @@ _DAMAGED = {
   "no config.json": "has no config.json",
   "no weights": r"has no \*.safetensors weights",
   "tokenizer.json not JSON": "tokenizer.json is not valid JSON",
+  "vocab_size disagrees with the weights": r"model.safetensors: tensor 'model.embed_tokens.weight' "
+  r"is \[64, 32\], but .*config.json implies \[100, 32\] \(vocab_size 100",
+  "rope_scaling not an object": r"config.json's rope_scaling='yes please' is not an object",
   "a file, not a directory": "is a file; source=safetensors reads an HF directory",
   "a directory for source=gguf": "is a directory; source=gguf reads one .gguf file",
   "a GGUF file for source=safetensors": "set config.target.source=gguf for a GGUF file",
@@ -413,3 +423,20 @@ def test_a_damaged_hf_directory_is_one_error_naming_the_field(tmp_path, case):
   kind, path = _damaged_directory(tmp_path, case)
   with pytest.raises(ValueError, match=r"config\.target\.path=.*" + _DAMAGED[case]):
     source.check(source.config(source=kind, path=str(path)), "target")
+
+
+def test_text_prompts_without_a_tokenizer_are_one_error(tmp_path):
+  """An HF directory without tokenizer.json (or a random target) takes token-id prompts; text
+  ones are refused by build.check naming the path, not read as characters."""
+  from configs import demo
+  from specjax import build
+  from specjax.models import source
+
+  cfg, params = tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=2)
+  export.save_model(tmp_path / "hf", cfg, params)
+  c = demo.base()
+  c.target = source.config(source="safetensors", path=str(tmp_path / "hf"))
+  with pytest.raises(ValueError, match=r"has no tokenizer.json, so prompts are token-id lists"):
+    build.check(c)
+  c.prompts = ((1, 2, 3),)
+  build.check(c)

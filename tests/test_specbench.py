@@ -222,6 +222,7 @@ def test_specbench_config_tiny_variant_passes_its_checks(config):
   "case, message",
   [
     ("missing", r"question_file='.*nope.jsonl' does not exist: download Spec-Bench"),
+    ("directory", r"question_file='.*' is a directory: name the question.jsonl file itself"),
     ("no_turns", r"line 2 has no 'turns': every line needs"),
     ("category", r"specbench.categories has 'poetry', which .* lacks; its categories are"),
     ("per_category", r"specbench.per_category=0 must be an integer >= 1"),
@@ -234,6 +235,8 @@ def test_specbench_bad_input_fails_before_the_model_loads(config, tmp_path, monk
   s = config.specbench
   if case == "missing":
     s.question_file = str(tmp_path / "nope.jsonl")
+  elif case == "directory":
+    s.question_file = str(tmp_path)
   elif case == "no_turns":
     s.question_file = _write(
       tmp_path / "q.jsonl", [QUESTIONS[0], {"question_id": 1, "category": "qa"}]

@@ -375,13 +375,10 @@ def safetensors_config(directory) -> ModelConfig:
     ) from None
 
 
-def load_safetensors(directory, dtype=jnp.float32, mesh=None) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors, one
-  file or shards with their index), every weight as ``dtype`` (float32 or bfloat16).
-
-  With a ``mesh``, each tensor goes from the file straight to its placement (``llama.RULES``,
-  as ``placement.place`` would put it): no device holds a whole weight that is split, and
-  placing the result again moves nothing. Each process fills only its own devices."""
+def check_safetensors(directory) -> tuple[ModelConfig, dict[str, Path], dict[str, tuple]]:
+  """``(cfg, {tensor: file}, {tensor: params path})`` of an HF checkpoint directory, from its
+  config.json and its files' headers alone: every tensor the config needs is there, none is
+  left over, and each has the shape the config implies. Nothing is read but headers."""
   directory = Path(directory)
   cfg = safetensors_config(directory)
   files = _tensor_files(directory)
@@ -396,6 +393,19 @@ def load_safetensors(directory, dtype=jnp.float32, mesh=None) -> tuple[ModelConf
     unused.discard("lm_head.weight")  # Some tied checkpoints still write a copy.
   if unused:
     raise ValueError(f"Checkpoint has tensors specjax does not use: {sorted(unused)[:8]}")
+  _check_tensor_shapes(directory, cfg, files, names)
+  return cfg, files, names
+
+
+def load_safetensors(directory, dtype=jnp.float32, mesh=None) -> tuple[ModelConfig, Params]:
+  """(ModelConfig, params) from an HF checkpoint directory (config.json + *.safetensors, one
+  file or shards with their index), every weight as ``dtype`` (float32 or bfloat16).
+
+  With a ``mesh``, each tensor goes from the file straight to its placement (``llama.RULES``,
+  as ``placement.place`` would put it): no device holds a whole weight that is split, and
+  placing the result again moves nothing. Each process fills only its own devices."""
+  directory = Path(directory)
+  cfg, files, names = check_safetensors(directory)
   put = None
   if mesh is not None:
     paths = {name: "/".join(map(str, path)) for name, path in names.items()}
@@ -416,6 +426,25 @@ def load_safetensors(directory, dtype=jnp.float32, mesh=None) -> tuple[ModelConf
       cfg.sliding_window,
     )
   return cfg, params
+
+
+def _check_tensor_shapes(directory: Path, cfg: ModelConfig, files: dict, names: dict) -> None:
+  """Every tensor's shape in its file's header against what config.json implies, before any
+  tensor is read: a mismatch names the file, the tensor and both shapes."""
+  want = {path: p.shape(cfg) for path, p in schema.entries(llama.SCHEMA, cfg, cfg.num_layers)}
+  headers = {}
+  for name, path in names.items():
+    f = files[name]
+    if f not in headers:
+      headers[f] = torch_files.safetensors_layout(f)[0]
+    info = headers[f].get(name)
+    if info is not None and tuple(info.shape) != tuple(want[path]):
+      raise ValueError(
+        f"{f}: tensor {name!r} is {list(info.shape)}, but {directory / 'config.json'} implies "
+        f"{list(want[path])} (vocab_size {cfg.vocab_size}, hidden_size {cfg.dim}, "
+        f"intermediate_size {cfg.ffn_dim}, {cfg.num_heads} heads of {cfg.head_dim}, "
+        f"{cfg.num_kv_heads} kv heads): the config and the weights are of different models."
+      )
 
 
 # ----------------------------------------------------------------------------------------------

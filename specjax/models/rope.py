@@ -25,6 +25,12 @@ def parameters(config: dict) -> dict:
   transformers >= 5 writes them under ``rope_parameters``; older versions write ``rope_theta``
   at the top level and the scaling (``type`` or ``rope_type``) under ``rope_scaling``.
   """
+  for key in ("rope_scaling", "rope_parameters"):
+    if config.get(key) is not None and not isinstance(config[key], dict):
+      raise ValueError(
+        f"config.json's {key}={config[key]!r} is not an object: HF writes it as "
+        '{"rope_type": ..., ...} (or null for plain RoPE); fix or remove the key.'
+      )
   rp = dict(config.get("rope_scaling") or {}) | dict(config.get("rope_parameters") or {})
   rp["rope_type"] = rp.get("rope_type") or rp.get("type") or "default"
   rp.setdefault("rope_theta", config.get("rope_theta", 10_000.0))

@@ -104,6 +104,10 @@ def _check_hf_directory(path: Path, field: str) -> None:
         json.loads((path / name).read_text())
       except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{where}: {name} is not valid JSON ({e}): copy it again.") from None
+  try:
+    checkpoint.check_safetensors(path)  # config.json against the files' headers, nothing read
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
 
 
 def load(c: ml_collections.ConfigDict, dtype="float32", mesh=None) -> Model:

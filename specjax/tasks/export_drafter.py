@@ -113,7 +113,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   target = build.target(config)
   drafter = importlib.import_module(f"specjax.drafters.{kind}")
   layouts = importlib.import_module(f"specjax.interop.{kind}")
-  cfg, params, _ = drafter.load(e.path, target)
+  cfg, params, _ = drafter.load(e.path, target, field=f"{FIELD}.path")
   written = layouts.export(cfg, params, e.out, e.format, e.dtype)
   files = sorted(p.name for p in Path(written).iterdir())
   print(f"wrote {written} ({e.format}, {e.dtype}): {', '.join(files)}")

@@ -82,6 +82,9 @@ def read_questions(path: str) -> list[dict]:
       f"{field} is empty: point it at Spec-Bench's data/spec_bench/question.jsonl (from "
       "github.com/hemingkx/Spec-Bench; specjax ships no questions)."
     )
+  if Path(path).is_dir():
+    hint = " (it holds one)" if (Path(path) / "question.jsonl").is_file() else ""
+    raise ValueError(f"{field}={path!r} is a directory: name the question.jsonl file itself{hint}.")
   if not Path(path).is_file():
     raise ValueError(
       f"{field}={path!r} does not exist: download Spec-Bench's data/spec_bench/question.jsonl "

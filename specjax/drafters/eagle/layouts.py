@@ -5,15 +5,17 @@ so it is imported here, above both, and ``model`` knows only specjax's layout.""
 
 from pathlib import Path
 
-from specjax.drafters.eagle.model import META_FILE, EagleConfig, load_saved
+from specjax.drafters.eagle.model import FIELD, META_FILE, EagleConfig, load_saved
 
 
-def load(directory, target, fmt: str = "auto") -> tuple[EagleConfig, dict, dict]:
+def load(
+  directory, target, fmt: str = "auto", field: str = f"{FIELD}.path"
+) -> tuple[EagleConfig, dict, dict]:
   """``(cfg, decode params, meta)``. ``fmt`` (``drafter.eagle.format``): ``auto`` reads a
   specjax drafter (``eagle.json``) or a published one, ``specjax`` only the former, ``eagle`` /
   ``eagle3`` / ``speculators`` only that published layout."""
   if fmt == "specjax" or (fmt == "auto" and (Path(directory) / META_FILE).is_file()):
-    return load_saved(directory, target)
+    return load_saved(directory, target, field)
   from specjax.interop import eagle as interop
 
   return interop.load(directory, target, fmt)

@@ -367,13 +367,13 @@ def read_trained(directory) -> dict:
   return unflatten(artifact.read_tensors(directory, WEIGHTS_FILE))
 
 
-def load_saved(directory, target) -> tuple[EagleConfig, dict, dict]:
+def load_saved(directory, target, field: str = f"{FIELD}.path") -> tuple[EagleConfig, dict, dict]:
   """``(cfg, decode params, meta)`` of a drafter specjax saved (``eagle.json``); a clear error
   if it was trained for another target, reads features the target lacks, or cannot propose
   the target's stop tokens. Any layout, published ones included: ``layouts.load``."""
-  meta = read_meta(directory)
+  meta = read_meta(directory, field)
   cfg = EagleConfig.fromdict(meta["eagle"])
-  field = f"{FIELD}.path={str(directory)!r}"
+  field = f"{field}={str(directory)!r}"
   artifact.check_target(meta, cfg.target.dim, cfg.target.vocab_size, target, field, "drafters")
   trained = read_trained(directory)
   vocab_ids = trained.pop("vocab_ids").astype(np.int32)

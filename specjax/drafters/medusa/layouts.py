@@ -3,7 +3,7 @@ FasterDecoding's or vLLM's, which ``specjax.interop.medusa`` maps onto ``model.H
 That package reads this one's model, so it is imported here, above both, and ``model`` knows
 only specjax's layout."""
 
-from specjax.drafters.medusa.model import HeadsConfig
+from specjax.drafters.medusa.model import FIELD, HeadsConfig
 
 
 def published():
@@ -13,8 +13,10 @@ def published():
   return medusa
 
 
-def load(directory, target, fmt: str = "auto") -> tuple[HeadsConfig, dict, dict]:
+def load(
+  directory, target, fmt: str = "auto", field: str = f"{FIELD}.path"
+) -> tuple[HeadsConfig, dict, dict]:
   """``(heads, decode params, meta)``; ``fmt``: auto | specjax | medusa | vllm_medusa (see
   ``specjax.interop.medusa``). Foreign heads carry no target fingerprint: their sizes are
   checked against the target's."""
-  return published().load(directory, target, fmt)
+  return published().load(directory, target, fmt, field)

@@ -133,12 +133,12 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
   return artifact.read_tensors(directory, HEADS_FILE)
 
 
-def load_saved(directory, target) -> tuple[HeadsConfig, dict, dict]:
+def load_saved(directory, target, field: str = f"{FIELD}.path") -> tuple[HeadsConfig, dict, dict]:
   """``(heads, decode params, meta)`` saved by specjax; a clear error if they were trained for
   another target or their vocabulary cannot emit the target's stop tokens."""
-  meta = read_meta(directory)
+  meta = read_meta(directory, field)
   heads = HeadsConfig(**meta["heads"])
-  field = f"{FIELD}.path={str(directory)!r}"
+  field = f"{field}={str(directory)!r}"
   artifact.check_target(meta, heads.dim, heads.target_vocab_size, target, field, "heads")
   tensors = read_tensors(directory)
   vocab_ids = tensors["vocab_ids"].astype(np.int32)

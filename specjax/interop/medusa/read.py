@@ -386,7 +386,7 @@ def load(directory, target, fmt: str = "auto", field: str = f"{FIELD}.path"):
   size, then by tensor names and shapes, before their tensors are read."""
   layout = detect(directory, fmt, field)
   if layout == "specjax":
-    return specjax_medusa.load_saved(directory, target)
+    return specjax_medusa.load_saved(directory, target, field)
   heads, params, meta = read(directory, layout, target.cfg, field)
   ids = params["vocab_ids"]
   stops = sorted(target.tokenizer.stop_ids) if target.tokenizer is not None else []
