@@ -103,6 +103,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("output_dir not writable", [demo, "--config.output_dir=/proc/specjax"]),
     ("train workdir is a file",
      ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
+    ("train eval_examples fewer than the global batch",
+     ["--config=configs/train_tiny.py", "--config.data.eval_examples=8"]),
     ("train record_to is a file",
      ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
     ("a stray argument", [demo, "temperature=0.7"]),

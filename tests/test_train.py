@@ -361,6 +361,7 @@ def _tiny_config(tmp_path, **train):
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
+    ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),
   ],
 )
 def test_train_task_rejects_bad_config(tmp_path, override, message):

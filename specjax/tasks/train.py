@@ -58,6 +58,12 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   objectives.check(config)
   if d.eval_examples < 0:
     raise ValueError(f"config.data.eval_examples must be >= 0, got {d.eval_examples}.")
+  if 0 < d.eval_examples < t.global_batch:
+    raise ValueError(
+      f"config.data.eval_examples={d.eval_examples} is fewer than train.global_batch="
+      f"{t.global_batch}: an evaluation takes whole global batches; set eval_examples >= "
+      f"{t.global_batch} (or 0: no eval set)."
+    )
   if d.get("files"):
     _check_files(config)
   for src in d.sources:

@@ -133,7 +133,8 @@ def load_files(
       raise ValueError(
         f"config.data.eval_examples={cfg.eval_examples}: the {len(index)} usable record(s) of "
         f"{'this process' if pc > 1 else 'config.data.files'} make {len(tokens)} eval row(s) "
-        "and leave none to train on: lower eval_examples or add records."
+        "and leave none to train on: lower eval_examples (to no fewer than train.global_batch) or "
+        "add records."
       )
     eval_ds = Dataset(tokens, _mask(target))
     index = index.take(np.sort(perm[used:]))
