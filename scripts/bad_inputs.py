@@ -84,6 +84,11 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
           '{"from": "gpt", "value": "Hello."}]}\n')  # fmt: skip
   (tmp / "chats.jsonl").write_text(chat + '{"conversations": [{"from": "human"\n' + chat)
   (tmp / "nothing.jsonl").write_text('{"text": "a text record"}\n' * 3)
+  tiny_run = ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/resumable",
+              "--config.train.steps=2", "--config.train.checkpoint_every=1",
+              "--config.evaluate.enabled=False", "--config.train.progress=False"]  # fmt: skip
+  subprocess.run([sys.executable, "-m", "specjax.run", *tiny_run], cwd=ROOT, check=True,
+                 capture_output=True)  # a run to resume: two steps, checkpointed  # fmt: skip
   own = ["--config=experiments/eagle_smollm2/config.py", "--config.data.sources=()",
          "--config.data.feature_cache=", f"--config.workdir={tmp}/own",
          "--config.record_to="]  # fmt: skip
@@ -105,6 +110,10 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
     ("train eval_examples fewer than the global batch",
      ["--config=configs/train_tiny.py", "--config.data.eval_examples=8"]),
+    ("train resumed with another target's weights",
+     [*tiny_run, "--config.train.steps=3", "--config.target.seed=5"]),
+    ("train resumed with another global batch",
+     [*tiny_run, "--config.train.steps=3", "--config.train.global_batch=8"]),
     ("train record_to is a file",
      ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
     ("a stray argument", [demo, "temperature=0.7"]),
