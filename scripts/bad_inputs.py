@@ -245,6 +245,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("export: Medusa heads in an EAGLE layout", [*export, heads, "--config.export.format=eagle3"]),
     ("export: no drafter at the path",
      [*export, f"--config.export.path={tmp}/empty", "--config.export.format=medusa"]),
+    ("export: a drafter trained for another target",
+     [*export, heads, vllm, "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
     ("export: out is a folder holding the user's files",
      [*export[:1], heads, vllm, f"--config.export.out={tmp}/mine"]),
     ("export: out is a file", [*export[:1], heads, vllm, f"--config.export.out={tmp}/a_file"]),
