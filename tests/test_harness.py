@@ -1,7 +1,8 @@
 """The test harness patches nothing it tests: tests/conftest.py and the worker scripts the tests
-start assign no attribute of specjax, gguf, transformers, torch or jax (a module, or a class or
-function imported from one), directly or through ``setattr``/``monkeypatch.setattr``; and no
-test file assigns one outside ``monkeypatch`` (which undoes it after the one test that asks)."""
+start assign no attribute of specjax, gguf, transformers, torch, jax or a reference
+implementation (a module, or a class or function imported from one), directly or through
+``setattr``/``monkeypatch.setattr``, and swap no module in ``sys.modules``; and no test file
+does so outside ``monkeypatch`` (which undoes it after the one test that asks)."""
 
 import ast
 from pathlib import Path
@@ -10,11 +11,12 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 WATCHED = ("specjax", "gguf", "transformers", "torch", "jax", "jaxlib")
+ORACLES = ("eagle", "medusa", "speculators", "specforge")  # scripts/install_oracles.sh
 HARNESS = ("conftest.py", "train_worker.py", "decode_worker.py", "cli_worker.py")
 
 
 def _watched(module: str) -> bool:
-  return module.split(".")[0] in WATCHED
+  return module.split(".")[0] in WATCHED + ORACLES
 
 
 def _root(node) -> str | None:
@@ -39,7 +41,11 @@ def patches(source: str, calls: bool = True) -> list[str]:
     targets = []
     if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
       targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-      targets = [t for t in targets if isinstance(t, ast.Attribute) and _root(t) in names]
+      targets = [
+        t for t in targets
+        if (isinstance(t, ast.Attribute) and _root(t) in names)
+        or ast.unparse(t).startswith("sys.modules")  # a module swapped for a stub
+      ]  # fmt: skip
     elif calls and isinstance(node, ast.Call) and node.args:
       called = node.func
       is_setattr = (isinstance(called, ast.Name) and called.id == "setattr") or (
@@ -80,6 +86,9 @@ def test_conftest_is_short():
     "import transformers.integrations as t\nt.x.y = 1",
     "import torch\nsetattr(torch, 'load', f)",
     "def f(monkeypatch):\n  monkeypatch.setattr('specjax.models.registry.load', g)",
+    # what tests/test_interop_eagle.py once did to speculators
+    "import sys, types\nsys.modules['loguru'] = types.ModuleType('loguru')",
+    "from speculators.convert.eagle import eagle3_legacy_model as m\nm.apply_rotary_pos_emb = f",
   ],
 )
 def test_a_patch_is_found(source):

@@ -1,9 +1,9 @@
 """Published EAGLE drafters (SafeAILab, SpecForge, vLLM speculators) in, specjax drafters out:
 checked against the reference code itself.
 
-Oracles (installed ``--no-deps``): eagle-llm's ``eagle.model.cnets.Model`` (EAGLE-1/2), and
-speculators' own module files (its package ``__init__`` imports its training stack): the
-``Eagle3DraftModel`` of ``models/eagle3/core.py`` (the speculators layout, run through its own
+Oracles (``scripts/install_oracles.sh``): eagle-llm's ``eagle.model.cnets.Model`` (EAGLE-1/2),
+and speculators, imported as a user imports it: the ``Eagle3DraftModel`` of
+``models/eagle3/core.py`` (the speculators layout, run through its own
 forward) and ``convert/eagle/eagle3_legacy_model.py`` (the SafeAILab EAGLE-3 layer, saved under
 SafeAILab's ``midlayer.`` names). Each builds a drafter with random weights over a tiny random
 target whose configs are transformers' own classes; the drafter saved by the reference code
@@ -13,11 +13,8 @@ match the reference forward to 1e-4 (fp32); with one weight transposed in the fi
 
 import dataclasses
 import functools
-import importlib
 import json
-import sys
 import types
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -137,41 +134,15 @@ def _eagle1_forward(m, target, next_1xT, feats):
 
 
 def _speculators():
-  """speculators' modules without its package ``__init__`` (it imports the training stack)."""
-  if "speculators.models.eagle3.core" in sys.modules:
-    return sys.modules["speculators.models.eagle3.core"]
-  spec = importlib.util.find_spec("speculators")
-  if spec is None:
-    pytest.skip("speculators is not installed")
-  root = Path(spec.origin).parent
-  if importlib.util.find_spec("loguru") is None:  # its loaders log through loguru: a stub
-    stub = types.ModuleType("loguru")
-    stub.logger = types.SimpleNamespace(**{
-      k: lambda *a, **kw: None for k in ("debug", "info", "success", "warning", "error")
-    })  # fmt: skip
-    sys.modules["loguru"] = stub
-  for name, sub in (("speculators", ""), ("speculators.models", "models"),
-                    ("speculators.models.eagle3", "models/eagle3"),
-                    ("speculators.convert", "convert"),
-                    ("speculators.convert.eagle", "convert/eagle")):  # fmt: skip
-    if name not in sys.modules or not hasattr(sys.modules[name], "__path__"):
-      pkg = types.ModuleType(name)
-      pkg.__path__ = [str(root / sub)]
-      sys.modules[name] = pkg
-  config = importlib.import_module("speculators.config")
-  sys.modules["speculators"].SpeculatorModelConfig = config.SpeculatorModelConfig
-  e3 = importlib.import_module("speculators.models.eagle3.config")
-  sys.modules["speculators.models.eagle3"].Eagle3SpeculatorConfig = e3.Eagle3SpeculatorConfig
-  sys.modules["speculators"].SpeculatorModel = importlib.import_module(
-    "speculators.model"
-  ).SpeculatorModel
-  core = importlib.import_module("speculators.models.eagle3.core")
-  config.reload_schemas()
+  """speculators' EAGLE-3 model module, imported through its package as a user imports it."""
+  pytest.importorskip("speculators", reason="bash scripts/install_oracles.sh installs it")
+  from speculators.models.eagle3 import core
+
   return core
 
 
 def _speculators_config(target, ids, aux, layer=None):
-  _speculators()  # its modules, past the package __init__ (whichever test runs first)
+  _speculators()
   from speculators.config import SpeculatorsConfig, VerifierConfig
   from speculators.models.eagle3.config import Eagle3SpeculatorConfig
   from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -258,12 +229,9 @@ def _eagle3_legacy(target, directory, ids, seed=3, torch_pickle=False):
 
 def _legacy_module(config):
   _speculators()
-  legacy = importlib.import_module("speculators.convert.eagle.eagle3_legacy_model")
-  rotate = transformers.models.llama.modeling_llama.apply_rotary_pos_emb
-  # Its attention passes position_ids where transformers < 4.48 took (and ignored) them and 5
-  # takes unsqueeze_dim: the same rotation without that argument.
-  legacy.apply_rotary_pos_emb = lambda q, k, cos, sin, *_: rotate(q, k, cos, sin)
-  return legacy.Eagle3Speculator(config, verifier=None, verifier_attachment_mode="detached").eval()
+  from speculators.convert.eagle.eagle3_legacy_model import Eagle3Speculator
+
+  return Eagle3Speculator(config, verifier=None, verifier_attachment_mode="detached").eval()
 
 
 def _legacy_forward(m, next_1xT, feats):
@@ -278,7 +246,10 @@ def _legacy_forward(m, next_1xT, feats):
   with torch.no_grad():
     e = m.embed_tokens(torch.from_numpy(np.asarray(next_1xT)).long())
     h = m.fc(_t(feats))
-    out = m.layers[0](torch.cat([e, h], -1), attention_mask=mask, position_ids=pos,
+    # The layer hands position_ids on to transformers' apply_rotary_pos_emb as its fifth
+    # argument, which transformers >= 4.48 names unsqueeze_dim; the positions themselves come in
+    # position_embeddings, so that argument gets the value it defaults to.
+    out = m.layers[0](torch.cat([e, h], -1), attention_mask=mask, position_ids=1,
                       position_embeddings=rotary(h, pos))[0]  # fmt: skip
     return out.numpy(), m.lm_head(m.norm(out)).numpy()
 
