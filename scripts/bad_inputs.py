@@ -250,6 +250,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("export: out is a folder holding the user's files",
      [*export[:1], heads, vllm, f"--config.export.out={tmp}/mine"]),
     ("export: out is a file", [*export[:1], heads, vllm, f"--config.export.out={tmp}/a_file"]),
+    ("export: a verifier for a layout that records none",
+     [*export, heads, vllm, "--config.export.verifier=HuggingFaceTB/SmolLM2-135M-Instruct"]),
     ("export: a reduced vocabulary in FasterDecoding's layout",
      [*export, heads, "--config.export.format=medusa"]),
     ("promote: a run that has not finished",
@@ -328,7 +330,13 @@ def _published_eagle3(tmp: Path) -> None:
 
   small = tiny.random_model(seed=0, vocab_size=64, dim=64, num_layers=8)
   drafter, params = testing.eagle_drafter(small, features=(1, 3, 4), architecture="eagle3")
-  eagle.export(drafter.cfg, jax.device_get(params), tmp / "eagle3_small", "speculators")
+  eagle.export(
+    drafter.cfg,
+    jax.device_get(params),
+    tmp / "eagle3_small",
+    "speculators",
+    verifier="org/tiny-llama",
+  )
 
 
 # Cases the harness cannot run alone (a second process holding the lock), or that are not

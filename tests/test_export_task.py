@@ -5,6 +5,8 @@ test_interop_medusa.py and test_interop_eagle.py; here the task: its checks, bef
 loads, and that what it writes reads back as the drafter it was given.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -63,8 +65,13 @@ def _eagle_drafter(tmp_path, architecture):
 def test_a_trained_eagle3_exports_and_reads_back_bit_identical(tmp_path, fmt):
   target, cfg, params = _eagle_drafter(tmp_path, "eagle3")
   out = str(tmp_path / "out")
-  c = _config(tmp_path, path=str(tmp_path / "eagle_eagle3"), format=fmt, out=out)
+  verifier = "HuggingFaceTB/SmolLM2-135M-Instruct" if fmt == "speculators" else ""
+  c = _config(tmp_path, path=str(tmp_path / "eagle_eagle3"), format=fmt, out=out,
+              verifier=verifier)  # fmt: skip
   assert export_drafter.run(c)["format"] == fmt
+  if verifier:  # recorded as given
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == verifier
   got_cfg, got, meta = eagle.load(out, target)
   assert got_cfg == cfg and meta["format"] == fmt
   for name in ("fuse", "proj", "vocab_ids", "norm"):
@@ -76,6 +83,7 @@ def test_a_trained_eagle3_exports_and_reads_back_bit_identical(tmp_path, fmt):
 def _bad(tmp_path):
   _medusa_heads(tmp_path)
   _eagle_drafter(tmp_path, "specjax")
+  _eagle_drafter(tmp_path, "eagle3")
   heads, out = str(tmp_path / "heads"), str(tmp_path / "out")
   return {
     "specjax's EAGLE architecture for vLLM": (
@@ -100,12 +108,35 @@ def _bad(tmp_path):
       dict(path=heads, format="medusa", out=f"{heads}/export"),
     ),
     "no output": ("export.out is empty", dict(path=heads, format="medusa")),
+    "speculators without a verifier": (
+      "export.verifier is empty",
+      dict(path=str(tmp_path / "eagle_eagle3"), format="speculators", out=out),
+    ),
+    "a verifier for a format without one": (
+      "recorded by format=speculators only",
+      dict(path=heads, format="vllm_medusa", out=out, verifier="org/model"),
+    ),
+    "a verifier that is no model": (
+      "local path without config.json",
+      dict(
+        path=str(tmp_path / "eagle_eagle3"), format="speculators", out=out, verifier=str(tmp_path)
+      ),
+    ),
+    "a verifier that is no HF id": (
+      "neither a local directory nor an HF id",
+      dict(
+        path=str(tmp_path / "eagle_eagle3"), format="speculators", out=out, verifier="no such model"
+      ),
+    ),
   }
 
 
 BAD = [
   "specjax's EAGLE architecture for vLLM", "unknown format", "unknown dtype", "no drafter there",
   "an EAGLE format for Medusa heads", "output inside the drafter", "no output",
+  "speculators without a verifier", "a verifier for a format without one",
+  "a verifier that is no model",
+  "a verifier that is no HF id",
 ]  # fmt: skip
 
 

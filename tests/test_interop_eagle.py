@@ -386,7 +386,6 @@ def _trained(target, architecture, features=("final",), vocab_ids=None, seed=4):
 
 EXPORTS = {
   "eagle1_as_eagle": ("eagle1", "eagle"),
-  "eagle1_as_speculators": ("eagle1", "speculators"),
   "eagle3_as_eagle3": ("eagle3", "eagle3"),
   "eagle3_as_speculators": ("eagle3", "speculators"),
 }
@@ -400,7 +399,8 @@ def test_export_then_import_is_bit_identical(tmp_path, arch, fmt):
   target = _target()
   features, ids = ((1, 3, 4), REDUCED) if arch == "eagle3" else (("final",), None)
   drafter, params = _trained(target, arch, features, ids)
-  interop.export(drafter.cfg, params, tmp_path / "x", fmt, "float32")
+  verifier = "org/tiny-llama" if fmt == "speculators" else ""
+  interop.export(drafter.cfg, params, tmp_path / "x", fmt, "float32", verifier)
   assert not list(tmp_path.glob(".*tmp"))
   assert interop.detect(tmp_path / "x") == fmt
   cfg, loaded, meta = eagle.load(tmp_path / "x", target)
@@ -424,7 +424,7 @@ def test_export_then_import_is_bit_identical(tmp_path, arch, fmt):
 def test_a_bfloat16_export_holds_the_rounded_weights(tmp_path):
   target = _target()
   drafter, params = _trained(target, "eagle3", (1, 3, 4), REDUCED)
-  interop.export(drafter.cfg, params, tmp_path / "x", "speculators", "bfloat16")
+  interop.export(drafter.cfg, params, tmp_path / "x", "speculators", "bfloat16", "org/tiny-llama")
   tensors = load_file(str(tmp_path / "x" / "model.safetensors"))
   assert tensors["fc.weight"].dtype == jnp.bfloat16 and tensors["d2t"].dtype == np.int64
   _, loaded, _ = eagle.load(tmp_path / "x", target)
@@ -432,75 +432,141 @@ def test_a_bfloat16_export_holds_the_rounded_weights(tmp_path):
   np.testing.assert_array_equal(loaded["fuse"], rounded)
 
 
-def test_exports_load_in_the_reference_code_and_give_the_same_logits(tmp_path):
-  """eagle-llm's EAGLE-1 reads the SafeAILab export (strict state dict); speculators'
-  Eagle3DraftModel.from_pretrained reads the speculators export; speculators' SafeAILab EAGLE-3
-  layer reads the SafeAILab/SGLang export (midlayer -> layers.0, as vLLM and speculators'
-  converter rename it): each computes specjax's logits."""
-  from eagle.model import cnets
-
-  target = _target()
-  hf_dir = tmp_path / "target"  # the verifier speculators reads its layer count and embedding from
-  hf = transformers.LlamaForCausalLM(_target_hf_config(target))
-  hf.load_state_dict({k: _t(v) for k, v in _hf_state(target).items()}, strict=False)
-  hf.save_pretrained(hf_dir)
-  drafter, params = _trained(target, "eagle1")
-  interop.export(drafter.cfg, params, tmp_path / "e1", "eagle", "float32")
-  config = json.loads((tmp_path / "e1" / "config.json").read_text())
-  hf = transformers.LlamaConfig(**config)
-  hf.rope_scaling = None
-  m = cnets.Model(hf, bias=config["bias"]).eval()
-  state = {
-    k: torch.from_numpy(v) for k, v in load_file(str(tmp_path / "e1" / "model.safetensors")).items()
-  }
-  state["embed_tokens.weight"] = _t(target.params["embed"])
-  m.load_state_dict(state, strict=True)
-  nxt, feats = _features(target, ("final",))
-  _, want = _specjax_forward(drafter.cfg, params, nxt, feats)
-  np.testing.assert_allclose(_eagle1_forward(m, target, nxt, feats)[1], want, rtol=1e-4, atol=1e-4)
-
-  drafter, params = _trained(target, "eagle3", (1, 3, 4), REDUCED)
-  eagle3_exports_match_their_references(tmp_path, target, drafter.cfg, params, hf_dir)
-
-
-def eagle3_exports_match_their_references(tmp_path, target, cfg, params, hf_dir=None):
-  """An EAGLE-3 drafter (``cfg``, decode ``params``) exported for vLLM (speculators' format,
-  read by speculators' ``Eagle3DraftModel.from_pretrained``) and for SGLang / SafeAILab
-  (``eagle3``, read by speculators' SafeAILab layer) gives specjax's logits in both."""
-  if hf_dir is None:  # the verifier speculators reads its layer count and embedding from
-    hf_dir = tmp_path / "target"
+def _verifier(tmp_path, target):
+  """``target`` as an HF directory: what a user names as ``export.verifier``."""
+  directory = tmp_path / f"verifier_{target.cfg.name}"
+  if not directory.is_dir():
     hf = transformers.LlamaForCausalLM(_target_hf_config(target))
     hf.load_state_dict({k: _t(v) for k, v in _hf_state(target).items()}, strict=False)
-    hf.save_pretrained(hf_dir)
-  core = _speculators()
-  ids = np.asarray(params["vocab_ids"])
-  aux = [a + 1 for a in cfg.feature_layers]
-  nxt, feats = _features(target, cfg.feature_layers)
-  out, want = _specjax_forward(cfg, params, nxt, feats)
-  interop.export(cfg, params, tmp_path / "s", "speculators", "float32", str(hf_dir))
-  m = core.Eagle3DraftModel.from_pretrained(str(tmp_path / "s")).eval()
-  assert m.config.eagle_aux_hidden_state_layer_ids == aux
-  # speculators' own copy of the verifier's embedding (transformers 5 leaves the missing one
-  # uninitialised, not the NaN its check for "not loaded yet" looks for)
-  m._load_verifier_weights(overwrite_embed_tokens=True)
-  np.testing.assert_array_equal(m.embed_tokens.weight.detach().numpy(), target.params["embed"])
-  got_out, got = _eagle3_forward(m, nxt, feats)
-  np.testing.assert_allclose(got_out, out, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  assert np.array_equal(m.d2t.numpy() + np.arange(len(ids)), ids)
+    hf.save_pretrained(directory)
+  return directory
 
-  interop.export(cfg, params, tmp_path / "g", "eagle3", "float32")
-  config = json.loads((tmp_path / "g" / "config.json").read_text())
-  layer = transformers.LlamaConfig(**config)
-  layer._attn_implementation = "eager"
-  m = _legacy_module(_speculators_config(target, tuple(ids), None, layer))
-  state = load_file(str(tmp_path / "g" / "model.safetensors"))
-  state = {k.replace("midlayer.", "layers.0."): torch.from_numpy(v) for k, v in state.items()}
-  missing, unexpected = m.load_state_dict(state, strict=False)
-  assert missing == ["embed_tokens.weight"] and not unexpected
+
+def _eagle_llm_reads(directory, target, nxt, feats):
+  """eagle-llm 1.2.1 reads an ``eagle`` export as ``EaModel.from_pretrained`` reads the drafter:
+  ``EConfig`` from config.json, ``cnets.Model(config, bias=config["bias"])``, ``torch.load`` of
+  pytorch_model.bin, a strict load; logits of the target's head over its output."""
+  from eagle.model import cnets
+  from eagle.model.configs import EConfig
+
+  config = EConfig.from_pretrained(str(directory / "config.json"))
+  # transformers 5 fills rope_scaling with a dict that lacks the "type" key this 2024 layer
+  # reads; None is its plain rotary (the exports here use no scaling).
+  config.rope_scaling = None
+  bias = json.loads((directory / "config.json").read_text()).get("bias", True)
+  m = cnets.Model(config, bias=bias).eval()
+  m.load_state_dict(torch.load(directory / "pytorch_model.bin", map_location="cpu"), strict=True)
+  return _eagle1_forward(m, target, nxt, feats)[1]
+
+
+def _sglang_reads(directory, target, nxt, feats):
+  """SGLang's EAGLE-3 drafter as SpecForge (SGLang's trainer) defines it: built from config.json
+  by transformers' ``LlamaConfig``, every tensor of model.safetensors loaded strictly under the
+  names SGLang reads (``midlayer.*``, ``embed_tokens``, ``d2t``, ``t2d``); logits of its
+  ``compute_logits`` over its ``backbone``. (Not its ``from_pretrained``: under transformers
+  5.25, against the 5.8 it pins, that leaves the rotary tables, non-persistent buffers, empty.)"""
+  from safetensors.torch import load_file as load_torch
+
+  llama3_eagle = pytest.importorskip("specforge.modeling.draft.llama3_eagle")
+  m = llama3_eagle.LlamaForCausalLMEagle3(transformers.LlamaConfig.from_pretrained(directory))
+  m.load_state_dict(load_torch(directory / "model.safetensors"), strict=True)
+  t = nxt.shape[1]
   with torch.no_grad():
-    m.embed_tokens.weight.copy_(_t(target.params["embed"]))
-  np.testing.assert_allclose(_legacy_forward(m, nxt, feats)[1], want, rtol=1e-4, atol=1e-4)
+    m.eval()
+    embeds = m.embed_input_ids(torch.from_numpy(np.asarray(nxt)).long())
+    out = m.backbone(embeds, m.project_hidden_states(_t(feats)), None, None, torch.arange(t)[None])
+    logits = m.compute_logits(out).numpy()
+  return logits, m.d2t.numpy() + np.arange(m.d2t.shape[0])
+
+
+def _speculators_reads(directory, target, nxt, feats):
+  """speculators' public ``from_pretrained`` (which also loads what it needs from the verifier
+  the config names); logits of its own forward."""
+  m = _speculators().Eagle3DraftModel.from_pretrained(str(directory)).eval()
+  return _eagle3_forward(m, nxt, feats)[1], m.d2t.numpy() + np.arange(m.d2t.shape[0])
+
+
+def _without(directory, tensor=None, field=None):
+  """The export with one tensor (from whichever weights file it has) or one config field gone."""
+  if field:
+    config = json.loads((directory / "config.json").read_text())
+    config.pop(field)
+    (directory / "config.json").write_text(json.dumps(config))
+  if tensor and (directory / "model.safetensors").is_file():
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors[tensor]
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+  elif tensor:
+    state = torch.load(directory / "pytorch_model.bin")
+    del state[tensor]
+    torch.save(state, directory / "pytorch_model.bin")
+
+
+def _reads_the_same(read, directory, target, nxt, feats, want, ids=None) -> bool:
+  """Whether ``read`` loads the directory and gives ``want`` (and the draft ids ``ids``)."""
+  try:
+    got = read(directory, target, nxt, feats)
+  except (RuntimeError, ValueError, AttributeError, KeyError) as e:  # what the loaders raise
+    print(f"{read.__name__}: {type(e).__name__}: {str(e)[:200]}")
+    return False
+  logits, got_ids = got if isinstance(got, tuple) else (got, None)
+  return _close(logits, want) and (ids is None or np.array_equal(got_ids, ids))
+
+
+EXPORT_READERS = {  # format -> (architecture, reader, a config field the reader needs)
+  "eagle": ("eagle1", _eagle_llm_reads, "hidden_size"),
+  "eagle3": ("eagle3", _sglang_reads, "draft_vocab_size"),
+  "speculators": ("eagle3", _speculators_reads, "draft_vocab_size"),
+}
+
+
+@pytest.mark.parametrize("fmt", EXPORT_READERS)
+def test_an_export_is_read_by_its_engines_own_loader(tmp_path, fmt):
+  """Each export, as written, read by the reference code of the engine it is for, with no help:
+  it gives specjax's logits (1e-4, float32); without the embedding, or without a config field
+  the reader needs, it does not (a load error or other logits)."""
+  arch, read, field = EXPORT_READERS[fmt]
+  target = _target()
+  features, ids = ((1, 3, 4), REDUCED) if arch == "eagle3" else (("final",), None)
+  drafter, params = _trained(target, arch, features, ids)
+  nxt, feats = _features(target, drafter.cfg.feature_layers)
+  _, want = _specjax_forward(drafter.cfg, params, nxt, feats)
+  # The verifier named has the target's shapes and other weights: what the loader computes must
+  # come from the export itself. (speculators' loader fills a missing embedding from the
+  # verifier, or leaves it as torch.empty's memory unless that holds a NaN: either way, not
+  # the target's.)
+  other = dataclasses.replace(_target(seed=12), cfg=dataclasses.replace(target.cfg, name="other"))
+  verifier = str(_verifier(tmp_path, other)) if fmt == "speculators" else ""
+  for case, edit in [("no embedding", {"tensor": "embed_tokens.weight"}),
+                     (f"no {field}", {"field": field}), ("as written", {})]:  # fmt: skip
+    directory = tmp_path / case.replace(" ", "_")
+    interop.export(drafter.cfg, params, directory, fmt, "float32", verifier=verifier)
+    _without(directory, **edit)
+    assert _reads_the_same(read, directory, target, nxt, feats, want, ids) == (not edit), case
+
+
+def eagle3_exports_match_their_references(tmp_path, target, cfg, params):
+  """An EAGLE-3 drafter (``cfg``, decode ``params``, e.g. one trained here) exported for SGLang
+  (``eagle3``) and for vLLM (``speculators``, its verifier named) gives specjax's logits in the
+  engines' own loaders."""
+  nxt, feats = _features(target, cfg.feature_layers)
+  _, want = _specjax_forward(cfg, params, nxt, feats)
+  ids = np.asarray(params["vocab_ids"])
+  for fmt in ("eagle3", "speculators"):
+    verifier = str(_verifier(tmp_path, target)) if fmt == "speculators" else ""
+    interop.export(cfg, params, tmp_path / fmt, fmt, "float32", verifier=verifier)
+    read = EXPORT_READERS[fmt][1]
+    assert _reads_the_same(read, tmp_path / fmt, target, nxt, feats, want, ids), fmt
+
+
+def test_speculators_holds_eagle3_only(tmp_path):
+  """speculators >= 0.9 reads no EAGLE-1 type: such an export is refused, naming the layout
+  that holds it."""
+  target = _target()
+  drafter, params = _trained(target, "eagle1")
+  with pytest.raises(ValueError, match="format='eagle'"):
+    interop.export(drafter.cfg, params, tmp_path / "x", "speculators")
+  assert not (tmp_path / "x").exists()
 
 
 def test_a_specjax_architecture_drafter_is_refused_by_every_layout(tmp_path):

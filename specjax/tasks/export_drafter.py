@@ -10,7 +10,8 @@ layouts carry tensors the drafter reads from its target). ``export.format``:
 
 - ``eagle``: SafeAILab's EAGLE-1/2 layout (``objective.eagle.architecture = eagle1``);
 - ``eagle3``: the EAGLE-3 layout SafeAILab, SpecForge and SGLang read (architecture ``eagle3``);
-- ``speculators``: vLLM's ``speculators`` format of an EAGLE-1 or EAGLE-3 drafter;
+- ``speculators``: vLLM's ``speculators`` format of an EAGLE-3 drafter; ``export.verifier``
+  names the target as speculators' loader should find it (an HF id or a local HF directory);
 - ``medusa``: FasterDecoding's ``medusa_lm_head`` layout (full vocabulary only);
 - ``vllm_medusa``: vLLM's Medusa layout (a reduced vocabulary as its ``token_map``).
 
@@ -20,6 +21,7 @@ layouts, their tensor names and what each engine reads.
 """
 
 import importlib
+import re
 from pathlib import Path
 
 import ml_collections
@@ -47,6 +49,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.format = ""  # one of FORMATS
   c.out = ""  # the directory to write (new, empty, or holding only an earlier export's files)
   c.dtype = "float32"  # one of DTYPES
+  c.verifier = ""  # format=speculators: the target's HF id or local HF directory, recorded
   return c
 
 
@@ -76,6 +79,7 @@ def check(config: ml_collections.ConfigDict) -> str:
       f"hold: choose one of {', '.join(fits)}."
     )
   _check_shapes(kinds[0], e)
+  _check_verifier(e)
   if not e.out:
     raise ValueError(f"{FIELD}.out is empty: name the directory to write.")
   out, src = Path(e.out).resolve(), Path(e.path).resolve()
@@ -94,7 +98,7 @@ def _check_shapes(kind: str, e) -> None:
     from specjax.interop import eagle as layouts
 
     cfg = eagle.EagleConfig.fromdict(eagle.read_meta(e.path, f"{FIELD}.path")["eagle"])
-    layouts.check_export(cfg, e.format, e.dtype)
+    layouts.check_export(cfg, e.format, e.dtype, e.verifier)
   if kind == "medusa" and e.format == "medusa":
     from specjax.drafters import medusa
 
@@ -107,6 +111,30 @@ def _check_shapes(kind: str, e) -> None:
       )
 
 
+def _check_verifier(e) -> None:
+  """``export.verifier``: only speculators records one; a local directory must be an HF model's,
+  anything else an HF id (``org/name``)."""
+  if not e.verifier:
+    return
+  if e.format != "speculators":
+    raise ValueError(
+      f"{FIELD}.verifier={e.verifier!r} is recorded by format=speculators only; leave it empty "
+      f"for format={e.format!r}."
+    )
+  path = Path(e.verifier)
+  if path.exists():
+    if not (path / "config.json").is_file():
+      raise ValueError(
+        f"{FIELD}.verifier={e.verifier!r} is a local path without config.json: name the "
+        "target's HF directory (or its HF id, org/name)."
+      )
+  elif not re.fullmatch(r"[\w.-]+/[\w.-]+", e.verifier):
+    raise ValueError(
+      f"{FIELD}.verifier={e.verifier!r} is neither a local directory nor an HF id (org/name): "
+      "name the target as speculators' loader should find it."
+    )
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   kind = check(config)
   e = config.export
@@ -114,7 +142,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   drafter = importlib.import_module(f"specjax.drafters.{kind}")
   layouts = importlib.import_module(f"specjax.interop.{kind}")
   cfg, params, _ = drafter.load(e.path, target, field=f"{FIELD}.path")
-  written = layouts.export(cfg, params, e.out, e.format, e.dtype)
+  extra = {"verifier": e.verifier} if kind == "eagle" else {}
+  written = layouts.export(cfg, params, e.out, e.format, e.dtype, **extra)
   files = sorted(p.name for p in Path(written).iterdir())
   print(f"wrote {written} ({e.format}, {e.dtype}): {', '.join(files)}")
   return {"path": str(written), "format": e.format, "dtype": e.dtype, "files": files}

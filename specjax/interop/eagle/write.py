@@ -13,23 +13,28 @@ from specjax.interop.eagle.read import DTYPES, EXPORTS, SPECULATORS_VERSION, exp
 
 # --- export ------------------------------------------------------------------------------------
 
-WRITES = frozenset({"model.safetensors", "config.json"})  # what an export may replace
+# what an export may replace: the weights' two file names (``eagle``: pytorch_model.bin) and the
+# config
+WRITES = frozenset({"model.safetensors", "pytorch_model.bin", "config.json"})
+# The engines read the layer's weights and the embedding it embeds tokens with from the drafter's
+# own files (eagle-llm's strict load, SGLang, speculators): it is written, the target's.
+_EMBED = "embed_tokens.weight"
 
 
-def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name: str = "") -> Path:
+def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", verifier: str = "") -> Path:
   """Writes a drafter in a published layout (``fmt``: eagle | eagle3 | speculators) with the
   config.json that SafeAILab's code, vLLM and SGLang read, into ``out_dir`` atomically
-  (a temporary directory renamed into place). Weights in ``dtype``; ``target_name``: the
-  target's HF id or path, recorded as speculators' verifier."""
-  check_export(cfg, fmt, dtype)
+  (a temporary directory renamed into place). Weights in ``dtype``, the target's embedding
+  among them; ``eagle`` as ``pytorch_model.bin`` (the one file eagle-llm reads), the others as
+  ``model.safetensors``. ``verifier``: the target as speculators' loader should find it (an HF
+  id or a local directory), recorded in the ``speculators`` config, which needs one."""
+  check_export(cfg, fmt, dtype, verifier)
   arch = cfg.architecture
   host = jax.device_get(params)
   kind = "eagle3" if arch == "eagle3" else "eagle"
-  prefix = {"eagle": "layers.0.", "eagle3": "midlayer."}.get(fmt) or (
-    "layers.0." if kind == "eagle3" else "transformer."
-  )
+  prefix = {"eagle": "layers.0.", "eagle3": "midlayer.", "speculators": "layers.0."}[fmt]
   fc_bias = arch == "eagle1" and bool(np.any(np.asarray(host["fc_b"]) != 0))
-  tensors = {}
+  tensors = {_EMBED: np.asarray(host["embed"], np.float32).astype(DTYPES[dtype])}
   for ckpt, (name, shape) in expected_tensors(cfg, prefix, fc_bias).items():
     if name == "vocab_ids":
       continue
@@ -39,22 +44,27 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", target_name:
       raise ValueError(f"export: params[{name!r}] is {list(value.shape)}, expected {list(shape)}.")
     tensors[ckpt] = value.astype(DTYPES[dtype])
   ids = np.asarray(host["vocab_ids"], np.int64)
-  if arch == "eagle3" and not np.array_equal(ids, np.arange(cfg.target.vocab_size)):
+  full = np.array_equal(ids, np.arange(cfg.target.vocab_size))
+  if arch == "eagle3" and (fmt == "eagle3" or not full):  # SGLang's layout always holds both
     tensors["d2t"] = ids - np.arange(len(ids), dtype=np.int64)
     t2d = np.zeros((cfg.target.vocab_size,), bool)
     t2d[ids] = True
     tensors["t2d"] = t2d
-  config = _export_config(cfg, fmt, kind, dtype, fc_bias, target_name)
+  config = _export_config(cfg, fmt, kind, dtype, fc_bias, verifier)
   with artifact.atomic_directory(out_dir, WRITES) as tmp:
-    torch_files.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
+    if fmt == "eagle":
+      torch_files.write_torch(tmp / "pytorch_model.bin", tensors)
+    else:
+      torch_files.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   return Path(out_dir)
 
 
-def check_export(cfg, fmt: str, dtype: str = "float32") -> None:
+def check_export(cfg, fmt: str, dtype: str = "float32", verifier: str | None = None) -> None:
   """Whether a drafter of ``cfg`` (an EagleConfig, e.g. read from eagle.json before anything
   loads) can be written as ``fmt``: one clear error naming the format, the architecture or the
-  layer option the layout cannot hold."""
+  layer option the layout cannot hold, or (``verifier`` given, even empty) a speculators export
+  that names no verifier."""
   if fmt not in EXPORTS:
     raise ValueError(
       f"config.export.format={fmt!r} is unknown; choose one of {', '.join(EXPORTS)}."
@@ -64,7 +74,13 @@ def check_export(cfg, fmt: str, dtype: str = "float32") -> None:
       f"config.export.dtype={dtype!r} is unknown; choose one of {', '.join(DTYPES)}."
     )
   arch = cfg.architecture
-  allowed = {"eagle": ("eagle1",), "eagle3": ("eagle3",), "speculators": ("eagle1", "eagle3")}
+  if fmt == "speculators" and arch == "eagle1":
+    raise ValueError(
+      "config.export.format='speculators' holds EAGLE-3 drafters only: speculators >= 0.9 no "
+      "longer reads its EAGLE-1 type (its config validation refuses it), so no engine would "
+      "load the file. Export an eagle1 drafter as format='eagle' (SafeAILab's layout)."
+    )
+  allowed = {"eagle": ("eagle1",), "eagle3": ("eagle3",), "speculators": ("eagle3",)}
   if arch not in allowed[fmt]:
     want = " or ".join(allowed[fmt])
     raise ValueError(
@@ -75,10 +91,17 @@ def check_export(cfg, fmt: str, dtype: str = "float32") -> None:
         f"in that layout). Train with objective.eagle.architecture={allowed[fmt][-1]!r} to "
         "export it."
         if arch == "specjax"
-        else f": export it as format={'eagle3' if arch == 'eagle3' else 'eagle'} or speculators."
+        else f": export it as format={'eagle3' if arch == 'eagle3' else 'eagle'}"
+        + (" or speculators." if arch == "eagle3" else ".")
       )
     )
   _check_expressible(cfg, fmt)
+  if fmt == "speculators" and verifier is not None and not verifier:
+    raise ValueError(
+      "config.export.verifier is empty: speculators' loader reads the verifier's config (its "
+      "hidden size and layers) when it loads the drafter. Name the target as it should find "
+      "it: an HF id (org/name) or a local HF directory."
+    )
 
 
 def _check_expressible(cfg, fmt: str) -> None:
@@ -131,7 +154,7 @@ def _layer_config(cfg, dtype: str) -> dict:
   return out
 
 
-def _export_config(cfg, fmt: str, kind: str, dtype: str, fc_bias: bool, target_name: str) -> dict:
+def _export_config(cfg, fmt: str, kind: str, dtype: str, fc_bias: bool, verifier: str) -> dict:
   into = [int(f) + 1 for f in cfg.feature_layers] if kind == "eagle3" else []
   base = _layer_config(cfg, dtype)
   if fmt == "eagle":
@@ -150,32 +173,23 @@ def _export_config(cfg, fmt: str, kind: str, dtype: str, fc_bias: bool, target_n
       },
     }
   spec = {
-    "algorithm": kind,
+    "algorithm": "eagle3",
     "proposal_methods": [
       {"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0}
     ],
     "default_proposal_method": "greedy",
     "verifier": {
-      "name_or_path": target_name or cfg.target.name,
+      "name_or_path": verifier,
       "architectures": ["Qwen2ForCausalLM" if cfg.target.qkv_bias else "LlamaForCausalLM"],
     },
   }
-  common = {
-    "speculators_model_type": kind,
+  return {
+    "speculators_model_type": "eagle3",
     "speculators_version": SPECULATORS_VERSION,
     "speculators_config": spec,
     "transformer_layer_config": base,
     "tie_word_embeddings": False,
     "torch_dtype": dtype,
-  }
-  if kind == "eagle":
-    return common | {
-      "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
-      "transformer_layer_architecture": "LlamaDecoderLayer",
-      "layernorms": False,
-      "fusion_bias": fc_bias,
-    }
-  return common | {
     "architectures": ["Eagle3DraftModel"],
     "draft_vocab_size": cfg.draft_vocab,
     "target_hidden_size": cfg.target.dim,
