@@ -7,7 +7,9 @@
 
 The target is SmolLM2-135M-Instruct (the drafter must have been trained on it: its fingerprint
 is checked); another target: ``--config.target.source=safetensors --config.target.path=DIR``.
-Formats: eagle | eagle3 | speculators (EAGLE drafters), medusa | vllm_medusa (Medusa heads).
+Formats: eagle | eagle3 | speculators (EAGLE drafters; speculators also takes
+``--config.export.verifier=HF_ID_OR_DIR``, the target as its loader finds it), medusa |
+vllm_medusa (Medusa heads).
 ``:tiny`` uses configs/tiny.py's random target (tests).
 """
 

@@ -7,7 +7,9 @@ this machine), and its computation (token_map scatter included) is spelled out i
 """
 
 import collections
+import functools
 import json
+import tempfile
 import zipfile
 
 import jax
@@ -16,7 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 ref = pytest.importorskip("medusa.model.medusa_model")
-
+import tokenizers  # noqa: E402
+import transformers  # noqa: E402
 from safetensors.numpy import save_file as np_save_file  # noqa: E402
 from safetensors.torch import load_file as torch_load_file  # noqa: E402
 from safetensors.torch import save_file as torch_save_file  # noqa: E402
@@ -38,13 +41,19 @@ def target():
   return source.Model(*tiny.random_model(seed=0, vocab_size=V, dim=F, num_layers=3))
 
 
-def reference_heads(monkeypatch, dim, vocab, num_heads, num_layers, seed=0):
-  """FasterDecoding's ``MedusaModel.medusa_head``, built by its own constructor (over a stub
-  base model; no tokenizer is fetched) and given random weights."""
-  no_tokenizer = staticmethod(lambda name: None)
-  monkeypatch.setattr(
-    ref, "AutoTokenizer", type("NoTokenizer", (), {"from_pretrained": no_tokenizer})
-  )
+@functools.cache
+def _base_tokenizer() -> str:
+  """A local base-model directory holding a tokenizer (a word-level one over the tiny
+  vocabulary), which ``MedusaModel``'s constructor loads with transformers' ``AutoTokenizer``."""
+  directory = tempfile.mkdtemp(prefix="medusa-base-")
+  words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(V)}, "t0"))
+  transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(directory)
+  return directory
+
+
+def reference_heads(dim, vocab, num_heads, num_layers, seed=0):
+  """FasterDecoding's ``MedusaModel.medusa_head``, built by its own constructor (over a small
+  base model whose tokenizer it loads from a local directory) and given random weights."""
 
   class Base(torch.nn.Module):
     def __init__(self):
@@ -52,7 +61,7 @@ def reference_heads(monkeypatch, dim, vocab, num_heads, num_layers, seed=0):
       self.lm_head = torch.nn.Linear(dim, vocab, bias=False)
       self.config, self.dtype, self.device = None, torch.float32, torch.device("cpu")
 
-  model = ref.MedusaModel(Base(), num_heads, num_layers, "tiny-base")
+  model = ref.MedusaModel(Base(), num_heads, num_layers, _base_tokenizer())
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for p in model.medusa_head.parameters():
@@ -132,7 +141,7 @@ def test_reference_heads_load_with_the_reference_logits(tmp_path, monkeypatch, t
                                                         num_layers):  # fmt: skip
   """4 heads (the config says 2): every head's logits are FasterDecoding's forward's. With two
   layers the reference repeats one block, saved as two names over one storage."""
-  heads = reference_heads(monkeypatch, F, V, 4, num_layers)
+  heads = reference_heads(F, V, 4, num_layers)
   d = save_reference(heads, tmp_path / "published", kind)
   assert layouts.detect(d) == "medusa"
   cfg, params, meta = medusa.load(d, target)
@@ -144,7 +153,7 @@ def test_reference_heads_load_with_the_reference_logits(tmp_path, monkeypatch, t
 def test_a_transposed_weight_changes_the_logits(tmp_path, monkeypatch, target):
   """The comparison has teeth: head 1's residual weight saved transposed (a strided view in
   the file) loads, but its logits are no longer the reference's; the other heads' still are."""
-  heads = reference_heads(monkeypatch, F, V, 3, 1)
+  heads = reference_heads(F, V, 3, 1)
   sd = heads.state_dict()
   sd["1.0.linear.weight"] = sd["1.0.linear.weight"].t()
   (tmp_path / "bad").mkdir()
@@ -243,7 +252,7 @@ def test_export_loads_in_the_reference_and_round_trips(tmp_path, monkeypatch, ta
   want = specjax_logits(params)
   if fmt == "medusa":
     assert ref.MedusaConfig.from_pretrained(out).medusa_num_heads == 3
-    module = reference_heads(monkeypatch, F, V, 3, 1, seed=9)
+    module = reference_heads(F, V, 3, 1, seed=9)
     module.load_state_dict(torch.load(out / "medusa_lm_head.pt", weights_only=True), strict=True)
     np.testing.assert_allclose(reference_logits(module, H_F), want, atol=1e-4)
     st = torch_load_file(out / "medusa_lm_head.safetensors")
@@ -271,7 +280,7 @@ def test_converting_fasterdecoding_heads_to_vllms_layout_keeps_their_logits(
 ):
   """``python -m specjax.interop.medusa SRC OUT --format=vllm_medusa``: a published directory
   (bf16 written, within bf16's rounding) becomes vLLM's layout with every head's logits."""
-  heads = reference_heads(monkeypatch, F, V, 3, 1)
+  heads = reference_heads(F, V, 3, 1)
   src = save_reference(heads, tmp_path / "published")
   layouts.main([str(src), str(tmp_path / "vllm"), "--format=vllm_medusa", "--dtype=bfloat16"])
   assert "'medusa' layout" in capsys.readouterr().out
@@ -293,7 +302,7 @@ def test_published_heads_decode_as_autoregressive_through_the_config(tmp_path, m
   c = train_tiny.get_config()
   c.drafter.name = "medusa"
   c.drafter.medusa.tree_spec = (2, 2, 1)
-  heads = reference_heads(monkeypatch, c.target.dim, c.target.vocab_size, 3, 1, seed=3)
+  heads = reference_heads(c.target.dim, c.target.vocab_size, 3, 1, seed=3)
   c.drafter.medusa.path = str(save_reference(heads, tmp_path / "published"))
   build.check(c)
   target = build.target(c)
@@ -310,7 +319,7 @@ def test_published_heads_decode_as_autoregressive_through_the_config(tmp_path, m
 
 
 def _published(tmp_path, monkeypatch, edit=None, kind="pt"):
-  heads = reference_heads(monkeypatch, F, V, 3, 1)
+  heads = reference_heads(F, V, 3, 1)
   d = save_reference(heads, tmp_path / "p", kind)
   if edit is not None:
     sd = heads.state_dict()
