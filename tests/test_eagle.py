@@ -436,6 +436,10 @@ def _bad_inputs(tmp_path):
       "ffn_dim must be an integer >= 0",
       lambda: objectives.check(_with(c, ffn_dim=-1)),
     ),
+    "an unknown token loss": (
+      "objective.eagle.loss='l2' is unknown; choose one of soft_ce",
+      lambda: objectives.check(_with(c, loss="l2")),
+    ),
   }
 
 
@@ -451,8 +455,40 @@ BAD = [
   "feature layer out of range", "features the model cannot supply", "decoding with no drafter path",
   "negative lookup branch", "lookup branch with total auto",
   "unknown input ablation", "continuing a drafter of other inputs", "narrowing a drafter",
-  "a copied layer of another width", "a negative MLP width",
+  "a copied layer of another width", "a negative MLP width", "an unknown token loss",
 ]  # fmt: skip
+
+
+@pytest.mark.parametrize("loss", ["tv", "lk"])
+def test_the_token_term_is_the_named_loss(tmp_path, loss):
+  """objective.eagle.loss picks the token term: with ``tv`` it is 1 - the acceptance of one
+  drafted token, computed here from the drafter's and the target's distributions (soft_ce's
+  differs); the rollout's later steps have it too, and every trained weight a gradient."""
+  target = _tiny_target()
+  c = _eagle_config(tmp_path)
+  c.objective = objectives.default_config("eagle")
+  objective = objectives.build(_with(c, loss=loss, rollout=2, noise=0.0), target.cfg)
+  params = objective.init(jax.random.key(0), target.params)
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, target.cfg.vocab_size)
+  batch, key = {"tokens": tokens, "mask": jnp.ones_like(tokens)}, jax.random.key(2)
+  (total, m), grads = jax.value_and_grad(objective.loss, has_aux=True)(
+    params, target.params, batch, key
+  )
+  assert np.isfinite(float(total)) and "token_2" in m
+  assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(grads))
+  if loss != "tv":
+    return
+  p = objective.model_params(params, target.params)
+  cfg = objective.eagle
+  logits, (f,) = llama.logits_of(target.params, target.cfg, tokens, ("final",))
+  x = eagle.inputs(p, cfg, tokens[:, 1:], eagle.fuse(p, f[:, :-1]))
+  attn = llama.attention_inputs(jnp.zeros((2,), jnp.int32), llama.causal_mask(9), 0, 0, False)
+  out, _, _ = eagle.layer(p, cfg, x, jnp.broadcast_to(jnp.arange(9), (2, 9)), None, None, attn)
+  q = jax.nn.softmax(eagle.logits(p, cfg, out), -1)  # pair t drafts what the target has at t + 1
+  want = 1 - jnp.mean(jnp.sum(jnp.minimum(q, jax.nn.softmax(logits, -1)[:, 1:]), -1))
+  np.testing.assert_allclose(m["token"], want, rtol=1e-5)
+  soft = dataclasses.replace(objective, token_loss="soft_ce")
+  assert not np.isclose(soft.loss(params, target.params, batch, key)[1]["token"], want)
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -195,14 +195,25 @@ def _bad_inputs(tmp_path):
       "stop token",
       lambda: medusa.check_vocab(np.arange(40), with_eos, "vocab"),
     ),
+    "an unknown token loss": (
+      "objective.medusa.loss='l2' is unknown",
+      lambda: objectives.REGISTRY["medusa"].check(_objective_with(loss="l2")),
+    ),
   }
+
+
+def _objective_with(**fields):
+  c = objectives.REGISTRY["medusa"].config()
+  c.update(fields)
+  return c
 
 
 @pytest.mark.parametrize(
   "case", ["tree deeper than the heads", "tree deeper than the heads (constructor)",
            "malformed paths", "unknown candidates", "negative lookup branch",
            "lookup branch over the node budget", "heads of another hidden size",
-           "heads of another target", "no heads there", "vocabulary without EOS"],
+           "heads of another target", "no heads there", "vocabulary without EOS",
+           "an unknown token loss"],
 )  # fmt: skip
 def test_bad_input_is_one_clear_error(tmp_path, case):
   field, call = _bad_inputs(tmp_path)[case]

@@ -135,6 +135,24 @@ def test_train_step_lowers_loss_and_compiles_once():
   assert not np.allclose(before, state.params["layers"][0]["wq"])
 
 
+@pytest.mark.parametrize("name", ["tv", "lk", "rkl", "jsd"])
+def test_each_token_loss_trains_towards_acceptance(name):
+  """The draft trained by another of the token losses: its loss falls and the acceptance
+  probability of one drafted token (the ``accept`` metric, the same under every loss) rises."""
+  objective, tparams, ds = train_worker.setup()
+  objective = dataclasses.replace(objective, token_loss=name)
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  steps = step.compile_steps(objective, train_worker.OPTIM, mesh, tparams, seed=0)
+  frozen = parallel.put_global(tparams, steps.frozen_shardings)
+  state, seen = steps.init(frozen), []
+  for i in range(12):
+    batch = parallel.host_batch_to_global(ds.batch(i, 8), mesh, 8)
+    state, m = steps.train(state, frozen, batch)
+    seen.append((float(m["loss"]), float(m["accept"])))
+  (loss0, accept0), (loss1, accept1) = np.mean(seen[:3], 0), np.mean(seen[-3:], 0)
+  assert loss1 < loss0 and accept1 > accept0 + 0.05, seen
+
+
 # -- checkpoints and resume -------------------------------------------------------------------
 
 
@@ -359,6 +377,7 @@ def _tiny_config(tmp_path, **train):
     ({"data.seq_len": 1}, "data.seq_len must be >= 2"),
     ({"distributed.num_processes": 2}, "coordinator_address"),
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
+    ({"objective.draft_distill.loss": "l2"}, "draft_distill.loss='l2' is unknown; choose one"),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
     ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),

@@ -92,6 +92,7 @@ class DraftDistill:
   temperature: float = 1.0
   embed: str = "copy"
   init_std: float = 0.02  # embedding std for embed = random
+  token_loss: str = "kl"  # losses.TOKEN_LOSSES, at ``temperature``
   name: str = "draft_distill"
   rules: parallel.Rules = llama.RULES
   frozen_rules: parallel.Rules = llama.RULES
@@ -108,7 +109,8 @@ class DraftDistill:
     c.ffn_dim = 128
     c.head_dim = 0  # 0 = dim // num_heads
     c.embed = "copy"  # random | copy (target's embedding, trained) | frozen (not trained)
-    c.temperature = 1.0  # KL at this temperature
+    c.temperature = 1.0  # the loss at this temperature
+    c.loss = "kl"  # forward KL, or another of specjax.train.losses.TOKEN_LOSSES
     return c
 
   @classmethod
@@ -118,6 +120,7 @@ class DraftDistill:
         f"config.objective.draft_distill.embed={c.embed!r} is unknown; choose one of "
         f"{', '.join(EMBED_MODES)}."
       )
+    losses.check_token_loss(c.loss, "config.objective.draft_distill.loss")
 
   @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "DraftDistill":
@@ -131,7 +134,7 @@ class DraftDistill:
       head_dim=c.head_dim,
       name=c.name,
     )
-    return cls(target, draft_cfg, temperature=c.temperature, embed=c.embed)
+    return cls(target, draft_cfg, temperature=c.temperature, embed=c.embed, token_loss=c.loss)
 
   def describe(self) -> str:
     d = self.draft_cfg
@@ -194,7 +197,9 @@ class DraftDistill:
     tokens_BxT = batch["tokens"]
     teacher_BxTxV = full_logits(frozen, self.target_cfg, tokens_BxT)
     student_BxTxV = full_logits(self.model_params(params, frozen), self.draft_cfg, tokens_BxT)
-    return losses.distill_kl(teacher_BxTxV, student_BxTxV, batch["mask"], self.temperature)
+    return losses.distill_kl(
+      teacher_BxTxV, student_BxTxV, batch["mask"], self.temperature, self.token_loss
+    )
 
   def signature(self) -> dict[str, Any]:
     return {
@@ -202,6 +207,7 @@ class DraftDistill:
       "embed": self.embed,
       "draft": dataclasses.asdict(self.draft_cfg),
       "target": self.target_cfg.name,
+      "loss": self.token_loss,
     }
 
 

@@ -44,8 +44,9 @@ class EagleFeatures:
   Pair t = (s_t, token t + 1) is drafted from the target's own feature f_t (teacher forcing:
   one target forward per batch gives every pair its input and labels). Its output is trained
   towards f_{t + 1} (smooth-L1, weight ``feature_weight``) and its distribution towards the
-  target's at t + 1 (cross-entropy, weight ``token_weight``); the input features get uniform
-  noise of width ``noise`` (robustness to the drafter's own, imperfect features at decode time).
+  target's at t + 1 (``token_loss``, one of ``losses.TOKEN_LOSSES``; weight ``token_weight``);
+  the input features get uniform noise of width ``noise`` (robustness to the drafter's own,
+  imperfect features at decode time).
   """
 
   target_cfg: ModelConfig
@@ -58,6 +59,7 @@ class EagleFeatures:
   rollout: int = 1  # training-time test: steps unrolled on the drafter's own outputs
   rollout_decay: float = 0.8
   init_from: str = ""
+  token_loss: str = "soft_ce"  # the token term (losses.TOKEN_LOSSES)
   name: str = "eagle"
   rules: parallel.Rules = ()
   frozen_rules: parallel.Rules = llama.RULES
@@ -82,7 +84,10 @@ class EagleFeatures:
     c.ffn_dim = 0
     c.noise = 0.2  # width of the uniform noise added to input features
     c.feature_weight = 1.0  # smooth-L1 on the next feature
-    c.token_weight = 0.1  # cross-entropy on the next token
+    c.token_weight = 0.1  # the token term, on the next token
+    # The token term (specjax.train.losses.TOKEN_LOSSES): soft_ce (cross-entropy on the
+    # target's distribution), kl, rkl, jsd, tv (1 - acceptance), nla, ce (on its argmax), lk.
+    c.loss = "soft_ce"
     c.rollout = 1  # training-time test (EAGLE-3): steps unrolled on the drafter's own outputs
     c.rollout_decay = 0.8  # loss weight of rollout step j: rollout_decay ** (j - 1)
     c.init_from = ""  # a trained drafter (a draft_final directory) to continue from
@@ -109,6 +114,7 @@ class EagleFeatures:
         f"{f}.inputs={c.inputs!r} is unknown; choose one of {', '.join(eagle.INPUTS)} (the "
         "input ablation: both halves of the pair, the feature alone, the token alone)."
       )
+    losses.check_token_loss(c.loss, f"{f}.loss")
     if c.init_from:
       eagle.read_meta(c.init_from, f"{f}.init_from")
 
@@ -160,7 +166,7 @@ class EagleFeatures:
     return cls(
       target, cfg, copy_layer=c.copy_layer, noise=c.noise, feature_weight=c.feature_weight,
       token_weight=c.token_weight, rollout=c.rollout, rollout_decay=c.rollout_decay,
-      init_from=c.init_from,
+      init_from=c.init_from, token_loss=c.loss,
     )  # fmt: skip
 
   def with_data(self, dataset, tokenizer) -> "EagleFeatures":
@@ -246,6 +252,7 @@ class EagleFeatures:
       terms = losses.eagle_losses(
         out_BxTxF, later(f_BxTxF, j), eagle.logits(p, self.eagle, out_BxTxF), later(p_BxTxW, j),
         later(argmax_BxT, j), vocab, later(losses.within_document(mask_BxT, j), 0),
+        self.token_loss,
       )  # fmt: skip
       total += self.rollout_decay ** (j - 1) * (
         feature_weight * terms["feature"] + self.token_weight * terms["token"]
@@ -261,6 +268,7 @@ class EagleFeatures:
       "copy_layer": self.copy_layer,
       "rollout": self.rollout,
       "init_from": self.init_from,
+      "loss": self.token_loss,
     }
 
   def drafter(self, config: ml_collections.ConfigDict) -> eagle_drafter.Eagle:

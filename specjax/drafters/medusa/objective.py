@@ -35,6 +35,7 @@ class MedusaHeads:
   decay: float = 0.8
   vocab_ids: tuple | None = None  # the draft vocabulary's target ids; None = all of them
   init_from: str = ""  # heads to start from (their vocabulary kept); "" = fresh heads
+  token_loss: str = "soft_ce"  # each head's term (losses.TOKEN_LOSSES)
   name: str = "medusa"
   rules: parallel.Rules = ()
   frozen_rules: parallel.Rules = llama.RULES
@@ -48,6 +49,7 @@ class MedusaHeads:
     c.vocab_size = 0  # draft vocabulary V' (0 = the target's): the most frequent training tokens
     c.own_proj = False  # False: every head uses the target's frozen head (only W, b trained)
     c.decay = 0.8  # loss weight decay ** (k - 1) of head k
+    c.loss = "soft_ce"  # each head's term (specjax.train.losses.TOKEN_LOSSES)
     c.init_from = ""  # trained heads (a draft_final directory) to continue from; "" = fresh
     return c
 
@@ -61,6 +63,7 @@ class MedusaHeads:
       raise ValueError(f"{f}.vocab_size must be an integer >= 0 (0 = the target's).")
     if not 0 < c.decay <= 1:
       raise ValueError(f"{f}.decay must be in (0, 1], got {c.decay}.")
+    losses.check_token_loss(c.loss, f"{f}.loss")
     if c.init_from:
       got = medusa.read_meta(c.init_from, f"{f}.init_from")["heads"]
       for key in ("num_heads", "num_layers", "own_proj"):
@@ -90,7 +93,7 @@ class MedusaHeads:
       num_layers=c.num_layers,
       own_proj=c.own_proj,
     )
-    return cls(target, heads, decay=c.decay, init_from=c.init_from)
+    return cls(target, heads, decay=c.decay, init_from=c.init_from, token_loss=c.loss)
 
   def with_data(self, dataset, tokenizer) -> "MedusaHeads":
     """Picks the reduced draft vocabulary: the most frequent tokens of the counted positions'
@@ -143,7 +146,9 @@ class MedusaHeads:
     logits_BxTxV, feats = llama.logits_of(frozen, self.target_cfg, batch["tokens"], ("final",))
     h_BxTxF = jax.lax.stop_gradient(feats[0])
     heads_BxTxHxW = medusa.head_logits(self.model_params(params, frozen), h_BxTxF)
-    return losses.medusa_xent(logits_BxTxV, heads_BxTxHxW, self._vocab(), batch["mask"], self.decay)
+    return losses.medusa_xent(
+      logits_BxTxV, heads_BxTxHxW, self._vocab(), batch["mask"], self.decay, self.token_loss
+    )
 
   def signature(self) -> dict[str, Any]:
     return {
@@ -152,6 +157,7 @@ class MedusaHeads:
       "decay": self.decay,
       "init_from": self.init_from,
       "target": self.target_cfg.name,
+      "loss": self.token_loss,
     }
 
   def drafter(self, config: ml_collections.ConfigDict) -> medusa.Medusa:
