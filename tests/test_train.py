@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -279,6 +280,42 @@ def test_metrics_log_drops_records_after_the_resume_step(tmp_path):
   assert metrics_log.read(path) == [{"step": s, "loss": s} for s in (1, 2, 3)] + [
     {"step": 4, "loss": 40}
   ]
+
+
+def _events(directory):
+  """Every event of the TensorBoard files in ``directory`` (TFRecord framing: length, its CRC,
+  the serialized Event, its CRC), read with tensorboardX's own Event proto."""
+  from tensorboardX.proto import event_pb2
+
+  events = []
+  for path in sorted(directory.glob("events.out.tfevents.*")):
+    data, i = path.read_bytes(), 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i : i + 8])
+      events.append(event_pb2.Event.FromString(data[i + 12 : i + 12 + n]))
+      i += 12 + n + 4
+  return events
+
+
+def test_tensorboard_gets_the_records_scalars_and_a_resume_purges(tmp_path):
+  """The workdir's tensorboard/ holds every numeric field of metrics.jsonl at its step
+  (``train/loss``, ...); a resumed run marks its first new step, from which TensorBoard drops
+  the earlier run's events."""
+  objective, tparams, ds = train_worker.setup()
+  mesh = parallel.make_mesh(parallel.MeshConfig())
+  loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 3), train_worker.OPTIM, mesh)
+  loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 5), train_worker.OPTIM, mesh)
+  scalars = {
+    (v.tag, e.step): v.simple_value for e in _events(tmp_path / "tensorboard")
+    for v in e.summary.value
+  }  # fmt: skip
+  records = metrics_log.read(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+  for r in records:
+    for name in ("loss", "accept", "top1", "tokens_per_s"):
+      assert scalars[(f"train/{name}", r["step"])] == pytest.approx(r[name], rel=1e-6)
+  purges = [e.step for e in _events(tmp_path / "tensorboard") if e.session_log.status == 1]
+  assert purges == [4]
 
 
 _SAVE_THEN_DIE = """

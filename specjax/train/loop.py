@@ -42,7 +42,7 @@ class LoopConfig:
   steps: int  # total optimiser steps of the run (a resumed run stops at the same step)
   global_batch: int  # rows per step over all processes
   seed: int = 0  # params init and data order
-  workdir: str = ""  # checkpoints/ and metrics.jsonl go here; "" = neither
+  workdir: str = ""  # checkpoints/, metrics.jsonl and tensorboard/ go here; "" = none
   log_every: int = 10
   eval_every: int = 0  # 0 = only at the end (when there is an eval set)
   eval_batches: int = 1  # global batches of the eval set per evaluation
@@ -188,7 +188,9 @@ def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta,
       )
   if start == 0:
     state = steps.init(frozen)
-  log = MetricsLog(workdir / "metrics.jsonl", start) if workdir is not None and is_main else None
+  log = None
+  if workdir is not None and is_main:
+    log = MetricsLog(workdir / "metrics.jsonl", start, tensorboard_dir=workdir / "tensorboard")
   seq_len = train_ds.seq_len
   history: list[dict[str, Any]] = []
 

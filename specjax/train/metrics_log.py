@@ -4,13 +4,22 @@ One record per line, ``{"step": s, ...}``, where s counts finished optimiser ste
 starts from its checkpoint's step c: on opening, records with step > c (written after the last
 checkpoint by the run that died) are dropped, and so is a torn last line, by rewriting the kept
 records to a temp file and renaming it. The file then reads as one uninterrupted run.
+
+Beside it, ``tensorboard_dir`` (if given) receives the same scalars as TensorBoard event files
+(tensorboardX; no TensorFlow): ``train/<name>`` and ``eval/<name>`` (``eval_*`` fields) at each
+record's step, so ``tensorboard --logdir WORKDIR`` shows the curves. A resumed run writes a purge
+marker at its first new step: TensorBoard then drops the dead run's events from that step on,
+as the JSONL drops its records. The JSONL stays the record of the run.
 """
 
 import json
+import numbers
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import tensorboardX
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:
@@ -27,10 +36,16 @@ def read(path: str | Path) -> list[dict[str, Any]]:
   return records
 
 
-class MetricsLog:
-  """Appends records to ``path``; keeps only those at or before ``resume_step`` from earlier."""
+def scalar_tag(name: str) -> str:
+  """A record field's TensorBoard tag: ``eval/<name>`` for ``eval_<name>``, else ``train/``."""
+  return f"eval/{name[5:]}" if name.startswith("eval_") else f"train/{name}"
 
-  def __init__(self, path: str | Path, resume_step: int = 0):
+
+class MetricsLog:
+  """Appends records to ``path`` (and their scalars to ``tensorboard_dir``); keeps only those at
+  or before ``resume_step`` from earlier."""
+
+  def __init__(self, path: str | Path, resume_step: int = 0, tensorboard_dir=None):
     self.path = Path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     kept = [r for r in read(self.path) if r.get("step", 0) <= resume_step]
@@ -39,10 +54,22 @@ class MetricsLog:
       f.writelines(json.dumps(r) + "\n" for r in kept)
     os.replace(tmp, self.path)
     self._file = self.path.open("a")
+    self._events = None
+    if tensorboard_dir is not None:
+      purge = resume_step + 1 if resume_step else None
+      self._events = tensorboardX.SummaryWriter(str(tensorboard_dir), purge_step=purge)
 
   def write(self, record: dict[str, Any]) -> None:
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()
+    if self._events is not None:
+      step = int(record.get("step", 0))
+      for name, value in record.items():
+        if name != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+          self._events.add_scalar(scalar_tag(name), float(value), step)
+      self._events.flush()
 
   def close(self) -> None:
     self._file.close()
+    if self._events is not None:
+      self._events.close()
