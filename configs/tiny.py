@@ -19,6 +19,10 @@ def get_config():
   c = config_dict.ConfigDict()
   c.task = "generate"  # generate | benchmark
   c.output_dir = "results/tiny"  # where benchmark.json goes
+  # A directory: a trace of warmed decode (or profile_steps train) steps, for TensorBoard's
+  # profile plugin or XProf (specjax/profiling.py); "" = none.
+  c.profile = ""
+  c.profile_steps = 3
 
   c.target = config_dict.ConfigDict()
   c.target.source = "random"  # random | registry | gguf | safetensors (see specjax/build.py)

@@ -215,7 +215,10 @@ def main(argv):
 def run_task(task, config) -> None:
   """``task.run(config)``; bad input (ValueError), or training that turned non-finite
   (FloatingPointError), ends the process with one line naming the cause and the fix."""
+  from specjax import profiling
+
   try:
+    profiling.check(config)
     task.run(config)
   except (ValueError, FloatingPointError) as e:
     if os.environ.get("SPECJAX_TRACEBACK"):

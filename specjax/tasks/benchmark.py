@@ -13,7 +13,7 @@ import platform
 import jax
 import ml_collections
 
-from specjax import baselines, build, metrics, parallel, results
+from specjax import baselines, build, metrics, parallel, profiling, results
 from specjax.decode import generate
 from specjax.models import registry
 from specjax.tasks import timing
@@ -34,6 +34,7 @@ COLUMNS = (
 def run(config: ml_collections.ConfigDict) -> dict:
   parallel.initialize(build.distributed(config))
   build.check(config)
+  profiling.check(config)
   target = build.target(config, build.mesh(config))  # an HF directory loads onto it
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
@@ -64,6 +65,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   outputs = {}
   describe = f"{target.cfg.name}, batch {req.batch_size}, max_len {req.max_len}"
   timed = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)
+  profiling.decode(config, modes["speculative"], req.batches()[0])
   for mode, t in timed.items():
     outs = t.pop("outs")
     outputs[mode] = [row for out in outs for row in out.tokens]

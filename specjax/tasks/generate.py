@@ -13,13 +13,14 @@ import jax
 import ml_collections
 from tqdm.auto import tqdm
 
-from specjax import build, metrics, parallel, results
+from specjax import build, metrics, parallel, profiling, results
 from specjax.decode import generate
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
   parallel.initialize(build.distributed(config))
   build.check(config)
+  profiling.check(config)
   target = build.target(config, build.mesh(config))  # an HF directory loads onto it
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target)
@@ -29,8 +30,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
     f"compiling {drafter.name} decoding ({target.cfg.name}, batch {req.batch_size}, max_len "
     f"{req.max_len}); the first batch includes it"
   )
-  outs = [
-    generate(
+
+  def call(batch):
+    return generate(
       tparams,
       target.cfg,
       batch,
@@ -40,8 +42,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
       mesh=mesh,
       **req.generate_kwargs(),
     )
-    for batch in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2)
-  ]
+
+  outs = [call(b) for b in tqdm(batches, desc="generate", unit="batch", disable=len(batches) < 2)]
+  profiling.decode(config, call, batches[0])
   mine = []  # (prompt index, new tokens) of the rows this process computed
   for b, out in enumerate(outs):
     local = range(len(out.tokens)) if out.local_rows is None else out.local_rows

@@ -27,7 +27,7 @@ import numpy as np
 from absl import logging as absl_logging
 from jax.experimental import multihost_utils
 
-from specjax import build, metrics, parallel, results
+from specjax import build, metrics, parallel, profiling, results
 from specjax.decode import generate
 from specjax.drafters import artifact
 from specjax.models import source
@@ -56,6 +56,7 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   if d.seq_len < 2:
     raise ValueError(f"config.data.seq_len must be >= 2, got {d.seq_len}.")
   objectives.check(config)
+  profiling.check(config)
   if d.eval_examples < 0:
     raise ValueError(f"config.data.eval_examples must be >= 0, got {d.eval_examples}.")
   if 0 < d.eval_examples < t.global_batch:
@@ -91,7 +92,12 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   return _Plan(
     mesh=parallel.MeshConfig(**config.mesh),
     distributed=parallel.DistributedConfig(**config.distributed),
-    loop=loop.LoopConfig(workdir=config.workdir, **t),
+    loop=loop.LoopConfig(
+      workdir=config.workdir,
+      profile=config.get("profile") or "",
+      profile_steps=config.get("profile_steps", 3),
+      **t,
+    ),  # fmt: skip
     optim=step.OptimConfig(**config.optim),
   )
 

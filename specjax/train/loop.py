@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
-from specjax import parallel
+from specjax import parallel, profiling
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train.metrics_log import MetricsLog
 from specjax.train.objectives import Objective
@@ -51,6 +51,8 @@ class LoopConfig:
   async_checkpoint: bool = True
   resume: bool = True  # continue from the newest checkpoint in workdir
   progress: bool = True
+  profile: str = ""  # a directory: profile_steps steps after this run's first are traced there
+  profile_steps: int = 3
 
   def __post_init__(self):
     for field in ("steps", "global_batch", "log_every", "eval_batches", "keep"):
@@ -202,10 +204,18 @@ def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta,
 
   bar = tqdm(total=loop.steps, initial=start, disable=not (loop.progress and is_main), unit="step")
   t_window, n_window, window_sum = time.perf_counter(), 0, None
+  tracing = contextlib.ExitStack()
+  traced = range(start + 1, min(start + 1 + loop.profile_steps, loop.steps)) if loop.profile else ()
   try:
     for step in range(start, loop.steps):
+      if traced and step == traced.start and is_main:  # compiled by the run's first step
+        what = f"train steps {traced.start + 1}..{traced.stop}"
+        tracing.enter_context(profiling.trace(loop.profile, what))
       batch = _global_batch(train_ds, step, loop, mesh)
       state, metrics = steps.train(state, frozen, batch)
+      if traced and step == traced.stop - 1:
+        jax.block_until_ready(state)
+        tracing.close()
       # Summed on device (no host sync per step), averaged when logged.
       window_sum = metrics if window_sum is None else jax.tree.map(jnp.add, window_sum, metrics)
       done = step + 1
@@ -238,6 +248,7 @@ def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta,
       "(the run resumes from the newest checkpoint)."
     ) from e
   finally:
+    tracing.close()
     bar.close()
     if ckpt is not None:
       ckpt.wait()
