@@ -303,17 +303,23 @@ def test_tensorboard_gets_the_records_scalars_and_a_resume_purges(tmp_path):
   the earlier run's events."""
   objective, tparams, ds = train_worker.setup()
   mesh = parallel.make_mesh(parallel.MeshConfig())
-  loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 3), train_worker.OPTIM, mesh)
-  loop.train(objective, tparams, ds, None, _loop_cfg(tmp_path, 5), train_worker.OPTIM, mesh)
+  cfg = dict(eval_every=2)
+  loop.train(objective, tparams, ds, ds, _loop_cfg(tmp_path, 3, **cfg), train_worker.OPTIM, mesh)
+  loop.train(objective, tparams, ds, ds, _loop_cfg(tmp_path, 5, **cfg), train_worker.OPTIM, mesh)
   scalars = {
     (v.tag, e.step): v.simple_value for e in _events(tmp_path / "tensorboard")
     for v in e.summary.value
   }  # fmt: skip
   records = metrics_log.read(tmp_path / "metrics.jsonl")
-  assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-  for r in records:
+  trained = [r for r in records if "loss" in r]
+  assert [r["step"] for r in trained] == [1, 2, 3, 4, 5]
+  for r in trained:
     for name in ("loss", "accept", "top1", "tokens_per_s"):
       assert scalars[(f"train/{name}", r["step"])] == pytest.approx(r[name], rel=1e-6)
+  evaluated = [r for r in records if "eval/loss" in r]
+  assert [r["step"] for r in evaluated] == [2, 3, 4, 5]
+  for r in evaluated:
+    assert scalars[("eval/loss", r["step"])] == pytest.approx(r["eval/loss"], rel=1e-6)
   purges = [e.step for e in _events(tmp_path / "tensorboard") if e.session_log.status == 1]
   assert purges == [4]
 

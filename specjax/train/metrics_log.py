@@ -6,8 +6,8 @@ checkpoint by the run that died) are dropped, and so is a torn last line, by rew
 records to a temp file and renaming it. The file then reads as one uninterrupted run.
 
 Beside it, ``tensorboard_dir`` (if given) receives the same scalars as TensorBoard event files
-(tensorboardX; no TensorFlow): ``train/<name>`` and ``eval/<name>`` (``eval_*`` fields) at each
-record's step, so ``tensorboard --logdir WORKDIR`` shows the curves. A resumed run writes a purge
+(tensorboardX; no TensorFlow): a field named ``group/name`` (``eval/loss``) under its own tag,
+any other under ``train/<name>``, at each record's step, so ``tensorboard --logdir WORKDIR`` shows the curves. A resumed run writes a purge
 marker at its first new step: TensorBoard then drops the dead run's events from that step on,
 as the JSONL drops its records. The JSONL stays the record of the run.
 """
@@ -37,8 +37,8 @@ def read(path: str | Path) -> list[dict[str, Any]]:
 
 
 def scalar_tag(name: str) -> str:
-  """A record field's TensorBoard tag: ``eval/<name>`` for ``eval_<name>``, else ``train/``."""
-  return f"eval/{name[5:]}" if name.startswith("eval_") else f"train/{name}"
+  """A record field's TensorBoard tag: ``eval/loss`` as it is, ``loss`` as ``train/loss``."""
+  return name if "/" in name else f"train/{name}"
 
 
 class MetricsLog:
