@@ -112,4 +112,8 @@ def get_config():
 
   c.evaluate = config_dict.ConfigDict()
   c.evaluate.enabled = True  # decode the prompts with the untrained and the trained draft
+  # Every tau_every steps (and at 0 and the end; 0 = never) the simulator replays the prompts'
+  # greedy continuations through the drafter as config.drafter decodes: tau/simulated on the
+  # curve, checked at the end against the decode of the same prompts (temperature 0).
+  c.evaluate.tau_every = 0
   return c

@@ -421,6 +421,7 @@ def _tiny_config(tmp_path, **train):
     ({"distributed.num_processes": 2}, "coordinator_address"),
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
     ({"objective.draft_distill.loss": "l2"}, "draft_distill.loss='l2' is unknown; choose one"),
+    ({"evaluate.tau_every": -1}, "evaluate.tau_every must be an integer >= 0"),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
     ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),
@@ -522,3 +523,20 @@ def test_train_cli_distils_a_better_draft(tmp_path):
   for name in ("draft_init", "draft_final"):
     cfg, _ = model_checkpoint.load_safetensors(tmp_path / name)
     assert (cfg.num_layers, cfg.dim) == (1, 64)
+
+
+def test_tau_on_the_curve_is_the_decoded_tau(tmp_path):
+  """evaluate.tau_every: the simulator's greedy τ of the draft being trained is on the curve at
+  step 0, every tau_every steps and the end (metrics.jsonl and TensorBoard), and at the end it
+  is the τ of decoding the same prompts with the trained draft."""
+  c = _tiny_config(tmp_path, steps=4, log_every=2)
+  c.evaluate.tau_every = 2
+  record = train_task.run(c)
+  curve = [r for r in metrics_log.read(tmp_path / "metrics.jsonl") if "tau/simulated" in r]
+  assert [r["step"] for r in curve] == [0, 2, 4]
+  assert all(r["tau/simulated"] >= 1.0 for r in curve)
+  check = record["tau_check"]
+  assert check["simulated"] == curve[-1]["tau/simulated"]
+  assert check["simulated"] == pytest.approx(check["decoded"], rel=1e-9)
+  events = {(v.tag, e.step) for e in _events(tmp_path / "tensorboard") for v in e.summary.value}
+  assert {("tau/simulated", s) for s in (0, 2, 4)} <= events

@@ -27,7 +27,7 @@ import numpy as np
 from absl import logging as absl_logging
 from jax.experimental import multihost_utils
 
-from specjax import build, metrics, parallel, profiling, results
+from specjax import build, metrics, parallel, profiling, results, simulate
 from specjax.decode import generate
 from specjax.drafters import artifact
 from specjax.models import source
@@ -96,8 +96,9 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
       workdir=config.workdir,
       profile=config.get("profile") or "",
       profile_steps=config.get("profile_steps", 3),
+      probe_every=_tau_every(config),
       **t,
-    ),  # fmt: skip
+    ),
     optim=step.OptimConfig(**config.optim),
   )
 
@@ -208,6 +209,39 @@ def _tau(target: build.Model, drafter, params, req: build.Request) -> dict:
   return {"tau": m["tau"], "alpha": m["alpha"], "tokens": m["tokens"]}
 
 
+def _tau_every(config) -> int:
+  every = config.get("evaluate", {}).get("tau_every", 0)
+  if int(every) != every or every < 0:
+    raise ValueError(f"config.evaluate.tau_every must be an integer >= 0 (0 = never), got {every}.")
+  if every and config.distributed.num_processes > 1:
+    raise ValueError(
+      "config.evaluate.tau_every replays on one process; set it to 0 for a multi-process run."
+    )
+  return int(every)
+
+
+def _tau_probe(config, target, objective, host_target):
+  """The simulator's greedy τ (``specjax.simulate``) of the drafter being trained, decoding as
+  ``config.drafter`` says, over the evaluate prompts' greedy continuations (decoded here once,
+  before training): ``params -> {"tau/simulated": τ}``."""
+  drafter = objective.drafter(config)
+  simulate.check_supported(drafter)
+  greedy = config.copy_and_resolve_references()
+  greedy.temperature = 0.0
+  req = build.request(greedy, target)
+  batches = req.batches()
+  outs = [generate(target.params, target.cfg, b, **req.generate_kwargs()) for b in batches]
+  prompts = [p for b in batches for p in b]
+  rows = list(zip(prompts, [r for o in outs for r in o.tokens], strict=True))
+  rows = rows[: len(req.prompts)]  # not a last batch's cycled fill
+
+  def probe(params) -> dict:
+    dparams = objective.model_params(jax.device_get(params), host_target)
+    return {"tau/simulated": simulate.replay(target, drafter, dparams, rows).tau}
+
+  return probe
+
+
 def _quiet_orbax(record: logging.LogRecord) -> bool:
   """Drops orbax's per-save INFO lines (a dozen per checkpoint); keeps its warnings."""
   return record.levelno >= logging.WARNING or "orbax" not in record.pathname
@@ -242,9 +276,11 @@ def run(config: ml_collections.ConfigDict) -> dict:
   meta = {"data": {k: config.data[k] for k in ("seq_len", "seed", "max_examples")}}
   t_train = time.perf_counter()
   setup = {"target": artifact.fingerprint(target)}  # a resume with other weights is refused
+  probe = _tau_probe(config, target, objective, host_target) if p.loop.probe_every else None
   result = loop.train(
-    objective, host_target, train_ds, eval_ds, p.loop, p.optim, mesh, meta=meta, setup=setup
-  )
+    objective, host_target, train_ds, eval_ds, p.loop, p.optim, mesh, meta=meta, setup=setup,
+    probe=probe,
+  )  # fmt: skip
   train_s = time.perf_counter() - t_train
 
   final = result.state.params
@@ -275,6 +311,15 @@ def run(config: ml_collections.ConfigDict) -> dict:
     }
     for k, v in record["decode"].items():
       print(f"draft {k}: tau {v['tau']:.3f}  alpha {[round(a, 3) for a in v['alpha']]}")
+    simulated = [r["tau/simulated"] for r in result.history if r.get("step") == p.loop.steps
+                 and "tau/simulated" in r]  # fmt: skip
+    if simulated and config.temperature == 0:
+      decoded = record["decode"]["final"]["tau"]
+      record["tau_check"] = {"simulated": simulated[-1], "decoded": decoded}
+      print(
+        f"tau at step {p.loop.steps}: simulated {simulated[-1]:.3f}, decoded {decoded:.3f} "
+        f"({abs(simulated[-1] / decoded - 1):.1%} apart)"
+      )
   path = results.write_json(workdir / "train.json", record)
   print(f"wrote {path} and {workdir}/draft_init, {workdir}/draft_final")
   if config.get("record_to"):  # e.g. an experiment's committed results/<variant>/

@@ -53,12 +53,13 @@ class LoopConfig:
   progress: bool = True
   profile: str = ""  # a directory: profile_steps steps after this run's first are traced there
   profile_steps: int = 3
+  probe_every: int = 0  # train()'s probe every this many steps (and at 0 and the end); 0 = never
 
   def __post_init__(self):
     for field in ("steps", "global_batch", "log_every", "eval_batches", "keep"):
       if getattr(self, field) < 1:
         raise ValueError(f"train.{field} must be >= 1, got {getattr(self, field)}.")
-    for field in ("seed", "eval_every", "checkpoint_every"):
+    for field in ("seed", "eval_every", "checkpoint_every", "probe_every"):
       if getattr(self, field) < 0:
         raise ValueError(f"train.{field} must be >= 0, got {getattr(self, field)}.")
 
@@ -156,16 +157,23 @@ def train(
   mesh: Mesh,
   meta: dict[str, Any] | None = None,
   setup: dict[str, Any] | None = None,
+  probe=None,
 ) -> Result:
   """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming), holding
   the workdir's lock. A resumed run must share the checkpoint's objective signature, global
-  batch and ``setup`` (JSON: e.g. the target's fingerprint), or it is refused."""
+  batch and ``setup`` (JSON: e.g. the target's fingerprint), or it is refused. ``probe``
+  (params -> {name: value}) is recorded every ``loop.probe_every`` steps, at step 0 and at the
+  end, on the main process."""
   check(loop, mesh, train_ds, eval_ds)
   with workdir_lock(Path(loop.workdir) if loop.workdir else None):
-    return _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta, setup)
+    return _train(
+      objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta, setup, probe
+    )
 
 
-def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta, setup) -> Result:
+def _train(
+  objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta, setup, probe
+) -> Result:
   is_main = jax.process_index() == 0
   workdir = Path(loop.workdir) if loop.workdir else None
   run_setup = {"global_batch": loop.global_batch} | (setup or {})
@@ -202,6 +210,9 @@ def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta,
       if log is not None:
         log.write(record)
 
+  probing = probe is not None and loop.probe_every > 0
+  if probing and start == 0 and is_main:
+    emit({"step": 0, **probe(state.params)})
   bar = tqdm(total=loop.steps, initial=start, disable=not (loop.progress and is_main), unit="step")
   t_window, n_window, window_sum = time.perf_counter(), 0, None
   tracing = contextlib.ExitStack()
@@ -237,6 +248,8 @@ def _train(objective, target_params, train_ds, eval_ds, loop, optim, mesh, meta,
       is_eval = (loop.eval_every and done % loop.eval_every == 0) or done == loop.steps
       if eval_ds is not None and is_eval:
         emit({"step": done, **_evaluate(steps, state, frozen, eval_ds, loop, mesh)})
+      if probing and is_main and (done % loop.probe_every == 0 or done == loop.steps):
+        emit({"step": done, **probe(state.params)})
       if saving:
         ckpt.save(done, state, {"signature": signature, "step": done, **(meta or {})})
   except jax.errors.JaxRuntimeError as e:

@@ -7,9 +7,10 @@ records to a temp file and renaming it. The file then reads as one uninterrupted
 
 Beside it, ``tensorboard_dir`` (if given) receives the same scalars as TensorBoard event files
 (tensorboardX; no TensorFlow): a field named ``group/name`` (``eval/loss``) under its own tag,
-any other under ``train/<name>``, at each record's step, so ``tensorboard --logdir WORKDIR`` shows the curves. A resumed run writes a purge
-marker at its first new step: TensorBoard then drops the dead run's events from that step on,
-as the JSONL drops its records. The JSONL stays the record of the run.
+any other under ``train/<name>``, at each record's step, so ``tensorboard --logdir WORKDIR``
+shows the curves. A resumed run writes a purge marker at its first new step: TensorBoard then
+drops the dead run's events from that step on, as the JSONL drops its records. The JSONL stays
+the record of the run.
 """
 
 import json
