@@ -440,6 +440,10 @@ def _bad_inputs(tmp_path):
       "objective.eagle.loss='l2' is unknown; choose one of soft_ce",
       lambda: objectives.check(_with(c, loss="l2")),
     ),
+    "a negative HASS top-k": (
+      "objective.eagle.hass_top_k must be an integer >= 0",
+      lambda: objectives.check(_with(c, hass_top_k=-1)),
+    ),
   }
 
 
@@ -456,6 +460,7 @@ BAD = [
   "negative lookup branch", "lookup branch with total auto",
   "unknown input ablation", "continuing a drafter of other inputs", "narrowing a drafter",
   "a copied layer of another width", "a negative MLP width", "an unknown token loss",
+  "a negative HASS top-k",
 ]  # fmt: skip
 
 
@@ -476,6 +481,16 @@ def test_the_token_term_is_the_named_loss(tmp_path, loss):
   )
   assert np.isfinite(float(total)) and "token_2" in m
   assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(grads))
+  # HASS's top-k term over the whole draft vocabulary is the soft cross-entropy, added to the
+  # token term with its weight at every rollout step
+  hass = dataclasses.replace(objective, hass_top_k=objective.eagle.draft_vocab, hass_weight=0.5)
+  soft = dataclasses.replace(objective, token_loss="soft_ce")
+  (total_h, m_h), (_, m_s) = (o.loss(params, target.params, batch, key) for o in (hass, soft))
+  np.testing.assert_allclose(m_h["top_k"], m_s["token"], rtol=1e-5)
+  np.testing.assert_allclose(m_h["top_k_2"], m_s["token_2"], rtol=1e-5)
+  tw, decay = objective.token_weight, objective.rollout_decay
+  extra = tw * 0.5 * (m_h["top_k"] + decay * m_h["top_k_2"])
+  np.testing.assert_allclose(total_h, total + extra, rtol=1e-5)
   if loss != "tv":
     return
   p = objective.model_params(params, target.params)

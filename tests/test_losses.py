@@ -69,3 +69,20 @@ def test_what_the_losses_mean():
 def test_an_unknown_loss_is_one_clear_error():
   with pytest.raises(ValueError, match=r"config.objective.eagle.loss='l2' is unknown; choose"):
     losses.check_token_loss("l2", "config.objective.eagle.loss")
+
+
+def test_hass_top_k_is_the_soft_cross_entropy_on_the_targets_top_k():
+  p = jax.nn.softmax(_logits(1, (4, 11)))
+  log_q = jax.nn.log_softmax(_logits(0, (4, 11)))
+  top = np.argsort(-np.asarray(p), axis=-1)[:, :3]
+  want = -np.sum(np.take_along_axis(np.asarray(p * log_q), top, -1), -1)
+  np.testing.assert_allclose(losses.top_k_soft_ce(p, log_q, 3), want, rtol=1e-6)
+  # every token: the whole soft cross-entropy
+  np.testing.assert_allclose(
+    losses.top_k_soft_ce(p, log_q, 11), losses.token_loss("soft_ce", p, log_q), rtol=1e-6
+  )
+  with jax.enable_x64(True):
+    p64 = jax.nn.softmax(jnp.asarray(_logits(1, (3, 9)), jnp.float64))
+    z = jnp.asarray(_logits(0, (3, 9)), jnp.float64)
+    f = lambda z: jnp.sum(losses.top_k_soft_ce(p64, jax.nn.log_softmax(z), 4))  # noqa: E731
+    check_grads(f, (z,), order=1, modes=("rev",), eps=1e-6, atol=1e-6, rtol=1e-6)

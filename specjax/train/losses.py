@@ -115,6 +115,17 @@ def token_loss(name: str, p_xW: jax.Array, log_q_xW: jax.Array) -> jax.Array:
   raise ValueError(f"unknown token loss {name!r}; choose one of {', '.join(TOKEN_LOSSES)}.")
 
 
+def top_k_soft_ce(p_xW: jax.Array, log_q_xW: jax.Array, k: int) -> jax.Array:
+  """``[...]``: HASS's harmonized objective distillation (Zhang et al. 2025): the soft
+  cross-entropy on the target's ``k`` most likely tokens alone, ``-sum_{x in top-k(p)} p(x)
+  log q(x)``, where a drafted tree looks."""
+  at_least_f32 = jnp.promote_types(log_q_xW.dtype, jnp.float32)
+  p = jax.lax.stop_gradient(p_xW.astype(at_least_f32))
+  top_p, top_ids = jax.lax.top_k(p, min(k, p.shape[-1]))
+  top_log_q = indexing.take_along(log_q_xW.astype(at_least_f32), top_ids, axis=-1)
+  return -jnp.sum(top_p * top_log_q, axis=-1)
+
+
 def next_token_xent(
   logits_BxTxV: jax.Array, tokens_BxT: jax.Array, mask_BxT: jax.Array
 ) -> jax.Array:
@@ -183,13 +194,14 @@ def eagle_losses(
   vocab_ids_W: jax.Array,
   valid_BxT: jax.Array,
   loss: str = "soft_ce",
+  top_k: int = 0,
 ) -> dict[str, jax.Array]:
   """EAGLE's two terms at every counted pair, and its teacher-forced acceptance.
 
   ``feature``: smooth-L1 between the drafter's output at pair t and the target's feature at
   t + 1 (mean over the feature axis); ``token``: ``token_loss(loss)`` of the draft's
   distribution against the target's own at t + 1 (``p_next``, restricted to the draft
-  vocabulary); ``top1``:
+  vocabulary); ``top_k`` (with ``top_k`` > 0): HASS's ``top_k_soft_ce``; ``top1``:
   how often the draft's argmax is the target's (``argmax_next``: greedy acceptance of one
   drafted token)."""
   f_next = jax.lax.stop_gradient(f_next_BxTxF.astype(jnp.float32))
@@ -198,8 +210,11 @@ def eagle_losses(
   log_q = jax.nn.log_softmax(draft_logits_BxTxW.astype(jnp.float32), axis=-1)
   xent_BxT = token_loss(loss, p_next_BxTxW, log_q)
   hit_BxT = vocab_ids_W[jnp.argmax(draft_logits_BxTxW, -1)] == argmax_next_BxT
-  return {
+  terms = {
     "feature": masked_mean(smooth_l1_BxT, valid_BxT),
     "token": masked_mean(xent_BxT, valid_BxT),
     "top1": masked_mean(hit_BxT.astype(jnp.float32), valid_BxT),
   }
+  if top_k:
+    terms["top_k"] = masked_mean(top_k_soft_ce(p_next_BxTxW, log_q, top_k), valid_BxT)
+  return terms

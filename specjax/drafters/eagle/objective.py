@@ -60,6 +60,8 @@ class EagleFeatures:
   rollout_decay: float = 0.8
   init_from: str = ""
   token_loss: str = "soft_ce"  # the token term (losses.TOKEN_LOSSES)
+  hass_top_k: int = 0  # HASS's top-k term (0 = off) ...
+  hass_weight: float = 1.0  # ... added to the token term with this weight
   name: str = "eagle"
   rules: parallel.Rules = ()
   frozen_rules: parallel.Rules = llama.RULES
@@ -88,6 +90,12 @@ class EagleFeatures:
     # The token term (specjax.train.losses.TOKEN_LOSSES): soft_ce (cross-entropy on the
     # target's distribution), kl, rkl, jsd, tv (1 - acceptance), nla, ce (on its argmax), lk.
     c.loss = "soft_ce"
+    # HASS's harmonized objective distillation: + hass_weight x the soft cross-entropy on the
+    # target's hass_top_k most likely tokens (0 = off; HASS: 10 and 1.0), every rollout step.
+    # (HASS's context alignment is the rollout itself: step j attends to the drafter's own
+    # outputs of the steps before, as a depth-j tree node does at decode time.)
+    c.hass_top_k = 0
+    c.hass_weight = 1.0
     c.rollout = 1  # training-time test (EAGLE-3): steps unrolled on the drafter's own outputs
     c.rollout_decay = 0.8  # loss weight of rollout step j: rollout_decay ** (j - 1)
     c.init_from = ""  # a trained drafter (a draft_final directory) to continue from
@@ -115,6 +123,10 @@ class EagleFeatures:
         "input ablation: both halves of the pair, the feature alone, the token alone)."
       )
     losses.check_token_loss(c.loss, f"{f}.loss")
+    if int(c.hass_top_k) != c.hass_top_k or c.hass_top_k < 0:
+      raise ValueError(f"{f}.hass_top_k must be an integer >= 0 (0 = off), got {c.hass_top_k}.")
+    if not c.hass_weight >= 0:
+      raise ValueError(f"{f}.hass_weight must be >= 0, got {c.hass_weight}.")
     if c.init_from:
       eagle.read_meta(c.init_from, f"{f}.init_from")
 
@@ -166,7 +178,8 @@ class EagleFeatures:
     return cls(
       target, cfg, copy_layer=c.copy_layer, noise=c.noise, feature_weight=c.feature_weight,
       token_weight=c.token_weight, rollout=c.rollout, rollout_decay=c.rollout_decay,
-      init_from=c.init_from, token_loss=c.loss,
+      init_from=c.init_from, token_loss=c.loss, hass_top_k=c.hass_top_k,
+      hass_weight=c.hass_weight,
     )  # fmt: skip
 
   def with_data(self, dataset, tokenizer) -> "EagleFeatures":
@@ -252,10 +265,11 @@ class EagleFeatures:
       terms = losses.eagle_losses(
         out_BxTxF, later(f_BxTxF, j), eagle.logits(p, self.eagle, out_BxTxF), later(p_BxTxW, j),
         later(argmax_BxT, j), vocab, later(losses.within_document(mask_BxT, j), 0),
-        self.token_loss,
+        self.token_loss, self.hass_top_k,
       )  # fmt: skip
+      token = terms["token"] + self.hass_weight * terms.get("top_k", 0.0)
       total += self.rollout_decay ** (j - 1) * (
-        feature_weight * terms["feature"] + self.token_weight * terms["token"]
+        feature_weight * terms["feature"] + self.token_weight * token
       )
       suffix = "" if j == 1 else f"_{j}"
       metrics |= {f"{k}{suffix}": v for k, v in terms.items()}
@@ -269,7 +283,7 @@ class EagleFeatures:
       "rollout": self.rollout,
       "init_from": self.init_from,
       "loss": self.token_loss,
-    }
+    } | ({"hass": [self.hass_top_k, self.hass_weight]} if self.hass_top_k else {})
 
   def drafter(self, config: ml_collections.ConfigDict) -> eagle_drafter.Eagle:
     c = config.drafter.eagle
