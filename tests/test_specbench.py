@@ -1,7 +1,9 @@
 """task=specbench: Spec-Bench's question file in, its answer files, a JSON and a table out."""
 
+import dataclasses
 import json
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,6 +191,47 @@ def test_greedy_answers_that_differ_from_ar_stop_the_run():
   specbench._check_equal(q, [[1, 2], [3]], [[1, 2], [3]], "lookup")
   with pytest.raises(RuntimeError, match=r"question 81, turn 2: lookup's .* at new token 1 "):
     specbench._check_equal(q, [[1, 2], [3, 4]], [[1, 2], [3, 5]], "lookup")
+
+
+def _second_answer_token_flipped(generate):
+  """``generate`` whose drafted answers get another second token: a stand-in for a bfloat16
+  rounding that flips one greedy token (AR's answers are left as they are)."""
+
+  def wrapped(params, cfg, prompts, **kw):
+    out = generate(params, cfg, prompts, **kw)
+    if kw.get("drafter") is not None and len(out.tokens[0]) > 1:
+      row = list(out.tokens[0])
+      row[1] = (row[1] + 1) % cfg.vocab_size
+      out = dataclasses.replace(out, tokens=[row])
+    return out
+
+  return wrapped
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_greedy_difference_is_reported_in_bfloat16_and_stops_a_float32_run(
+  config, monkeypatch, dtype
+):
+  """In bfloat16 (rounding) a drafted greedy answer that leaves AR's is recorded, with the
+  turn, the token and the target's logit gap there, and the run answers every question; in
+  float32 it is a bug, and the run stops on it."""
+  config.dtype = dtype
+  config.specbench.categories = ("translation",)
+  monkeypatch.setattr(specbench, "generate", _second_answer_token_flipped(specbench.generate))
+  if dtype == "float32":
+    with pytest.raises(RuntimeError, match="question 201, turn 1: .* at new token 1 "):
+      specbench.run(config)
+    return
+  record = specbench.run(config)
+  assert record["questions"] == 2 and record["greedy_outputs_identical"] is False
+  found = record["greedy_differences"]
+  where = [(d["question_id"], d["turn"], d["new_token"]) for d in found]
+  assert where == [(201, 1, 1), (202, 1, 1)]
+  for d in found:
+    assert d["token"] == (d["ar_token"] + 1) % config.target.vocab_size
+    assert d["logit_gap"] > 0  # AR's token is the target's argmax there
+  saved = [json.loads(x) for x in (Path(config.output_dir) / specbench.DIFFERENCES).open()]
+  assert saved == found
 
 
 def _spy(fn, calls):
