@@ -303,7 +303,7 @@ def _published_medusa(tmp: Path) -> None:
 
   import numpy as np
 
-  from specjax.interop import torch_files
+  from specjax.models import torch_files
 
   config = '{"medusa_num_heads": 1, "medusa_num_layers": 1}'
   small = {"0.0.linear.weight": np.zeros((64, 64), np.float32),

@@ -2,6 +2,7 @@
 the drafters sit below the cost model and the simulator (which price and replay them)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,70 @@ def test_a_circle_is_found():
 def test_drafters_do_not_import_what_prices_them(above):
   graph = _graph()
   assert not [m for m, deps in graph.items() if m.startswith("specjax.drafters") and above in deps]
+
+
+# --- the direction of docs/design.md's module list ---------------------------------------------
+
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+# The one pair of packages that still depend on each other (docs/design.md says so): a drafter's
+# layouts read interop/<x>, which reads the drafter's model. This list may only shrink.
+KNOWN_UPWARD = {
+  ("specjax.drafters.eagle.drafter", "specjax.interop.eagle"),
+  ("specjax.drafters.eagle.layouts", "specjax.interop.eagle"),
+  ("specjax.drafters.medusa.layouts", "specjax.interop.medusa"),
+}
+
+
+def _layers() -> list[set[str]]:
+  """docs/design.md's module list, top to bottom: each entry's modules (``run.py -> tasks/*``:
+  specjax.run and specjax.tasks; ``models/``: the package); an entry whose names end in a comma
+  goes on on the next line."""
+  text = DESIGN.read_text()
+  block = text.split("## Modules and their direction", 1)[1].split("```")[1]
+  layers, goes_on = [], False
+  for line in block.strip("\n").splitlines():
+    column = line[:30].rstrip()
+    names = re.findall(r"([a-z_]+)(?:\.py|/\*?)", column)
+    if not names:
+      continue
+    modules = {f"specjax.{n}" for n in names}
+    if goes_on:
+      layers[-1] |= modules
+    else:
+      layers.append(modules)
+    goes_on = column.endswith(",")
+  return layers
+
+
+def _layer_of(module: str, layers) -> int | None:
+  for i, names in enumerate(layers):
+    if any(module == n or module.startswith(n + ".") for n in names):
+      return i
+  return None
+
+
+def _upward(graph, layers) -> set[tuple[str, str]]:
+  return {
+    (m, d) for m, deps in graph.items() for d in deps
+    if _layer_of(m, layers) is not None and _layer_of(d, layers) is not None
+    and _layer_of(d, layers) < _layer_of(m, layers)
+  }  # fmt: skip
+
+
+def test_every_module_is_on_the_design_pages_list():
+  layers = _layers()
+  assert len(layers) >= 15
+  unplaced = sorted(m for m in _graph() if m != "specjax" and _layer_of(m, layers) is None)
+  assert unplaced == []
+
+
+def test_imports_point_down_the_design_pages_list():
+  """Every import (function-level ones too) goes to a module on the same line of the list or
+  below it, but for the known pair above."""
+  assert _upward(_graph(), _layers()) == KNOWN_UPWARD
+
+
+def test_an_import_back_up_is_found():
+  graph = _graph()
+  graph["specjax.models.checkpoint"] = graph["specjax.models.checkpoint"] | {"specjax.interop"}
+  assert ("specjax.models.checkpoint", "specjax.interop") in _upward(graph, _layers())

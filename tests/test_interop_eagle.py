@@ -752,7 +752,7 @@ def test_a_target_of_another_hidden_size_is_refused_from_the_headers(tmp_path):
 
 def test_a_published_drafter_named_by_format_and_its_torch_pickle(tmp_path):
   """``format`` names the layout (``auto`` detects it); a SafeAILab drafter saved with
-  torch.save reads through specjax.interop.torch_files, or is one clear error without it."""
+  torch.save reads through specjax.models.torch_files, or is one clear error without it."""
   target, directory = _published(tmp_path, "eagle3")
   cfg, _, meta = eagle.load(directory, target, "eagle3")
   assert meta["layout"] == interop.NAMES["eagle3"]
@@ -760,7 +760,7 @@ def test_a_published_drafter_named_by_format_and_its_torch_pickle(tmp_path):
   torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, directory / "pytorch_model.bin")
   (directory / "model.safetensors").unlink()
   try:
-    from specjax.interop import torch_files  # noqa: F401
+    from specjax.models import torch_files  # noqa: F401
   except ImportError:
     with pytest.raises(ValueError, match="pytorch_model.bin is a torch pickle"):
       eagle.load(directory, target)

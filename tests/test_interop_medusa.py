@@ -29,8 +29,11 @@ from specjax import build, testing  # noqa: E402
 from specjax.decode import generate  # noqa: E402
 from specjax.drafters import medusa  # noqa: E402
 from specjax.interop import medusa as layouts  # noqa: E402
-from specjax.interop import torch_files  # noqa: E402
-from specjax.models import source, tiny  # noqa: E402
+from specjax.models import (  # noqa: E402
+  source,
+  tiny,
+  torch_files,  # noqa: E402
+)
 from specjax.trees import Tree  # noqa: E402
 
 F, V = 32, 64  # the tiny target's hidden size and vocabulary

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from specjax.train import losses
+from specjax import losses
 
 # specjax's name -> speculators.losses.eager's function
 REFERENCE = {

@@ -15,14 +15,14 @@ import pytest
 from ml_collections import config_dict
 
 from configs import train_tiny
-from specjax import build, metrics, testing
+from specjax import build, losses, metrics, testing
 from specjax.decode import generate
 from specjax.drafters import medusa
 from specjax.drafters.base import DraftContext, Verdict
 from specjax.models import source, tiny
 from specjax.sampling import SamplingParams
 from specjax.tasks import medusa_tree, train
-from specjax.train import losses, objectives
+from specjax.train import objectives
 from specjax.trees import Tree
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13]]

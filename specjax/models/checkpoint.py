@@ -21,8 +21,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 
 from specjax import parallel
-from specjax.interop import torch_files
-from specjax.models import llama, rope, schema
+from specjax.models import llama, rope, schema, torch_files
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
 

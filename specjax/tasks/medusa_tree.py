@@ -22,12 +22,11 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from specjax import build, results
+from specjax import build, losses, results
 from specjax.drafters import medusa
 from specjax.models import llama
 from specjax.tasks import sweep, train
 from specjax.tasks.benchmark import machine
-from specjax.train import losses
 from specjax.trees import Tree
 
 

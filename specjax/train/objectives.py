@@ -34,13 +34,13 @@ from typing import Any, Protocol
 import jax
 import ml_collections
 
-from specjax import parallel
+from specjax import losses, parallel
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle.objective import EagleFeatures
 from specjax.drafters.medusa.objective import MedusaHeads
 from specjax.models import llama
 from specjax.models.config import ModelConfig
-from specjax.train import export, losses
+from specjax.train import export
 from specjax.typing import Params
 
 EMBED_MODES = ("random", "copy", "frozen")
@@ -110,7 +110,7 @@ class DraftDistill:
     c.head_dim = 0  # 0 = dim // num_heads
     c.embed = "copy"  # random | copy (target's embedding, trained) | frozen (not trained)
     c.temperature = 1.0  # the loss at this temperature
-    c.loss = "kl"  # forward KL, or another of specjax.train.losses.TOKEN_LOSSES
+    c.loss = "kl"  # forward KL, or another of specjax.losses.TOKEN_LOSSES
     return c
 
   @classmethod

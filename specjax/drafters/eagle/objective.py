@@ -13,14 +13,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from specjax import parallel
+from specjax import losses, parallel
 from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.base import sampled_candidates
 from specjax.drafters.eagle import drafter as eagle_drafter
 from specjax.drafters.eagle import model as eagle
 from specjax.models import llama
 from specjax.models.config import ModelConfig
-from specjax.train import losses
 from specjax.typing import Params
 
 
@@ -87,7 +86,7 @@ class EagleFeatures:
     c.noise = 0.2  # width of the uniform noise added to input features
     c.feature_weight = 1.0  # smooth-L1 on the next feature
     c.token_weight = 0.1  # the token term, on the next token
-    # The token term (specjax.train.losses.TOKEN_LOSSES): soft_ce (cross-entropy on the
+    # The token term (specjax.losses.TOKEN_LOSSES): soft_ce (cross-entropy on the
     # target's distribution), kl, rkl, jsd, tv (1 - acceptance), nla, ce (on its argmax), lk.
     c.loss = "soft_ce"
     # HASS's harmonized objective distillation: + hass_weight x the soft cross-entropy on the

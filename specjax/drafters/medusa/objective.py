@@ -11,12 +11,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from specjax import parallel
+from specjax import losses, parallel
 from specjax.drafters import artifact, medusa, prompt_lookup
 from specjax.drafters.base import sampled_candidates
 from specjax.models import llama
 from specjax.models.config import ModelConfig
-from specjax.train import losses
 from specjax.typing import Params
 
 
@@ -49,7 +48,7 @@ class MedusaHeads:
     c.vocab_size = 0  # draft vocabulary V' (0 = the target's): the most frequent training tokens
     c.own_proj = False  # False: every head uses the target's frozen head (only W, b trained)
     c.decay = 0.8  # loss weight decay ** (k - 1) of head k
-    c.loss = "soft_ce"  # each head's term (specjax.train.losses.TOKEN_LOSSES)
+    c.loss = "soft_ce"  # each head's term (specjax.losses.TOKEN_LOSSES)
     c.init_from = ""  # trained heads (a draft_final directory) to continue from; "" = fresh
     return c
 

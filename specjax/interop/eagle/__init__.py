@@ -22,7 +22,7 @@ Layouts (tensor names; ``L.`` is the layer prefix, F the hidden size, V' the dra
                   config``, aux layer ids) or eagle                transformer.* (no input norm)
 
 Weights are ``model.safetensors`` (or sharded with an index) or a torch-pickled
-``pytorch_model.bin`` (read by ``specjax.interop.torch_files``). A stored ``embed_tokens.weight``
+``pytorch_model.bin`` (read by ``specjax.models.torch_files``). A stored ``embed_tokens.weight``
 must be the target's embedding (specjax drafters read the target's); ``d2t`` maps a draft id to
 the target's (target id = draft id + d2t[draft id]) and ``t2d``, where stored, must agree.
 

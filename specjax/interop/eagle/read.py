@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters import artifact
-from specjax.interop import torch_files
-from specjax.models import llama, rope
+from specjax.models import llama, rope, torch_files
 from specjax.models.config import ModelConfig
 
 FIELD = "config.drafter.eagle"

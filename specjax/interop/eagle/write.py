@@ -8,8 +8,8 @@ import jax
 import numpy as np
 
 from specjax.drafters import artifact
-from specjax.interop import torch_files
 from specjax.interop.eagle.read import DTYPES, EXPORTS, SPECULATORS_VERSION, expected_tensors
+from specjax.models import torch_files
 
 # --- export ------------------------------------------------------------------------------------
 

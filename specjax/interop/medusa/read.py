@@ -13,8 +13,7 @@ import numpy as np
 from specjax.drafters import artifact
 from specjax.drafters.medusa import model as specjax_medusa
 from specjax.drafters.medusa.model import HeadsConfig
-from specjax.interop import torch_files
-from specjax.models import schema
+from specjax.models import schema, torch_files
 
 FIELD = specjax_medusa.FIELD
 LAYOUTS = ("specjax", "medusa", "vllm_medusa")
