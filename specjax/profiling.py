@@ -23,7 +23,7 @@ TASKS = ("generate", "benchmark", "train")
 
 def check(config) -> None:
   """``config.profile``: a writable directory, for a task that traces; before anything loads."""
-  directory = config.get("profile")
+  directory = config.get("profile") if config is not None else None
   if not directory:
     return
   if config.task not in TASKS:

@@ -17,6 +17,7 @@ import json
 import numbers
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,11 @@ class MetricsLog:
     self._events = None
     if tensorboard_dir is not None:
       purge = resume_step + 1 if resume_step else None
-      self._events = tensorboardX.SummaryWriter(str(tensorboard_dir), purge_step=purge)
+      # tensorboardX names a file by the second and the host: a run resumed within the same
+      # second would replace the earlier run's file without a suffix of its own.
+      self._events = tensorboardX.SummaryWriter(
+        str(tensorboard_dir), purge_step=purge, filename_suffix=f".{uuid.uuid4().hex[:8]}"
+      )
 
   def write(self, record: dict[str, Any]) -> None:
     self._file.write(json.dumps(record) + "\n")
