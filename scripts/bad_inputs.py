@@ -325,7 +325,7 @@ def _published_eagle3(tmp: Path) -> None:
   import jax
 
   from specjax import testing
-  from specjax.interop import eagle
+  from specjax.drafters.eagle import formats as eagle
   from specjax.models import tiny
 
   small = tiny.random_model(seed=0, vocab_size=64, dim=64, num_layers=8)

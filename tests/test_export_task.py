@@ -36,7 +36,7 @@ def _medusa_heads(tmp_path, vocab_ids=None):
 
 @pytest.mark.parametrize("fmt, reduced", [("medusa", False), ("vllm_medusa", True)])
 def test_medusa_heads_export_and_read_back_bit_identical(tmp_path, fmt, reduced):
-  from specjax.interop import medusa as layouts
+  from specjax.drafters.medusa import formats as layouts
 
   ids = tuple(range(0, 64, 2)) if reduced else None
   target, heads, params = _medusa_heads(tmp_path, ids)

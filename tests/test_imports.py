@@ -82,9 +82,9 @@ def test_a_circle_is_found():
   ``drafters/eagle/model.py`` once did) is a circle."""
   graph = _graph()
   graph["specjax.drafters.eagle.model"] = graph["specjax.drafters.eagle.model"] | {
-    "specjax.interop.eagle"
+    "specjax.drafters.eagle.formats"
   }
-  assert any("specjax.interop.eagle" in c for c in _circles(graph))
+  assert any("specjax.drafters.eagle.formats" in c for c in _circles(graph))
 
 
 @pytest.mark.parametrize("above", ["specjax.costmodel", "specjax.simulate"])
@@ -96,13 +96,6 @@ def test_drafters_do_not_import_what_prices_them(above):
 # --- the direction of docs/design.md's module list ---------------------------------------------
 
 DESIGN = PACKAGE.parent / "docs" / "design.md"
-# The one pair of packages that still depend on each other (docs/design.md says so): a drafter's
-# layouts read interop/<x>, which reads the drafter's model. This list may only shrink.
-KNOWN_UPWARD = {
-  ("specjax.drafters.eagle.drafter", "specjax.interop.eagle"),
-  ("specjax.drafters.eagle.layouts", "specjax.interop.eagle"),
-  ("specjax.drafters.medusa.layouts", "specjax.interop.medusa"),
-}
 
 
 def _layers() -> list[set[str]]:
@@ -150,11 +143,11 @@ def test_every_module_is_on_the_design_pages_list():
 
 def test_imports_point_down_the_design_pages_list():
   """Every import (function-level ones too) goes to a module on the same line of the list or
-  below it, but for the known pair above."""
-  assert _upward(_graph(), _layers()) == KNOWN_UPWARD
+  below it."""
+  assert _upward(_graph(), _layers()) == set()
 
 
 def test_an_import_back_up_is_found():
   graph = _graph()
-  graph["specjax.models.checkpoint"] = graph["specjax.models.checkpoint"] | {"specjax.interop"}
-  assert ("specjax.models.checkpoint", "specjax.interop") in _upward(graph, _layers())
+  graph["specjax.models.checkpoint"] = graph["specjax.models.checkpoint"] | {"specjax.train"}
+  assert ("specjax.models.checkpoint", "specjax.train") in _upward(graph, _layers())

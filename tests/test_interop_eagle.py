@@ -30,7 +30,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from specjax import testing  # noqa: E402
 from specjax.decode import generate  # noqa: E402
 from specjax.drafters import eagle  # noqa: E402
-from specjax.interop import eagle as interop  # noqa: E402
+from specjax.drafters.eagle import formats as interop  # noqa: E402
 from specjax.models import checkpoint, llama, source  # noqa: E402
 from specjax.testing import P_FAIL, P_PASS  # noqa: E402
 

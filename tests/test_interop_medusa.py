@@ -28,7 +28,7 @@ from configs import train_tiny  # noqa: E402
 from specjax import build, testing  # noqa: E402
 from specjax.decode import generate  # noqa: E402
 from specjax.drafters import medusa  # noqa: E402
-from specjax.interop import medusa as layouts  # noqa: E402
+from specjax.drafters.medusa import formats as layouts  # noqa: E402
 from specjax.models import (  # noqa: E402
   source,
   tiny,
@@ -281,8 +281,9 @@ def test_export_loads_in_the_reference_and_round_trips(tmp_path, monkeypatch, ta
 def test_converting_fasterdecoding_heads_to_vllms_layout_keeps_their_logits(
   tmp_path, monkeypatch, target, capsys
 ):
-  """``python -m specjax.interop.medusa SRC OUT --format=vllm_medusa``: a published directory
-  (bf16 written, within bf16's rounding) becomes vLLM's layout with every head's logits."""
+  """``python -m specjax.drafters.medusa.formats SRC OUT --format=vllm_medusa``: a published
+  directory (bf16 written, within bf16's rounding) becomes vLLM's layout with every head's
+  logits."""
   heads = reference_heads(F, V, 3, 1)
   src = save_reference(heads, tmp_path / "published")
   layouts.main([str(src), str(tmp_path / "vllm"), "--format=vllm_medusa", "--dtype=bfloat16"])

@@ -86,7 +86,7 @@ def check(config: ml_collections.ConfigDict) -> str:
   if out == src or src in out.parents:
     raise ValueError(f"{FIELD}.out={e.out!r} is inside {FIELD}.path: write it elsewhere.")
   results.check_writable(str(out.parent), f"{FIELD}.out")
-  layouts = importlib.import_module(f"specjax.interop.{kinds[0]}")
+  layouts = importlib.import_module(f"specjax.drafters.{kinds[0]}.formats")
   artifact.check_replaceable(e.out, layouts.WRITES, f"{FIELD}.out")
   return kinds[0]
 
@@ -95,7 +95,7 @@ def _check_shapes(kind: str, e) -> None:
   """What the saved drafter's JSON says against what ``e.format`` can hold."""
   if kind == "eagle":
     from specjax.drafters import eagle
-    from specjax.interop import eagle as layouts
+    from specjax.drafters.eagle import formats as layouts
 
     cfg = eagle.EagleConfig.fromdict(eagle.read_meta(e.path, f"{FIELD}.path")["eagle"])
     layouts.check_export(cfg, e.format, e.dtype, e.verifier)
@@ -140,7 +140,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   e = config.export
   target = build.target(config)
   drafter = importlib.import_module(f"specjax.drafters.{kind}")
-  layouts = importlib.import_module(f"specjax.interop.{kind}")
+  layouts = importlib.import_module(f"specjax.drafters.{kind}.formats")
   cfg, params, _ = drafter.load(e.path, target, field=f"{FIELD}.path")
   extra = {"verifier": e.verifier} if kind == "eagle" else {}
   written = layouts.export(cfg, params, e.out, e.format, e.dtype, **extra)

@@ -81,7 +81,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     )
   if config.data.eval_examples < 1:
     raise ValueError("config.data.eval_examples must be >= 1: the held-out rows measured here.")
-  from specjax.interop import medusa as layouts
+  from specjax.drafters.medusa import formats as layouts
 
   if layouts.detect(c.path, c.get("format", "auto")) != "specjax":
     raise ValueError(

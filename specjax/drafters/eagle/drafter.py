@@ -158,21 +158,21 @@ class Eagle(Chain):
       )
     else:
       check_shape(c.top_k, c.depth, c.total)
-    from specjax.interop import eagle as interop
+    from specjax.drafters.eagle import formats
 
     fmt = c.get("format", "auto")
     if not c.path:  # task=train decodes with the drafter it trains
-      if fmt not in interop.FORMATS:
-        raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose one of {interop.FORMATS}.")
+      if fmt not in formats.FORMATS:
+        raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose one of {formats.FORMATS}.")
       return None
-    layout = interop.layout(c.path, fmt)  # the layout, its config's flags: no weights read
+    layout = formats.layout(c.path, fmt)  # the layout, its config's flags: no weights read
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
     if layout["fmt"] == "specjax":
       cfg = EagleConfig.fromdict(read_meta(c.path)["eagle"])
     elif target is None:  # a random target: its sizes are known once it is built
       return None
     else:
-      cfg = interop.plan(c.path, target.cfg, fmt).cfg  # sizes and tensor headers checked
+      cfg = formats.plan(c.path, target.cfg, fmt).cfg  # sizes and tensor headers checked
     d = cls(cfg, *_budget(c), lookup=prompt_lookup.branch(c))
     if target is not None:
       d.check_target(target.cfg)

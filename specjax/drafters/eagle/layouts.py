@@ -1,7 +1,7 @@
 """An EAGLE drafter from a directory in any layout: specjax's own (``model.load_saved``) or a
 published one (SafeAILab EAGLE-1/2 and EAGLE-3, SpecForge, vLLM speculators), which
-``specjax.interop.eagle`` maps onto ``model.EagleConfig``. That package reads this one's model,
-so it is imported here, above both, and ``model`` knows only specjax's layout."""
+``formats`` maps onto ``model.EagleConfig``. ``formats`` reads ``model``, so it is imported
+here, above both, and ``model`` knows only specjax's layout."""
 
 from pathlib import Path
 
@@ -16,6 +16,6 @@ def load(
   ``eagle3`` / ``speculators`` only that published layout."""
   if fmt == "specjax" or (fmt == "auto" and (Path(directory) / META_FILE).is_file()):
     return load_saved(directory, target, field)
-  from specjax.interop import eagle as interop
+  from specjax.drafters.eagle import formats
 
-  return interop.load(directory, target, fmt)
+  return formats.load(directory, target, fmt)

@@ -30,8 +30,8 @@ The drafter's state is h for every row: ``init`` takes the prompt's last feature
 the verdict's (along the heads' tree or the lookup branch alike). Heads, their tree and the
 target fingerprint they were trained against are saved together (``save`` / ``load``); loading
 heads onto another target is an error. ``load`` also reads published heads in FasterDecoding's
-or vLLM's layout (``specjax.interop.medusa``; ``format`` in the config section), which carry no
-fingerprint: their sizes are checked against the target's.
+or vLLM's layout (``formats``; ``format`` in the config section), which carry no fingerprint:
+their sizes are checked against the target's.
 """
 
 from specjax.drafters.medusa.drafter import Medusa, parse_tree

@@ -103,7 +103,7 @@ class Medusa(Chain):
     c = ml_collections.ConfigDict()
     c.path = ""  # heads saved by training (task=train, objective medusa) or a published Medusa
     # directory (FasterDecoding's medusa_lm_head.*, vLLM's Medusa); "" = untrained heads
-    c.format = "auto"  # layout: auto | specjax | medusa | vllm_medusa (specjax.interop.medusa)
+    c.format = "auto"  # layout: auto | specjax | medusa | vllm_medusa (medusa/formats)
     c.num_heads = 4  # untrained heads only (path = ""): how many
     c.tree_spec = (4, 2, 2, 1)  # top-k per depth (the full tree), unless tree_paths is given
     c.tree_paths = ()  # Medusa's path list, e.g. ((0,), (1,), (0, 0)); overrides tree_spec

@@ -1,5 +1,5 @@
 """Medusa's heads: their shapes, parameters and logits, and saving/loading them (specjax's own
-files; other projects' layouts through ``specjax.interop.medusa``). The decoding side is
+files; other projects' layouts through ``specjax.drafters.medusa.formats``). The decoding side is
 ``drafter.py``; the package docstring describes both.
 """
 

@@ -1,15 +1,19 @@
-"""``python -m specjax.interop.medusa SRC OUT --format=vllm_medusa [--dtype=bfloat16]``: heads
-converted from any layout to another."""
+"""Heads converted from any layout to another:
+
+python -m specjax.drafters.medusa.formats SRC OUT --format=vllm_medusa [--dtype=bfloat16]
+"""
 
 import argparse
 
-from specjax.interop.medusa.read import DTYPES, EXPORTS, FORMATS, read
-from specjax.interop.medusa.write import export
+from specjax.drafters.medusa.formats.read import DTYPES, EXPORTS, FORMATS, read
+from specjax.drafters.medusa.formats.write import export
 
 
 def main(argv=None) -> None:
   """Converts heads from any layout (specjax heads with their own projections) to another."""
-  ap = argparse.ArgumentParser(prog="python -m specjax.interop.medusa", description=main.__doc__)
+  ap = argparse.ArgumentParser(
+    prog="python -m specjax.drafters.medusa.formats", description=main.__doc__
+  )
   ap.add_argument("src", help="a heads directory: specjax, medusa or vllm_medusa layout")
   ap.add_argument("out", help="the directory to write")
   ap.add_argument("--format", required=True, choices=EXPORTS, help="the layout to write")

@@ -9,8 +9,8 @@ import numpy as np
 
 from specjax.drafters import artifact
 from specjax.drafters.medusa import model as specjax_medusa
+from specjax.drafters.medusa.formats.read import CONFIG, DTYPES, EXPORTS, MEDUSA_FILES, VLLM_FILE
 from specjax.drafters.medusa.model import HeadsConfig
-from specjax.interop.medusa.read import CONFIG, DTYPES, EXPORTS, MEDUSA_FILES, VLLM_FILE
 from specjax.models import schema, torch_files
 
 WRITES = frozenset({CONFIG, VLLM_FILE, *MEDUSA_FILES})  # what an export may replace

@@ -1,6 +1,6 @@
 """Reading published EAGLE directories: the layout detected from its files and config.json, the
 plan (the EagleConfig and every expected tensor, checked before any weight loads), the load.
-The layouts and conventions: the package docstring (``specjax/interop/eagle/__init__.py``)."""
+The layouts and conventions: the package docstring (``formats/__init__.py``)."""
 
 import dataclasses
 import json

@@ -29,11 +29,11 @@ here). Foreign heads carry no target fingerprint: only their sizes are checked.
 ``vocab_ids`` from the token_map or every id); ``export`` writes specjax heads in the ``medusa``
 or ``vllm_medusa`` layout. From the shell::
 
-    python -m specjax.interop.medusa SRC OUT --format=vllm_medusa [--dtype=bfloat16]
+    python -m specjax.drafters.medusa.formats SRC OUT --format=vllm_medusa [--dtype=bfloat16]
 """
 
-from specjax.interop.medusa.cli import main
-from specjax.interop.medusa.read import (
+from specjax.drafters.medusa.formats.cli import main
+from specjax.drafters.medusa.formats.read import (
   CONFIG,
   DTYPES,
   EXPORTS,
@@ -49,7 +49,7 @@ from specjax.interop.medusa.read import (
   peek,
   read,
 )
-from specjax.interop.medusa.write import WRITES, export
+from specjax.drafters.medusa.formats.write import WRITES, export
 
 __all__ = [
   "CONFIG", "DTYPES", "EXPORTS", "FIELD", "FORMATS", "LAYOUTS", "WRITES", "Found", "check_names",

@@ -1,6 +1,6 @@
 """Reading Medusa heads in FasterDecoding's and vLLM's layouts (and specjax's own): the layout
 detected, the sizes from the headers, every tensor checked, the heads mapped onto specjax's.
-The layouts: the package docstring (``specjax/interop/medusa/__init__.py``)."""
+The layouts: the package docstring (``specjax/drafters/medusa/formats/__init__.py``)."""
 
 import dataclasses
 import re

@@ -8,7 +8,12 @@ import jax
 import numpy as np
 
 from specjax.drafters import artifact
-from specjax.interop.eagle.read import DTYPES, EXPORTS, SPECULATORS_VERSION, expected_tensors
+from specjax.drafters.eagle.formats.read import (
+  DTYPES,
+  EXPORTS,
+  SPECULATORS_VERSION,
+  expected_tensors,
+)
 from specjax.models import torch_files
 
 # --- export ------------------------------------------------------------------------------------

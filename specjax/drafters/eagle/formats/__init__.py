@@ -33,7 +33,7 @@ embeddings), specjax the residual stream after layer a - 1; SGLang/SpecForge's
 index. Features are concatenated in layer order.
 """
 
-from specjax.interop.eagle.read import (
+from specjax.drafters.eagle.formats.read import (
   DTYPES,
   EXPORTS,
   FIELD,
@@ -47,7 +47,7 @@ from specjax.interop.eagle.read import (
   load,
   plan,
 )
-from specjax.interop.eagle.write import WRITES, check_export, export
+from specjax.drafters.eagle.formats.write import WRITES, check_export, export
 
 __all__ = [
   "DTYPES", "EXPORTS", "FIELD", "FORMATS", "NAMES", "Plan", "WRITES", "check_export", "check_names",
