@@ -16,7 +16,7 @@ from pathlib import Path
 
 import ml_collections
 
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 _PROMPTS = json.loads((Path(__file__).parent / "held_out.json").read_text())
 CATEGORIES: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in _PROMPTS["categories"].items()}

@@ -284,8 +284,7 @@ def _hf_directories(tmp: Path) -> None:
   the weights (vocab_size) or holds a rope_scaling that is not an object."""
   import json
 
-  from specjax.models import tiny
-  from specjax.train import export
+  from specjax.models import export, tiny
 
   cfg, params = tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=2)
   export.save_model(tmp / "hf_tiny", cfg, params)

@@ -265,18 +265,11 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   d, params = drafters.build(config, target)
   if params is not None and dtype(config) != "float32":
     params = llama.cast(params, dtype(config))
-  name = config.drafter.name
-  if name in ("draft_model", "prompt_lookup") and config.drafter[name].num_draft == "auto":
-    from specjax import costmodel  # imports every drafter module
+  tune = drafters.FAMILIES[config.drafter.name].tune
+  if tune is not None and config.drafter[config.drafter.name][tune.field] == "auto":
+    from specjax import costmodel  # times forwards on this machine
 
-    if name == "draft_model":
-      d = costmodel.auto_chain_length(config, target, d, params)
-    else:
-      d = costmodel.auto_lookup(config, target, d)
-  elif name == "eagle" and config.drafter.eagle.total == "auto":
-    from specjax import costmodel
-
-    d = costmodel.auto_eagle(config, target, d, params)
+    d = costmodel.auto(config, target, d, params)
   return d, params
 
 
@@ -285,15 +278,14 @@ def placed(config: ml_collections.ConfigDict, target: Model, drafter, dparams):
   (unchanged for one device), after the per-device bytes are printed and checked."""
   m = mesh(config)
   tparams = target.params
+  rules = drafters.family.placement_of(drafter).partition_rules(drafter)
   if m is not None:
-    rules = getattr(drafter, "partition_rules", ())
     tparams = placement.place(tparams, llama.RULES, m)
     dparams = placement.place(dparams, rules, m)
   shape = dict(m.shape) if m is not None else {"data": 1, "fsdp": 1, "tensor": 1}
   fp = decode.footprint(
-    target.cfg, tparams, drafter, dparams, config.batch_size, config.max_len, shape,
-    getattr(drafter, "partition_rules", ()),
-  )  # fmt: skip
+    target.cfg, tparams, drafter, dparams, config.batch_size, config.max_len, shape, rules
+  )
   placement.check_fits(fp, config.get("device_memory_gib", 0.0))
   where = "" if m is None else f", mesh {dict(m.shape)} over {jax.process_count()} process(es)"
   tqdm.write(f"memory {fp.describe()}{where}")

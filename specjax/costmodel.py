@@ -25,20 +25,14 @@ Two kinds of profile:
 """
 
 import dataclasses
-import functools
-import statistics
 import time
 from collections.abc import Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, trees
-from specjax.drafters import eagle, prompt_lookup
-from specjax.drafters.base import DraftContext, Forward, llama_sizes
-from specjax.drafters.curves import eagle_grid, lookup_curve, tau_curve
-from specjax.models import llama
+from specjax.drafters import family
+from specjax.drafters.base import Forward, llama_sizes
+from specjax.drafters.timing import llama_forward_seconds
 from specjax.models.config import ModelConfig
 
 # name: (HBM bytes/s, bf16 dense FLOP/s, source)
@@ -56,9 +50,11 @@ def verifies_tree(drafter) -> bool:
 
 
 def step_work(drafter) -> tuple[Forward, ...]:
-  """The forwards of one decoding step with ``drafter`` (None: autoregressive), as the
-  drafter lists them (``step_forwards``)."""
-  return (Forward("target", 1),) if drafter is None else drafter.step_forwards()
+  """The forwards of one decoding step with ``drafter`` (None: autoregressive), as its family
+  record's ``price`` lists them."""
+  if drafter is None:
+    return (Forward("target", 1),)
+  return family.of(drafter).need("price").forwards(drafter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +83,7 @@ def model_sizes(target_cfg: ModelConfig, drafter, dparams) -> dict[str, tuple[in
   """Per model of a step: (parameters read, KV bytes per cached token)."""
   out = {"target": llama_sizes(target_cfg), "lookup": (0, 0)}
   out["target_tree"] = out["target"]
-  return out | ({} if drafter is None else drafter.own_sizes(dparams))
+  return out | ({} if drafter is None else family.of(drafter).need("price").sizes(drafter, dparams))
 
 
 def roofline(chip: str, sizes: dict[str, tuple[int, int]], context: int = 256) -> Profile:
@@ -105,61 +101,6 @@ def roofline(chip: str, sizes: dict[str, tuple[int, int]], context: int = 256) -
 
 
 # --- measured ---------------------------------------------------------------------------------
-
-
-def median_seconds(fn: Callable[[], jax.Array], repeats: int = 9) -> float:
-  """Median wall time of ``fn()`` (compiled by a first call that is not timed)."""
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
-def llama_forward_seconds(
-  params,
-  cfg: ModelConfig,
-  sizes,
-  context: int,
-  repeats: int = 9,
-  num_slots: int = 0,
-  masks: tuple[str, ...] = ("causal",),
-) -> dict[str, dict[int, float]]:
-  """``{mask: {T: seconds}}`` of one batch-1 forward over T tokens after ``context`` cached
-  ones, run as verification runs it (``llama.forward_kv``: the cache of ``num_slots`` slots,
-  by default just enough, read only), under a causal mask (a constant) and/or a tree mask
-  (``"tree"``: data, as a tree's ancestors are). The median of ``repeats`` rounds, each timing
-  every (mask, T) once: a slow spell of a shared machine then lands on every size alike."""
-
-  fwd = functools.partial(_forward_logits, cfg=cfg, context=context)
-  num_slots = num_slots or context + max(sizes) + 1
-  if context + max(sizes) > num_slots:
-    raise ValueError(f"context {context} + {max(sizes)} tokens do not fit {num_slots} slots.")
-  cache = llama.init_cache(cfg, 1, num_slots, llama.param_dtype(params))
-  cache = cache.replace(lengths=jnp.asarray([context], jnp.int32))
-  tree = lambda t: trees.ancestors(jnp.zeros((1, t - 1), jnp.int32))  # noqa: E731  (a star)
-  mask = lambda m, t: llama.causal_mask(t) if m == "causal" or t == 1 else tree(t)  # noqa: E731
-  jobs = {(m, t): (jnp.ones((1, t), jnp.int32), mask(m, t)) for m in masks for t in sizes}
-  for tokens, mask in jobs.values():  # compile
-    jax.block_until_ready(fwd(params, cache, tokens, mask))
-  times = {job: [] for job in jobs}
-  for _ in range(repeats):
-    for job, (tokens, mask) in jobs.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fwd(params, cache, tokens, mask))
-      times[job].append(time.perf_counter() - t0)
-  return {m: {t: statistics.median(times[m, t]) for t in sizes} for m in masks}
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "context"))
-def _forward_logits(params, cache, tokens_1xT, mask, *, cfg: ModelConfig, context: int):
-  """The verify forward that ``llama_forward_seconds`` times (one program per model, context
-  and shape, shared by every call that times it)."""
-  positions = context + jnp.arange(tokens_1xT.shape[1])[None]
-  logits, _, _ = llama.forward_kv(params, cfg, tokens_1xT, positions, cache, mask)
-  return logits
 
 
 TARGET_PARTS = {"causal": "target", "tree": "target_tree"}  # mask -> step_work's model name
@@ -182,49 +123,20 @@ def drafter_seconds(
 ):
   """``{model: {T: seconds}}`` for the drafter's own forwards in ``step_work``, and those of
   the drafters ``also`` (the same weights in other shapes, e.g. EAGLE at other budgets with
-  the same ``top_k``)."""
+  the same ``top_k``), each timed by its family record's ``price.timers``."""
   models = {}
   for f in (f for d in (drafter, *also) for f in step_work(d)):
     if not f.model.startswith("target"):
       models.setdefault(f.model, set()).add(f.tokens)
-  out = {}
-  for model, sizes in models.items():
-    if model == "draft_model":
-      out[model] = llama_forward_seconds(dparams, drafter.cfg, sorted(sizes), context,
-                                         repeats)["causal"]  # fmt: skip
-    elif model in ("eagle", "eagle_level"):
-      rows = 1 if model == "eagle" else drafter.top_k
-      out[model] = {t: _eagle_seconds(drafter, dparams, t, rows, repeats) for t in sorted(sizes)}
-    elif model in ("medusa", "lookup"):  # the whole propose: heads, top-k, the tree's tokens
-      state = jnp.ones((1, target_cfg.dim), jnp.float32) if model == "medusa" else None
-      ctx = DraftContext(
-        tokens=jnp.ones((1, context + 64), jnp.int32), lengths=jnp.asarray([context], jnp.int32),
-        key=jax.random.key(0), sampling=sampling.SamplingParams.create(0.0),
-        vocab_size=target_cfg.vocab_size,
-      )  # fmt: skip
-      fn = jax.jit(lambda p, s, ctx: drafter.propose(p, s, ctx)[0].tokens)
-      run = lambda fn=fn, s=state, ctx=ctx: fn(dparams, s, ctx)  # noqa: E731
-      out[model] = {1: median_seconds(run, repeats)}
-  return out
-
-
-def _eagle_seconds(drafter, p, t: int, head_rows: int, repeats: int) -> float:
-  """One EAGLE forward over t pairs (fc, the layer) with no cache, its head on the last
-  ``head_rows``."""
-  fwd = functools.partial(_eagle_logits, cfg=drafter.cfg, head_rows=head_rows)
-  width = drafter.cfg.target.dim * len(drafter.feature_layers)
-  s = jnp.ones((1, t, width), jnp.float32)
-  return median_seconds(lambda: fwd(p, jnp.ones((1, t), jnp.int32), s), repeats)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "head_rows"))
-def _eagle_logits(p, tokens_1xT, s_1xTxF, *, cfg, head_rows: int):
-  """The EAGLE forward that ``_eagle_seconds`` times."""
-  t = tokens_1xT.shape[1]
-  attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
-  x = eagle.inputs(p, cfg, tokens_1xT, eagle.fuse(p, s_1xTxF))
-  out, _, _ = eagle.layer(p, cfg, x, jnp.arange(t)[None], None, None, attn)
-  return eagle.logits(p, cfg, out[:, t - head_rows :])
+  timers = family.of(drafter).need("price").timers
+  missing = sorted(set(models) - set(timers))
+  if missing:
+    raise ValueError(
+      f"drafter {drafter.name!r} runs forwards {missing} that its family record's price.timers "
+      "cannot time: give each a timer."
+    )
+  return {m: timers[m](drafter, dparams, target_cfg, context, sorted(n), repeats)
+          for m, n in models.items()}  # fmt: skip
 
 
 def measured(name: str, target_parts: dict, drafter_parts: dict, overhead: float) -> Profile:
@@ -242,16 +154,7 @@ def measured(name: str, target_parts: dict, drafter_parts: dict, overhead: float
   return Profile(name, cost, overhead, "timed on this machine (batch 1, jitted, median)")
 
 
-# --- num_draft = "auto" -----------------------------------------------------------------------
-
-
-def _machine_profile(config, target, sizes, drafter, dparams, repeats: int) -> Profile:
-  """This machine's profile for ``drafter``: the target's forwards over ``sizes`` tokens and
-  the drafter's own, timed here, and the per-step overhead (a short AR decode minus one
-  forward)."""
-  target_s, overhead = _machine_target(config, target, sizes, repeats, drafter)
-  parts = drafter_seconds(drafter, dparams, target.cfg, _context(config), repeats)
-  return measured("this machine", target_s, parts, overhead)
+# --- "auto": a drafter's budget for this machine --------------------------------------------------
 
 
 def _context(config) -> int:
@@ -286,120 +189,34 @@ def ar_step_seconds(config, target, context: int) -> float:
   return (decode_seconds(2 * s) - decode_seconds(s)) / s
 
 
-def _k_limit(config, most: int) -> int:
-  return min(most, config.drafter.max_depth, config.drafter.max_nodes)
-
-
-def auto_chain_length(config, target, drafter, dparams, repeats: int = 5):
-  """The draft model with the K (within ``config.drafter.max_depth`` and ``max_nodes``) whose
-  predicted speedup is best on this machine: τ(K) from the offline simulation, step costs
-  from forwards timed here."""
-  curve = tau_curve(config.drafter.draft_model.auto_from, config, target.cfg.name)
-  ks = [k for k in sorted(curve) if k <= _k_limit(config, max(curve))]
-  profile = _machine_profile(config, target, [k + 1 for k in ks], drafter, dparams, repeats)
-  options = {k: profile.speedup(dataclasses.replace(drafter, num_draft=k), curve[k]) for k in ks}
-  best = max(options, key=lambda k: (options[k], -k))
-  table = ", ".join(f"K={k}: τ {curve[k]:.2f} → {options[k]:.2f}x" for k in ks)
-  print(f"num_draft=auto: {table}; chose K={best}")
-  if options[best] < 1:
-    print(f"num_draft=auto: even K={best} is predicted slower than AR on this machine.")
-  return dataclasses.replace(drafter, num_draft=best)
-
-
-# --- prompt lookup: K and min_ngram for the machine ---------------------------------------------
-
-
-def lookup_grid(target, rows, k_max: int, max_ngram: int = 3) -> list[dict]:
-  """Prompt lookup (a chain, abstaining where nothing matches) replayed for every K in
-  1..k_max and min_ngram in 1..max_ngram over ``rows`` (prompt ids, the target's greedy new
-  ids): ``[{num_draft, min_ngram, tau, abstained}]``, ``abstained`` the share of target calls
-  that were one-token steps. Stateless, so no model runs."""
-  from specjax import simulate
-
-  out = []
-  for n in range(1, max_ngram + 1):
-    for k in range(1, k_max + 1):
-      d = prompt_lookup.PromptLookup(k, max_ngram=max_ngram, min_ngram=n)
-      r = simulate.replay(target, d, None, rows)
-      out.append({"num_draft": k, "min_ngram": n, "tau": r.tau, "abstained": r.abstained / r.calls})
-  return out
-
-
-def auto_lookup(config, target, drafter, repeats: int = 5):
-  """Prompt lookup with the (K, min_ngram) whose predicted speedup is best on this machine:
-  τ and abstentions from the offline replay in the ``auto_from`` file, step costs timed here.
-  Where verifying K + 1 tokens costs several one-token forwards (a CPU), a longer min_ngram
-  (abstain unless the match is long: an AR step) beats guessing from one-token matches."""
-  grid = lookup_curve(config.drafter.prompt_lookup.auto_from, target.cfg.name)
-  limit = _k_limit(config, max(g["num_draft"] for g in grid))
-  grid = [g for g in grid if g["num_draft"] <= limit]
-  k_max = max(g["num_draft"] for g in grid)
-  sizes = sorted({2, 3, (k_max + 3) // 2, k_max + 1})  # timed; the T between, interpolated
-  print(f"prompt_lookup num_draft=auto: timing the target's forwards over {sizes} tokens ...")
-  profile = _machine_profile(config, target, sizes, drafter, None, repeats)
-
-  def speedup(g):
-    d = dataclasses.replace(drafter, num_draft=g["num_draft"], min_ngram=g["min_ngram"])
-    return profile.speedup(d, g["tau"], g["abstained"])
-
-  best = max(grid, key=lambda g: (speedup(g), -g["num_draft"], -g["min_ngram"]))
-  top = sorted(grid, key=speedup, reverse=True)[:3]
-  table = ", ".join(f"K={g['num_draft']} min_ngram={g['min_ngram']}: τ {g['tau']:.2f} → "
-                    f"{speedup(g):.2f}x" for g in top)  # fmt: skip
-  print(f"prompt_lookup num_draft=auto (best of {len(grid)}): {table}; chose "
-        f"K={best['num_draft']}, min_ngram={best['min_ngram']}")  # fmt: skip
-  if speedup(best) < 1:
-    print("prompt_lookup num_draft=auto: every setting is predicted slower than AR here.")
-  return dataclasses.replace(drafter, num_draft=best["num_draft"], min_ngram=best["min_ngram"])
-
-
-# --- EAGLE-2: the tree budget for the machine ---------------------------------------------------
-
-
-def eagle_profiles(target_s, overhead, drafter, dparams, target_cfg, budgets, context, repeats):
-  """``{top_k: Profile}`` pricing ``drafter`` at every ``(top_k, depth, total)`` in
-  ``budgets``: its forwards timed once per ``top_k`` (the head reads top_k rows per level)."""
-  out = {}
-  for k in sorted({b[0] for b in budgets}):
-    shapes = [dataclasses.replace(drafter, top_k=k, depth=d, total=n) for kk, d, n in budgets
-              if kk == k]  # fmt: skip
-    parts = drafter_seconds(shapes[0], dparams, target_cfg, context, repeats, also=shapes[1:])
-    out[k] = measured("this machine", target_s, parts, overhead)
-  return out
-
-
-def auto_eagle(config, target, drafter, dparams, repeats: int = 5):
-  """EAGLE-2 with the tree budget ``(top_k, depth, total)`` (within ``config.drafter``'s
-  ``max_depth`` and ``max_nodes``) whose predicted speedup is best on this machine: greedy τ
-  of every budget from the offline replay in the ``auto_from`` file, step costs timed here."""
-  c = config.drafter.eagle
-  grid = [
-    g
-    for g in eagle_grid(c.auto_from, target.cfg.name, c.path)
-    if g["depth"] <= config.drafter.max_depth and g["total"] <= config.drafter.max_nodes
-  ]
-  if not grid:
-    raise ValueError(
-      f"config.drafter.eagle.auto_from={c.auto_from!r}: no tree budget of its eagle_grid fits "
-      f"config.drafter.max_depth={config.drafter.max_depth} and max_nodes="
-      f"{config.drafter.max_nodes}; raise them."
-    )  # fmt: skip
-  budgets = [(g["top_k"], g["depth"], g["total"]) for g in grid]
-  sizes = sorted({n + 1 for _, _, n in budgets})
-  print(f"eagle total=auto: timing {len(budgets)} tree budgets' forwards here ...")
+def auto(config, target, drafter, dparams, repeats: int = 5):
+  """The drafter at the setting of its family's ``tune`` grid (read from ``auto_from``) whose
+  predicted speedup is best on this machine: τ from the offline replay there, step costs from
+  the target's and the drafter's forwards timed here. Prints the best three and the choice."""
+  tune = family.of(drafter).need("tune")
+  head = f"{drafter.name} {tune.field}=auto"
+  grid = tune.grid(config, target.cfg.name)
+  options = [tune.apply(drafter, g) for g in grid]
+  verify = sorted({f.tokens for d in options for f in step_work(d) if f.model.startswith("target")})
+  sizes = tune.timed(verify)
+  print(f"{head}: timing {len(grid)} settings' forwards here (the target over {sizes} tokens) ...")
   target_s, overhead = _machine_target(config, target, sizes, repeats, drafter)
-  profiles = eagle_profiles(target_s, overhead, drafter, dparams, target.cfg, budgets,
-                            _context(config), repeats)  # fmt: skip
-
-  def speedup(g):
-    d = dataclasses.replace(drafter, top_k=g["top_k"], depth=g["depth"], total=g["total"])
-    return profiles[g["top_k"]].speedup(d, g["tau"])
-
-  best = max(grid, key=lambda g: (speedup(g), -g["total"], -g["depth"]))
-  top = sorted(grid, key=speedup, reverse=True)[:3]
-  name = lambda g: f"{g['top_k']}x{g['depth']} with {g['total']} nodes"  # noqa: E731
-  table = ", ".join(f"{name(g)}: τ {g['tau']:.2f} → {speedup(g):.2f}x" for g in top)
-  print(f"eagle total=auto (best of {len(grid)}, greedy τ): {table}; chose {name(best)}")
-  if speedup(best) < 1:
-    print("eagle total=auto: every tree budget is predicted slower than AR here.")
-  return dataclasses.replace(drafter, top_k=best["top_k"], depth=best["depth"], total=best["total"])
+  groups = {}
+  for d in options:
+    groups.setdefault(tune.group(d), []).append(d)
+  profiles = {
+    key: measured("this machine", target_s,
+                  drafter_seconds(ds[0], dparams, target.cfg, _context(config), repeats, ds[1:]),
+                  overhead)
+    for key, ds in groups.items()
+  }  # fmt: skip
+  speed = [profiles[tune.group(d)].speedup(d, g["tau"], g.get("abstained", 0.0))
+           for d, g in zip(options, grid, strict=True)]  # fmt: skip
+  order = sorted(range(len(grid)), key=lambda i: (speed[i], tune.prefer(grid[i])), reverse=True)
+  table = ", ".join(f"{tune.label(grid[i])}: τ {grid[i]['tau']:.2f} → {speed[i]:.2f}x"
+                    for i in order[:3])  # fmt: skip
+  best = order[0]
+  print(f"{head} (best of {len(grid)}, greedy τ): {table}; chose {tune.label(grid[best])}")
+  if speed[best] < 1:
+    print(f"{head}: every setting is predicted slower than AR on this machine.")
+  return options[best]

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from specjax import indexing, placement, sampling, verify
 from specjax import metrics as metrics_lib
+from specjax.drafters import family
 from specjax.drafters.base import Drafter, NoDraft, at_temperature
 from specjax.loop import Limits, Static, jitted
 from specjax.models import llama
@@ -127,12 +128,14 @@ def _arguments(
   drafter = at_temperature(drafter, temperature)
   llama.check_params(target_cfg, target_params)
   drafter.check_target(target_cfg)
-  if hasattr(drafter, "check_params"):
-    drafter.check_params(drafter_params)
+  where = family.placement_of(drafter)
+  if where.check_params is not None:
+    where.check_params(drafter, drafter_params)
   drafter.check_context(max_len)
   llama.check_context(target_cfg, max_len)
-  if isinstance(getattr(drafter, "cache_model", None), ModelConfig):
-    llama.check_context(drafter.cache_model, max_len)
+  cache_model = where.cache_model(drafter)
+  if cache_model is not None:
+    llama.check_context(cache_model, max_len)
   llama.check_features(target_cfg, drafter.feature_layers)
   b = len(prompts)
   if b == 0:
@@ -145,8 +148,8 @@ def _arguments(
   if mesh is not None:
     placement.check_batch(shape, b)
     placement.check_model(shape, target_cfg)
-    if isinstance(getattr(drafter, "cfg", None), ModelConfig):
-      placement.check_model(shape, drafter.cfg, "draft model")
+    if cache_model is not None:
+      placement.check_model(shape, cache_model, "draft model")
   if isinstance(seed, int) and not 0 <= seed < 2**32:
     raise ValueError(f"seed must be an integer in [0, 2**32), got {seed}.")
   check_forward_rows(forward_rows, drafter)
@@ -154,7 +157,7 @@ def _arguments(
     target_cfg, drafter, max_len, verifier, prompt_width(max(pad_to, *map(len, prompts)), max_len),
     mesh, forward_rows,
   )  # fmt: skip
-  rules = getattr(drafter, "partition_rules", ())
+  rules = where.partition_rules(drafter)
   placement.check_fits(
     footprint(target_cfg, target_params, drafter, drafter_params, b, st.num_slots, shape, rules)
   )
@@ -184,8 +187,8 @@ def footprint(
   target_cfg, target_params, drafter, drafter_params, batch, num_slots, mesh_shape, rules=()
 ) -> placement.Footprint:
   """Bytes one device holds: weights by their partition rules, the target's KV cache and the
-  drafter's own (``drafter.cache_model``: a draft model's, EAGLE's layer's), rows over data
-  and kv heads over tensor."""
+  drafter's own (its family's ``placement.cache_model``: a draft model's, EAGLE's layer's),
+  rows over data and kv heads over tensor."""
   parts = {
     "target weights": placement.bytes_per_device(target_params, llama.RULES, mesh_shape),
     "target KV cache": placement.cache_bytes(
@@ -194,7 +197,7 @@ def footprint(
   }
   if drafter_params is not None:
     parts["drafter weights"] = placement.bytes_per_device(drafter_params, rules, mesh_shape)
-  cache_model = getattr(drafter, "cache_model", None)
+  cache_model = family.placement_of(drafter).cache_model(drafter)
   if cache_model is not None:  # a draft model's cache, or EAGLE's layer's
     itemsize = np.dtype(llama.param_dtype(drafter_params)).itemsize
     parts["draft KV cache"] = placement.cache_bytes(

@@ -38,22 +38,32 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import decode
+from specjax.drafters import family
 from specjax.trees import Tree
 
 
+def replay_of(drafter) -> family.Replay:
+  """How ``drafter`` is replayed (its family record's ``replay``); one clear error for a
+  drafter the simulator cannot replay offline."""
+  record = family.FAMILIES.get(drafter.name)
+  if drafter.num_extra or record is None or record.replay is None:
+    able = [n for n, f in family.FAMILIES.items() if f.replay is not None and n != "none"]
+    raise ValueError(
+      f"drafter.name={drafter.name!r}: offline acceptance is simulated for drafters whose family "
+      f"record gives a replay ({', '.join(able)})."
+    )
+  return record.replay
+
+
 def node_tree(drafter) -> Tree | None:
-  """The static tree a drafter verifies (``static_tree``); None for EAGLE-2's dynamic trees
-  (one per step)."""
-  return drafter.static_tree
+  """The static tree a drafter verifies (its replay's ``tree``); None for EAGLE-2's dynamic
+  trees (one per step)."""
+  return replay_of(drafter).tree(drafter)
 
 
 def check_supported(drafter) -> None:
   """One clear error for a drafter the simulator cannot replay offline."""
-  if getattr(drafter, "num_extra", 0) or not hasattr(drafter, "teacher_forced_drafts"):
-    raise ValueError(
-      f"drafter.name={drafter.name!r}: offline acceptance is simulated for prompt_lookup, "
-      "draft_model, medusa and eagle."
-    )
+  replay_of(drafter)
 
 
 ABSTAINED = -1  # the token of every node at a root where the drafter abstained
@@ -93,9 +103,9 @@ def offline_drafts(
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter"))
 def _drafts(tparams, dparams, x_1xS, roots_R, row_len, *, cfg, drafter):
   """``(tokens [R, N], parents [R, N] or None, abstain [R])`` at every root, in one program:
-  the drafter's ``teacher_forced_drafts``."""
+  its family record's ``replay.drafts``."""
   target = types.SimpleNamespace(cfg=cfg, params=tparams)
-  return drafter.teacher_forced_drafts(target, dparams, x_1xS, roots_R, row_len)
+  return replay_of(drafter).drafts(drafter, target, dparams, x_1xS, roots_R, row_len)
 
 
 def node_depths(parents_RxN: np.ndarray) -> np.ndarray:
@@ -159,13 +169,16 @@ def acceptance_by_depth(accepted_R: np.ndarray, depth: int) -> list[float]:
 
 def with_chain_length(drafter, k: int):
   """The same chain drafter drafting ``k`` tokens per step."""
-  return drafter.with_chain_length(k)
+  chain = replay_of(drafter).chain
+  if chain is None:
+    raise ValueError(f"drafter {drafter.name!r} has no chain-length sweep (its replay's chain).")
+  return chain(drafter, k)
 
 
 def is_chain(drafter) -> bool:
   """Whether τ for every chain length comes from one replay (``tau_by_chain_length``)."""
   tree = node_tree(drafter)
-  return tree is not None and tree.is_chain and drafter.sweeps_chain_length
+  return tree is not None and tree.is_chain and replay_of(drafter).chain is not None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from specjax import indexing, sampling, trees, verify
 from specjax.decode import generate
-from specjax.drafters.base import Draft, Drafter, Prefill, Stateless, Verdict, WithFeatures
+from specjax.drafters.base import Draft, Drafter, Prefill, TokensOnly, Verdict, WithFeatures
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.exact import chi2_pvalue, sequence_distribution
 
@@ -81,7 +81,7 @@ def exact_pvalue(target, drafter, dparams, knobs, verifier=verify.verify, prompt
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomTreeDrafter(Stateless):
+class RandomTreeDrafter(TokensOnly):
   """Proposes a tree whose children come from a random q per node.
 
   Every internal node gets its own random distribution q (through ``sampling.probs``, so top-k

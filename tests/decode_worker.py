@@ -90,8 +90,7 @@ def load_onto(mesh, directory) -> dict:
   and values against ``placement.place``, and (the check's teeth) the same load without a mesh."""
   from safetensors.numpy import save_file
 
-  from specjax.models import checkpoint
-  from specjax.train import export
+  from specjax.models import checkpoint, export
 
   cfg, params = TARGET
   export.save_model(directory, cfg, params)

@@ -113,7 +113,7 @@ def _bad(tmp_path):
       dict(path=str(tmp_path / "eagle_eagle3"), format="speculators", out=out),
     ),
     "a verifier for a format without one": (
-      "recorded by format=speculators only",
+      "is not read by format='vllm_medusa'",
       dict(path=heads, format="vllm_medusa", out=out, verifier="org/model"),
     ),
     "a verifier that is no model": (

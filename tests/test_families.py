@@ -19,8 +19,7 @@ import pytest
 from specjax.decode import generate
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import checkpoint, llama, rope, tiny
-from specjax.train import export
+from specjax.models import checkpoint, export, llama, rope, tiny
 
 pytestmark = pytest.mark.skipif(
   not (importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")),

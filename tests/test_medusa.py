@@ -197,13 +197,13 @@ def _bad_inputs(tmp_path):
     ),
     "an unknown token loss": (
       "objective.medusa.loss='l2' is unknown",
-      lambda: objectives.REGISTRY["medusa"].check(_objective_with(loss="l2")),
+      lambda: objectives.registry()["medusa"].check(_objective_with(loss="l2")),
     ),
   }
 
 
 def _objective_with(**fields):
-  c = objectives.REGISTRY["medusa"].config()
+  c = objectives.registry()["medusa"].config()
   c.update(fields)
   return c
 

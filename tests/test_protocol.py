@@ -1,6 +1,7 @@
-"""A drafter written only here, against the protocol in drafters/base.py, and registered with one
-call: the config, generate (greedy equals AR; sampled rows follow the target's distribution),
-the cost model's step pricing and the tau simulator all take it with no edit elsewhere."""
+"""A drafter written only here, against the protocol in drafters/base.py, with its family record
+(drafters/family.py) registered with one call: the config, generate (greedy equals AR; sampled
+rows follow the target's distribution), the cost model's step pricing and the tau simulator all
+take it with no edit elsewhere. (tests/test_family_record.py does the same for a trained one.)"""
 
 import dataclasses
 
@@ -11,13 +12,14 @@ import pytest
 from configs import tiny as tiny_config
 from specjax import build, costmodel, drafters, simulate, testing
 from specjax.decode import generate
-from specjax.drafters.base import Draft, Forward, Stateless, verify_forward
+from specjax.drafters import family
+from specjax.drafters.base import Draft, Forward, TokensOnly, verify_forward
 from specjax.models import tiny
 from specjax.models.cache import gather_rows
 
 
 @dataclasses.dataclass(frozen=True)
-class RepeatNewest(Stateless):
+class RepeatNewest(TokensOnly):
   """Guesses that the newest token repeats, ``num_draft`` times (deterministic candidates)."""
 
   num_draft: int = 2
@@ -39,9 +41,19 @@ class RepeatNewest(Stateless):
     return (Forward("lookup", 1), verify_forward(self))
 
 
+FAMILY = family.Family(
+  name="repeat_newest",
+  drafter=RepeatNewest,
+  price=family.Price(forwards=RepeatNewest.step_forwards, timers={"lookup": family.time_propose}),
+  replay=family.Replay(drafts=RepeatNewest.teacher_forced_drafts),
+)
+
+
 @pytest.fixture
-def registered(monkeypatch):
-  monkeypatch.setitem(drafters.REGISTRY, "repeat_newest", RepeatNewest)  # the one registry call
+def registered():
+  family.register(FAMILY)  # the one call
+  yield
+  family.unregister(FAMILY.name)
 
 
 def test_a_drafter_defined_here_runs_everywhere(registered):

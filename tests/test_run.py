@@ -16,8 +16,9 @@ from configs import tiny
 from experiments.eagle_smollm2 import config as eagle_smollm2
 from experiments.medusa_smollm2 import config as medusa_smollm2
 from specjax import build, report
+from specjax.measure import sweep, timing
 from specjax.models import llama
-from specjax.tasks import benchmark, feature_cost, max_len, sweep, timing
+from specjax.tasks import benchmark, feature_cost, max_len
 
 
 def _run(*overrides, cwd):

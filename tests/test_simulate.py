@@ -309,8 +309,8 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   assert (d.num_draft, d.min_ngram) in {(g["num_draft"], g["min_ngram"]) for g in grid}
   assert "chose K=" in capsys.readouterr().out
   # Where a step costs what an AR step does, the pick is the cell with the highest tau.
-  free = costmodel.measured("free", {"target": {1: 1.0}}, {"lookup": {1: 0.0}}, overhead=0.0)
-  monkeypatch.setattr(costmodel, "_machine_profile", lambda *a, **k: free)
+  monkeypatch.setattr(costmodel, "_machine_target", lambda *a, **k: ({"target": {1: 1.0}}, 0.0))
+  monkeypatch.setattr(costmodel, "drafter_seconds", lambda *a, **k: {"lookup": {1: 0.0}})
   d, _ = build.drafter(la, build.target(la))
   top = max(grid, key=lambda g: (g["tau"], -g["num_draft"], -g["min_ngram"]))
   assert (d.num_draft, d.min_ngram) == (top["num_draft"], top["min_ngram"])
@@ -427,9 +427,9 @@ def test_eagle_budget_grid_is_replayed_priced_and_feeds_total_auto(tmp_path, cap
   assert "chose" in capsys.readouterr().out
   # Where every step costs one AR step, the pick is the budget with the highest τ.
   zero = {"eagle": {1: 0.0}, "eagle_level": {1: 0.0}}
-  free = costmodel.measured("free", {"target": {1: 1.0}, "target_tree": {1: 1.0}}, zero, 0.0)
-  monkeypatch.setattr(costmodel, "_machine_target", lambda *a, **k: (None, 0.0))
-  monkeypatch.setattr(costmodel, "eagle_profiles", lambda *a, **k: {1: free, 2: free})
+  free_target = {"target": {1: 1.0}, "target_tree": {1: 1.0}}
+  monkeypatch.setattr(costmodel, "_machine_target", lambda *a, **k: (free_target, 0.0))
+  monkeypatch.setattr(costmodel, "drafter_seconds", lambda *a, **k: zero)
   chosen, _ = build.drafter(a, target)
   top = max(grid, key=lambda g: (g["tau"], -g["total"], -g["depth"]))
   assert (chosen.top_k, chosen.depth, chosen.total) == (top["top_k"], top["depth"], top["total"])

@@ -18,9 +18,9 @@ import train_worker
 from configs import train_tiny
 from specjax import losses, parallel
 from specjax.models import checkpoint as model_checkpoint
-from specjax.models import tiny
+from specjax.models import export, tiny
 from specjax.tasks import train as train_task
-from specjax.train import checkpoint, data, export, loop, metrics_log, objectives, step
+from specjax.train import checkpoint, data, loop, metrics_log, objectives, step
 
 # -- the loss ---------------------------------------------------------------------------------
 

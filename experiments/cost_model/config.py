@@ -28,7 +28,8 @@ from ml_collections import config_dict
 from configs import demo, qwen_coder_pair
 from experiments import held_out
 from experiments.eagle_smollm2 import config as eagle_smollm2
-from specjax.tasks import cost_model, sweep
+from specjax.drafters import eagle
+from specjax.measure import sweep
 
 HERE = "experiments/cost_model"
 CHIPS = ("H100-SXM", "H200", "TPU-v5e", "TPU-v5p")
@@ -83,8 +84,8 @@ def eagle_variants() -> dict:
 # name: the sweep's variants and the EAGLE-2 budgets (top_k, depth, total) it replays, the grid
 # that drafter.eagle.total = "auto" reads.
 RUNS = {
-  "smollm2": (variants, cost_model.EAGLE_BUDGETS),
-  "qwen": (qwen_variants, cost_model.EAGLE_BUDGETS),
+  "smollm2": (variants, eagle.SWEPT_BUDGETS),
+  "qwen": (qwen_variants, eagle.SWEPT_BUDGETS),
   "smollm2_eagle": (eagle_variants, EAGLE_BUDGETS),
 }
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.eagle_smollm2 import config as E  # noqa: E402
 from specjax import build, results, simulate  # noqa: E402
-from specjax.tasks import sweep  # noqa: E402
+from specjax.measure import sweep  # noqa: E402
 from specjax.train import data  # noqa: E402
 
 RUNS = ("broad", "more", "wide")  # workdirs results/eagle_smollm2_<run>/draft_final

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.eagle_smollm2 import config as E  # noqa: E402
 from specjax import build, decode, results, simulate  # noqa: E402
 from specjax.drafters.prompt_lookup import PromptLookup  # noqa: E402
-from specjax.tasks import sweep  # noqa: E402
+from specjax.measure import sweep  # noqa: E402
 from specjax.train import data  # noqa: E402
 
 SETS = (E.GREEDY_DATA, E.TASKS_DATA)

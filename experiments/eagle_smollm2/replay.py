@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.eagle_smollm2 import config as E  # noqa: E402
 from specjax import build, results, simulate  # noqa: E402
 from specjax.drafters import eagle  # noqa: E402
-from specjax.tasks import sweep  # noqa: E402
+from specjax.measure import sweep  # noqa: E402
 
 VOCAB_BUDGETS = ((1, 4, 4), (2, 5, 8), (4, 6, 16))  # (top_k, depth, total): the sweeps' shapes
 WIDE_BUDGETS = ((4, 6, 16), (4, 8, 32), (8, 8, 64), (8, 12, 128))

@@ -14,7 +14,7 @@ from experiments.eagle_smollm2.config import (
 )
 from specjax import results
 from specjax.drafters.eagle import objective as eagle_objective
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 CONTINUED_RUNS = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS, LONG_RUN)
 TRAINED = ("eagle1", *CONTINUED_RUNS, "ttt_300")  # runs with a results/<run>/train.json

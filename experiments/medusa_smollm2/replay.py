@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from experiments.medusa_smollm2 import config as M  # noqa: E402
 from specjax import build, results, simulate  # noqa: E402
-from specjax.tasks import sweep  # noqa: E402
+from specjax.measure import sweep  # noqa: E402
 
 BUDGETS = (4, 8, 16, 32, 64)  # grown trees' node counts (results/medusa_tree.json)
 

@@ -5,7 +5,7 @@ experiments/medusa_smollm2``)."""
 import json
 
 from specjax import results
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 TRAINING_RUNS = {
   "corpora": "corpus text (step 1)",

@@ -15,7 +15,7 @@ with the measured verify cost, and places them beside the measurements (table an
 """
 
 from configs import demo, qwen_coder_pair
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 KS = tuple(range(1, 9))
 

@@ -43,7 +43,7 @@ def get_config(arg: str | None = None):
   from experiments import held_out
   from experiments.cost_model import config as cost_model
   from experiments.temperature_sweep import config as temperature_sweep
-  from specjax.tasks import sweep
+  from specjax.measure import sweep
 
   if arg not in ("smollm2", "qwen"):
     raise ValueError(

@@ -17,7 +17,7 @@ over AR measured in the same process, per temperature.
 from configs import demo
 from experiments import held_out
 from experiments.eagle_smollm2 import config as eagle_smollm2
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 HERE = "experiments/temperature_sweep"
 TEMPERATURES = (0.0, 0.5, 1.0, 1.5)

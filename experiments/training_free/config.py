@@ -15,7 +15,7 @@ The batch-1 run also times one target forward over T tokens for the tree sizes u
 
 from configs import demo
 from experiments import held_out
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 VARIANTS = {  # name -> config.drafter overrides
   "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},

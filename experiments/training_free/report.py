@@ -6,7 +6,7 @@ from results/.
 
 import json
 
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 
 def report(results_dir):

@@ -21,7 +21,7 @@ can equal AR's bit for bit (results/bf16_one_shape).
 
 from configs import demo
 from experiments import held_out
-from specjax.tasks import sweep
+from specjax.measure import sweep
 
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 EAGLE_DRAFTER = "experiments/eagle_smollm2/drafter"

@@ -1,34 +1,43 @@
-"""Drafters, and the registry that picks one by name from a config.
+"""Drafters, and the registry of their family records that picks one by name from a config.
 
     from specjax.drafters import DraftModel, Eagle, Lookahead, Medusa, NoDraft, PromptLookup
 
-A config's ``drafter`` section holds ``name`` (a key of ``REGISTRY``), the step budgets
+A config's ``drafter`` section holds ``name`` (a registered family's), the step budgets
 ``max_depth`` and ``max_nodes``, and one subsection per registered drafter with that drafter's
 own fields (``drafter.prompt_lookup.num_draft``, ``drafter.lookahead.window``, ...): see
-``default_config``. Adding a drafter is one module with ``config``/``check``/``build`` (see
-``base.Chain``) and one line in ``REGISTRY``; the decode loop (loop.py) never changes.
+``default_config``. Adding a drafter is one module or package holding the drafter (the
+protocol in ``base.py``) and its family record (``family.py``), registered with one call;
+importing this package registers the built-in ones. The decode loop (loop.py) never changes.
 """
 
 import ml_collections
 
+from specjax.drafters import family
 from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.family import FAMILIES, Family, register
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.prompt_lookup import PromptLookup
 
-REGISTRY: dict[str, type] = {
-  "none": NoDraft,
-  "draft_model": DraftModel,
-  "prompt_lookup": PromptLookup,
-  "lookahead": Lookahead,
-  "medusa": Medusa,
-  "eagle": Eagle,
-}
+register(
+  Family(
+    name="none",
+    drafter=NoDraft,
+    price=family.Price(forwards=NoDraft.step_forwards),
+    replay=family.Replay(drafts=NoDraft.teacher_forced_drafts),
+  )
+)
+# The built-in families in the order configs and records have always listed them.
+_BUILT_IN = ("none", "draft_model", "prompt_lookup", "lookahead", "medusa", "eagle")
+_ordered = {n: FAMILIES[n] for n in _BUILT_IN} | FAMILIES
+FAMILIES.clear()
+FAMILIES.update(_ordered)
 
 __all__ = [
-  "REGISTRY",
+  "FAMILIES",
+  "Family",
   "Draft",
   "DraftContext",
   "DraftModel",
@@ -41,6 +50,7 @@ __all__ = [
   "PromptLookup",
   "Verdict",
   "build",
+  "register",
   "check",
   "default_config",
 ]
@@ -49,11 +59,11 @@ __all__ = [
 def default_config(name: str = "none") -> ml_collections.ConfigDict:
   """The ``drafter`` config section: every registered drafter's subsection with its defaults."""
   c = ml_collections.ConfigDict()
-  c.name = name  # one of REGISTRY: none | draft_model | prompt_lookup | lookahead | medusa | eagle
+  c.name = name  # a registered family: none, draft_model, prompt_lookup, lookahead, medusa, eagle
   c.max_depth = 16  # budget: most draft tokens one step may accept
   c.max_nodes = 64  # budget: most draft + extra tokens fed to the target per step
-  for key, cls in REGISTRY.items():
-    sub = cls.config()
+  for key, f in FAMILIES.items():
+    sub = f.drafter.config()
     if len(sub):
       c[key] = sub
   return c
@@ -61,11 +71,11 @@ def default_config(name: str = "none") -> ml_collections.ConfigDict:
 
 def _cls(config: ml_collections.ConfigDict) -> type:
   name = config.drafter.name
-  if name not in REGISTRY:
+  if name not in FAMILIES:
     raise ValueError(
-      f"config.drafter.name={name!r} is unknown; choose one of {', '.join(REGISTRY)}."
+      f"config.drafter.name={name!r} is unknown; choose one of {', '.join(FAMILIES)}."
     )
-  return REGISTRY[name]
+  return FAMILIES[name].drafter
 
 
 def _section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

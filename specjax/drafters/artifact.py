@@ -23,6 +23,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
+from specjax.drafters import family
 from specjax.models.config import ModelConfig
 
 
@@ -144,8 +145,10 @@ def sha256(path) -> str:
   return h.hexdigest()
 
 
-# The JSON file of each kind of saved drafter, and the config that decodes with it.
-KINDS = {"eagle.json": "eagle", "medusa.json": "medusa"}
+def kinds() -> dict[str, str]:
+  """``{JSON file: drafter name}`` of each kind of saved drafter (the family records' ``saved``
+  groups): the file marks a directory as that drafter's, decoded with ``drafter.name``."""
+  return family.saved_kinds()
 
 
 def read_meta(
@@ -155,12 +158,14 @@ def read_meta(
   With ``tensors_file``, that file is checked against it (``check_tensors``)."""
   path = Path(directory) / meta_file
   if not path.is_file():
-    other = [KINDS[f] for f in KINDS if f != meta_file and (Path(directory) / f).is_file()]
+    known = kinds()
+    other = [f for f in known if f != meta_file and (Path(directory) / f).is_file()]
     if other:
+      kind = known[other[0]]
       raise ValueError(
-        f"{field}={str(directory)!r} holds {other[0]}.json, not {meta_file}: it is a drafter "
-        f"for drafter.name={other[0]}; decode with drafter.name={other[0]} and "
-        f"drafter.{other[0]}.path={str(directory)!r}."
+        f"{field}={str(directory)!r} holds {other[0]}, not {meta_file}: it is a drafter "
+        f"for drafter.name={kind}; decode with drafter.name={kind} and "
+        f"drafter.{kind}.path={str(directory)!r}."
       )
     raise ValueError(f"{field}={str(directory)!r} holds no {meta_file}: {hint}.")
   try:

@@ -43,7 +43,6 @@ from flax import struct
 from specjax.drafters.curves import read_cost_model
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
-from specjax.trees import Tree
 
 
 @struct.dataclass
@@ -125,27 +124,24 @@ def verify_forward(drafter) -> Forward:
 
 
 class Drafter(Protocol):
-  name: str
+  """What the decode loop (and ``generate``, before compiling) reads of a drafter: its static
+  sizes, two checks, and three pure functions. Everything else specjax asks of a drafter
+  (placement, price, tune, replay, training, layouts) is in its family record (family.py)."""
+
+  name: str  # its family's name (config.drafter.name)
   num_draft: int  # D: most draft tokens accepted per step (static).
   num_nodes: int  # N: draft tokens verified per step (N = D for a chain).
   num_extra: int  # E: extra tokens fed to the target per step (0 for most drafters).
   feature_layers: tuple  # target features read: () none, "final", layer indices.
 
+  @property
+  def verifies_tree(self) -> bool: ...  # its drafts carry parents: verified under a tree mask
+
+  def draft_calls_per_step(self) -> int: ...  # draft forwards a step runs (a metric)
+
   def check_target(self, target_cfg: ModelConfig) -> None: ...
 
   def check_context(self, max_len: int) -> None: ...
-
-  @property
-  def cache_model(self) -> ModelConfig | None: ...
-
-  @property
-  def verifies_tree(self) -> bool: ...
-
-  def step_forwards(self) -> tuple[Forward, ...]: ...
-
-  def own_sizes(self, params: Any) -> dict[str, tuple[int, int]]: ...
-
-  def draft_calls_per_step(self) -> int: ...
 
   def init(self, params: Any, prefill: Prefill) -> Any: ...
 
@@ -154,8 +150,10 @@ class Drafter(Protocol):
   def commit(self, state: Any, verdict: Verdict, ctx: DraftContext) -> Any: ...
 
 
-class Chain:
-  """Sizes of a chain drafter that reads no target features and verifies only its K tokens."""
+class DrafterBase:
+  """The protocol's defaults: no target features, no extra tokens, the K draft tokens are all
+  the nodes verified (a tree drafter overrides ``num_nodes`` and ``verifies_tree``), any
+  context fits; and the config group's hooks (the family record's ``drafter`` is the class)."""
 
   feature_layers: tuple = ()
 
@@ -172,54 +170,10 @@ class Chain:
     del max_len
 
   @property
-  def cache_model(self) -> ModelConfig | None:
-    """The decoder whose KV cache the drafter keeps beside the target's (one row per target
-    row, as many slots), or None: what ``decode.footprint`` counts."""
-    return None
-
-  @property
   def verifies_tree(self) -> bool:
     """Whether its drafts carry ``parents`` (verified under a tree mask), even where the tree
     is a chain."""
     return False
-
-  def step_forwards(self) -> tuple[Forward, ...]:
-    """The forwards one decoding step runs, the drafter's own then the target's verify
-    (``verify_forward``): what the cost model prices and times."""
-    raise ValueError(
-      f"drafter {self.name!r} has no step cost model: give it step_forwards (as prompt_lookup, "
-      "draft_model, medusa and eagle do)."
-    )
-
-  def own_sizes(self, params) -> dict[str, tuple[int, int]]:
-    """Per model name of ``step_forwards`` that is the drafter's own: (parameters read, KV
-    bytes per cached token), for the roofline."""
-    del params
-    return {}
-
-  # -- the τ simulator (simulate.py) --
-
-  @property
-  def static_tree(self) -> Tree | None:
-    """The tree every step verifies (a chain of ``num_draft`` unless the drafter has a
-    ``tree``); None for a tree drawn anew each step (EAGLE-2)."""
-    return getattr(self, "tree", None) or Tree.chain(self.num_draft)
-
-  sweeps_chain_length = True  # ``with_chain_length`` makes the same drafter K tokens long
-
-  def with_chain_length(self, k: int):
-    """The same chain drafter drafting ``k`` tokens per step."""
-    return dataclasses.replace(self, num_draft=k)
-
-  def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
-    """``(tokens [R, N], parents [R, N] or None, abstain [R])``: what the drafter proposes at
-    every root ``r`` of the text ``x`` (the newest committed token ``x[r]``), greedy, from the
-    text alone, in one traced program (``simulate.offline_drafts``); parents None means
-    ``static_tree``. ``row_len``: the text's length (``x`` is padded past it)."""
-    raise ValueError(
-      f"drafter.name={self.name!r}: offline acceptance is simulated for drafters that give "
-      "teacher_forced_drafts (prompt_lookup, draft_model, medusa and eagle)."
-    )
 
   @staticmethod
   def config() -> ml_collections.ConfigDict:
@@ -240,8 +194,11 @@ class Chain:
     raise NotImplementedError
 
 
-class Stateless(Chain):
-  """Defaults for a drafter with no model and no state (it reads only the token buffer)."""
+class TokensOnly(DrafterBase):
+  """Defaults for a drafter that reads only the token buffer (and its params, if any): no
+  target features, no cache of its own; ``init`` keeps nothing and ``commit`` changes nothing
+  unless it overrides them (Lookahead keeps an n-gram pool). Its replay is ``propose`` at
+  every root (``teacher_forced_drafts``)."""
 
   def check_target(self, target_cfg: ModelConfig) -> None:
     del target_cfg
@@ -283,7 +240,7 @@ class Stateless(Chain):
 
 
 @dataclasses.dataclass(frozen=True)
-class NoDraft(Stateless):
+class NoDraft(TokensOnly):
   """Proposes nothing: the decode loop becomes plain autoregressive decoding (K = 0)."""
 
   name: str = "none"

@@ -27,7 +27,8 @@ import numpy as np
 from flax import struct
 
 from specjax import indexing, trees
-from specjax.drafters.base import Draft, DraftContext, Stateless, Verdict
+from specjax.drafters import family
+from specjax.drafters.base import Draft, DraftContext, TokensOnly, Verdict
 
 
 @struct.dataclass
@@ -39,7 +40,7 @@ class LookaheadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Lookahead(Stateless):
+class Lookahead(TokensOnly):
   window: int = 5  # W: Jacobi window width (columns)
   ngram: int = 4  # N: n-gram size (the window has N - 1 levels)
   num_candidates: int = 5  # G: pool n-grams verified per step
@@ -172,3 +173,6 @@ class Lookahead(Stateless):
     keys_P = keys_P.at[slot_W].set(grams_WxN[:, 0], mode="drop")
     conts_PxK = conts_PxK.at[slot_W].set(grams_WxN[:, 1:], mode="drop")
     return keys_P, conts_PxK, (ptr + jnp.sum(new_W)) % self.pool_size
+
+
+FAMILY = family.register(family.Family(name="lookahead", drafter=Lookahead))

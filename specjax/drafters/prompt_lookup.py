@@ -20,7 +20,7 @@ Config (``config.drafter.prompt_lookup``): num_draft, max_ngram, min_ngram, num_
 abstain, as the fields below. ``num_draft = "auto"`` (a chain, with ``auto_from``: a
 ``cost_model.json`` whose ``lookup_grid`` holds τ and abstentions for every K and min_ngram,
 replayed offline) picks K and min_ngram for the machine it runs on
-(``costmodel.auto_lookup``: step costs timed there).
+(``costmodel.auto`` with this family's ``tune``: step costs timed there).
 """
 
 import dataclasses
@@ -32,12 +32,12 @@ import numpy as np
 from ml_collections import config_dict
 
 from specjax import trees
-from specjax.drafters import curves
+from specjax.drafters import curves, family
 from specjax.drafters.base import (
   Draft,
   DraftContext,
   Forward,
-  Stateless,
+  TokensOnly,
   check_auto_from,
   check_num_draft,
   verify_forward,
@@ -48,7 +48,7 @@ FIELD = "config.drafter.prompt_lookup"
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup(Stateless):
+class PromptLookup(TokensOnly):
   num_draft: int
   max_ngram: int = 3
   min_ngram: int = 1
@@ -238,3 +238,48 @@ def with_branch(draft: Draft, lookup: PromptLookup, ctx: DraftContext) -> Draft:
     return Draft(tokens=tokens, parents=parents)
   one_hot = jax.nn.one_hot(guess.tokens, draft.probs.shape[-1], dtype=draft.probs.dtype)
   return Draft(tokens=tokens, probs=jnp.concatenate([draft.probs, one_hot], 1), parents=parents)
+
+
+def _settings(config, target_name: str) -> list[dict]:
+  """``{num_draft, min_ngram, tau, abstained}`` of every setting within the step budgets, from
+  the ``lookup_grid`` of ``auto_from``."""
+  grid = curves.lookup_curve(config.drafter.prompt_lookup.auto_from, target_name)
+  most = max(g["num_draft"] for g in grid)
+  limit = min(most, config.drafter.max_depth, config.drafter.max_nodes)
+  return [g for g in grid if g["num_draft"] <= limit]
+
+
+def _timed_sizes(sizes: list[int]) -> list[int]:
+  """Four of the verify sizes are timed, the rest interpolated: a chain of K costs K + 1."""
+  most = max(sizes)
+  return sorted({2, 3, (most + 2) // 2, most})
+
+
+def _sweep(drafter, dparams, cm, replay):
+  """Every K in 1..``cost_model.max_k`` and min_ngram in 1..3 of a one-branch chain that
+  abstains where nothing matches, replayed: τ and the share of one-token steps."""
+  del drafter, dparams  # the grid is the text's: every prompt-lookup variant shares it
+  out = []
+  for n in range(1, 4):
+    for k in range(1, cm.get("max_k", 8) + 1):
+      r = replay(PromptLookup(k, max_ngram=3, min_ngram=n), None)
+      out.append({"num_draft": k, "min_ngram": n, "tau": r.tau, "abstained": r.abstained / r.calls})
+  return PromptLookup(1), out
+
+
+FAMILY = family.register(
+  family.Family(
+    name="prompt_lookup",
+    drafter=PromptLookup,
+    price=family.Price(forwards=PromptLookup.step_forwards, timers={"lookup": family.time_propose}),
+    tune=family.Tune(
+      field="num_draft",
+      grid=_settings,
+      label=lambda g: f"K={g['num_draft']} min_ngram={g['min_ngram']}",
+      prefer=lambda g: (-g["num_draft"], -g["min_ngram"]),
+      timed=_timed_sizes,
+      sweep=family.Sweep(key="lookup_grid", run=_sweep),
+    ),
+    replay=family.Replay(drafts=PromptLookup.teacher_forced_drafts, tree=lambda d: d.tree),
+  )
+)

@@ -2,21 +2,22 @@
 
 Each mode is run once to compile (saying what compiles), then ``benchmark.repeats`` timed
 passes interleave the modes; the median of a mode's passes is its steady-state time
-(``tasks/timing.py``). The draft model is also timed alone as an AR decoder, which gives the
-cost ratio c = draft step time / target step time. Writes a JSON record and prints a table;
-speedups are ratios of times measured in this same run.
+(``specjax/measure/timing.py``). A drafter that is itself a model (a draft model) is also timed
+alone as an AR decoder, which gives the cost ratio c = draft step time / target step time.
+Writes a JSON record and prints a table; speedups are ratios of times measured in this same
+run.
 """
 
 import dataclasses
-import platform
 
 import jax
 import ml_collections
 
-from specjax import baselines, build, metrics, parallel, profiling, results
+from specjax import baselines, build, drafters, metrics, parallel, profiling, results
 from specjax.decode import generate
+from specjax.measure import timing
+from specjax.measure.machine import machine
 from specjax.models import registry
-from specjax.tasks import timing
 
 COLUMNS = (
   "mode",
@@ -52,8 +53,9 @@ def run(config: ml_collections.ConfigDict) -> dict:
       **common,
     ),
   }
-  if drafter.name == "draft_model":
-    modes["draft_ar"] = lambda b: generate(dparams, drafter.cfg, b, **common)
+  alone = drafters.FAMILIES[config.drafter.name].price
+  if alone is not None and alone.alone is not None:  # the drafter is itself an LM: time it AR
+    modes["draft_ar"] = lambda b: generate(dparams, alone.alone(drafter), b, **common)
 
   record = {"config": config.to_dict(), "machine": machine(), "modes": {}}
   # The drafter as built (num_draft = "auto" settles its knobs only here).
@@ -124,15 +126,3 @@ def _baselines(config, target, req, ar: dict, summary: dict) -> None:
       repeats=config.benchmark.repeats,
     )
     summary |= {"hf": hf, "ar_vs_hf": ar["tokens_per_s"] / hf["tokens_per_s"]}
-
-
-def machine() -> dict:
-  dev = jax.devices()[0]
-  return {
-    "platform": dev.platform,
-    "device": str(dev.device_kind),
-    "devices": jax.device_count(),
-    "jax": jax.__version__,
-    "python": platform.python_version(),
-    "processor": platform.processor() or platform.machine(),
-  }

@@ -13,12 +13,11 @@
    Every forward is timed ``cost_model.repeats`` times (default 15), the median kept.
 5. For chain drafters, τ for every chain length K = 1..``cost_model.max_k`` from one offline
    pass of the longest chain (``tau_by_k``): what ``num_draft = "auto"`` picks K from.
-6. With any prompt-lookup variant: every (K, min_ngram) replayed (``lookup_grid``: τ, the share
-   of one-token steps, the speedup predicted here and on the chips): what prompt lookup's
-   ``num_draft = "auto"`` picks from.
-7. With any EAGLE variant: its drafter replayed at every tree budget (top_k, depth, total) of
-   ``cost_model.eagle_budgets`` (``eagle_grid``: τ and the speedup predicted here and on the
-   chips): what EAGLE's ``total = "auto"`` picks from.
+6. For every variant whose family record's ``tune`` has a ``sweep``: its settings replayed
+   and priced here and on the chips, what that drafter's ``auto`` picks from. Prompt lookup:
+   every (K, min_ngram) (``lookup_grid``: τ, the share of one-token steps); EAGLE: its
+   drafter at every tree budget (top_k, depth, total) of ``cost_model.eagle_budgets``
+   (``eagle_grid``).
 
 Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table.
 
@@ -27,7 +26,6 @@ Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table
 greedy, so the same tokens, checked), so steps 2-6 can be redone in minutes.
 """
 
-import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -37,9 +35,9 @@ import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, results, simulate
-from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.tasks import sweep
-from specjax.tasks.benchmark import machine
+from specjax.drafters import FAMILIES, family
+from specjax.measure import sweep
+from specjax.measure.machine import machine
 
 COLUMNS = (
   "variant",
@@ -50,11 +48,6 @@ COLUMNS = (
   "predicted_speedup",
   "speedup_error",
 )
-
-
-# EAGLE-2 tree budgets (top_k, depth, total) replayed by default: chains, then trees.
-EAGLE_BUDGETS = ((1, 2, 2), (1, 3, 3), (1, 4, 4), (1, 6, 6), (2, 3, 4), (2, 3, 6), (2, 4, 6),
-                 (2, 5, 8), (3, 4, 8), (3, 5, 12), (4, 4, 12), (4, 6, 16), (4, 6, 24))  # fmt: skip
 
 
 def _reused_sweep(config, path: str) -> dict | None:
@@ -97,6 +90,23 @@ def _check_same_speed(config, target, record: dict, tolerance: float = 0.2) -> N
     )
 
 
+def _sweeps(variants, drafters, target, rows, cm) -> list[tuple]:
+  """``[(tune, base drafter, its params, settings)]``: each swept grid of the variants, once
+  per (list, tag): the last variant with a tag gives the drafter replayed."""
+  todo = {}
+  for name, (d, dp) in drafters.items():
+    tune = family.of(d).tune
+    if tune is None or tune.sweep is None:
+      continue
+    tag = tune.sweep.tag(variants[name].drafter[d.name])
+    todo[tune.sweep.key, json.dumps(tag, sort_keys=True)] = (tune, d, dp, tag)
+  out = []
+  for tune, d, dp, tag in tqdm(todo.values(), desc="sweeps", unit="grid", disable=not todo):
+    base, grid = tune.sweep.run(d, dp, cm, lambda d, dp: simulate.replay(target, d, dp, rows))
+    out.append((tune, base, dp, [tag | g for g in grid]))
+  return out
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   cm = config.cost_model
   variants = sweep.check(config)
@@ -135,22 +145,14 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for name, (d, dp) in drafters.items():
     if simulate.is_chain(d):  # tau for every chain length: what num_draft = "auto" reads
       by_k[name] = simulate.tau_by_chain_length(target, d, dp, every_row, k_max)
-  kinds = {name: variants[name].drafter.name for name in drafters}
-  lookups = "prompt_lookup" in kinds.values()
-  grid = costmodel.lookup_grid(target, every_row, k_max) if lookups else []
-  budgets = [tuple(b) for b in cm.get("eagle_budgets", EAGLE_BUDGETS)]
-  eagles = {variants[name].drafter.eagle.path: (d, dp)
-            for name, (d, dp) in drafters.items() if kinds[name] == "eagle"}  # fmt: skip
-  eagle_grid = [
-    {"path": path} | g
-    for path, (d, dp) in tqdm(eagles.items(), desc="EAGLE budgets", unit="drafter")
-    for g in simulate.tau_by_budget(target, d, dp, every_row, budgets)
-  ]  # fmt: skip
+  swept = _sweeps(variants, drafters, target, every_row, cm)
 
-  sizes = {1} | {k + 1 for k in range(1, k_max + 1) if grid}
-  sizes |= {total + 1 for _, _, total in budgets} if eagles else set()
-  sizes = sorted(sizes | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
-                          if f.model.startswith("target")})  # fmt: skip
+  sizes = {1} | {f.tokens for d, _ in drafters.values() for f in costmodel.step_work(d)
+                 if f.model.startswith("target")}  # fmt: skip
+  for tune, base, _, grid in swept:
+    sizes |= {f.tokens for g in grid for f in costmodel.step_work(tune.apply(base, g))
+              if f.model.startswith("target")}  # fmt: skip
+  sizes = sorted(sizes)
   slots = config.max_len + max(sizes)  # the decode's cache: its attention window
   repeats = cm.get("repeats", 15)  # timed rounds per forward (the median is kept)
   target_s = costmodel.target_seconds(target, sizes, cm.context, slots, repeats)
@@ -164,28 +166,21 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for d, dp in drafters.values():
     sizes_by_model |= costmodel.model_sizes(target.cfg, d, dp)
   chips = {chip: costmodel.roofline(chip, sizes_by_model, cm.context) for chip in cm.chips}
-  if grid:  # every (K, min_ngram) priced here and on the chips
-    base = PromptLookup(1)
-    lookup_here = costmodel.measured(
-      "this machine",
-      target_s,
-      costmodel.drafter_seconds(base, None, target.cfg, cm.context, repeats),
-      overhead,
-    )  # fmt: skip
-    for g in grid:
-      d = dataclasses.replace(base, num_draft=g["num_draft"], min_ngram=g["min_ngram"])
-      g["predicted_speedup"] = lookup_here.speedup(d, g["tau"], g["abstained"])
+  for tune, base, dp, grid in swept:  # every setting priced here and on the chips
+    options = [tune.apply(base, g) for g in grid]
+    groups = {}
+    for d in options:
+      groups.setdefault(tune.group(d), []).append(d)
+    profiles = {
+      key: costmodel.measured("this machine", target_s, costmodel.drafter_seconds(
+        ds[0], dp, target.cfg, cm.context, repeats, ds[1:]), overhead)
+      for key, ds in groups.items()
+    }  # fmt: skip
+    for d, g in zip(options, grid, strict=True):
+      abstained = g.get("abstained", 0.0)
+      g["predicted_speedup"] = profiles[tune.group(d)].speedup(d, g["tau"], abstained)
       for chip, prof in chips.items():
-        g[f"{chip}_speedup"] = prof.speedup(d, g["tau"], g["abstained"])
-
-  for path, (d, dp) in eagles.items():  # every tree budget priced here and on the chips
-    profiles = costmodel.eagle_profiles(target_s, overhead, d, dp, target.cfg, budgets,
-                                        cm.context, repeats)  # fmt: skip
-    for g in (g for g in eagle_grid if g["path"] == path):
-      shaped = dataclasses.replace(d, top_k=g["top_k"], depth=g["depth"], total=g["total"])
-      g["predicted_speedup"] = profiles[g["top_k"]].speedup(shaped, g["tau"])
-      for chip, prof in chips.items():
-        g[f"{chip}_speedup"] = prof.speedup(shaped, g["tau"])
+        g[f"{chip}_speedup"] = prof.speedup(d, g["tau"], abstained)
 
   table = []
   cats = list(config.sweep.categories)
@@ -238,9 +233,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
     },
     "chips": {c: costmodel.CHIPS[c][2] for c in cm.chips},
     "rows": table,
-    "lookup_grid": grid,
-    "eagle_grid": eagle_grid,
   }
+  for f in FAMILIES.values():  # every sweep's list, empty where no variant had one
+    if f.tune is not None and f.tune.sweep is not None:
+      out[f.tune.sweep.key] = []
+  for tune, _, _, grid in swept:
+    out[tune.sweep.key] += grid
   cols = COLUMNS + tuple(f"{c}_speedup" for c in cm.chips)
   print(results.table(table, cols))
   print(f"wrote {results.write_json(f'{config.output_dir}/cost_model.json', out)}")

@@ -13,7 +13,9 @@ one token, the number a per-device cost model needs. Writes ``output_dir/device_
 import ml_collections
 
 from specjax import build, results
-from specjax.tasks import benchmark, sweep
+from specjax.measure import sweep
+from specjax.measure.machine import machine as machine_facts
+from specjax.tasks import benchmark
 
 COLUMNS = (
   "drafter", "batch", "tau", "calls_per_token", "ar_tokens_per_s", "tokens_per_s", "speedup",
@@ -27,7 +29,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for name in bench.drafters:
     if name not in config.drafter:
       raise ValueError(f"config.device_bench.drafters has {name!r}, which has no config.drafter.")
-  machine = benchmark.machine()
+  machine = machine_facts()
   print(f"device: {machine['platform']} {machine['device']} x{machine['devices']}", flush=True)
   rows = []
   for name in bench.drafters:

@@ -20,8 +20,8 @@ import numpy as np
 
 from specjax import build, decode, metrics, results
 from specjax.drafters.base import Prefill, Verdict, WithFeatures
-from specjax.tasks import timing
-from specjax.tasks.benchmark import machine
+from specjax.measure import timing
+from specjax.measure.machine import machine
 
 COLUMNS = ("mode", "features", "hlo_ops", "gflops", "gbytes", "tokens_per_s", "vs_none")
 

@@ -20,12 +20,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from specjax import build, exact, results, sampling, verify
+from specjax import build, drafters, exact, results, sampling, verify
 from specjax.decode import generate
 from specjax.drafters import DraftModel, eagle
 from specjax.drafters.base import Draft
+from specjax.measure.machine import machine
 from specjax.models import llama, tiny
-from specjax.tasks.benchmark import machine
 from specjax.train import corpora
 
 
@@ -59,7 +59,8 @@ def real_logits(config, target, drafter, dparams) -> dict:
   sp = sampling.SamplingParams.create(config.temperature, config.top_k, config.top_p)
   logits_of = jax.jit(llama.logits_of, static_argnums=1)
   p = sampling.probs(logits_of(target.params, target.cfg, seq)[0][0], sp)  # [T, V]
-  q = sampling.probs(logits_of(dparams, drafter.cfg, seq)[0][0], sp)
+  alone = drafters.FAMILIES[drafter.name].price.alone(drafter)  # the drafter as an LM
+  q = sampling.probs(logits_of(dparams, alone, seq)[0][0], sp)
   tv = 0.5 * jnp.abs(p - q).sum(-1)
   draws = jax.random.categorical(jax.random.key(config.seed), jnp.log(q), axis=-1)
   draft = Draft(draws[:, None].astype(jnp.int32), q[:, None])
@@ -121,10 +122,12 @@ def joint(samples: int, seed: int) -> dict:
 
 def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
-  if config.drafter.name != "draft_model":
+  price = drafters.FAMILIES[config.drafter.name].price
+  if price is None or price.alone is None:
+    models = [n for n, f in drafters.FAMILIES.items() if f.price and f.price.alone]
     raise ValueError(
       f"config.drafter.name={config.drafter.name!r}: task=losslessness compares real logits of "
-      "two models; set drafter.name=draft_model."
+      f"two models; set drafter.name to a drafter that is a model ({', '.join(models)})."
     )
   lc = config.losslessness
   record = {"config": config.to_dict(), "machine": machine()}

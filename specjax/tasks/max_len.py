@@ -17,8 +17,8 @@ import ml_collections
 
 from specjax import build, metrics, results
 from specjax.decode import generate
-from specjax.tasks import timing
-from specjax.tasks.benchmark import machine
+from specjax.measure import timing
+from specjax.measure.machine import machine
 
 COLUMNS = ("mode", "max_len", "tokens", "tau", "steady_s", "tokens_per_s", "vs_smallest")
 

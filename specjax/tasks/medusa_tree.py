@@ -24,9 +24,10 @@ from tqdm import tqdm
 
 from specjax import build, losses, results
 from specjax.drafters import medusa
+from specjax.measure import sweep
+from specjax.measure.machine import machine
 from specjax.models import llama
-from specjax.tasks import sweep, train
-from specjax.tasks.benchmark import machine
+from specjax.tasks import train
 from specjax.trees import Tree
 
 

@@ -23,9 +23,9 @@ import ml_collections
 
 from specjax import build, results
 from specjax.decode import generate
+from specjax.measure import timing
+from specjax.measure.machine import machine
 from specjax.models import registry
-from specjax.tasks import timing
-from specjax.tasks.benchmark import machine
 
 MODES = (
   "specjax_ar", "specjax_prompt_lookup", "specjax_draft_model",

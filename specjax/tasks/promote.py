@@ -72,10 +72,10 @@ def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
 
 
 def _kind(directory: Path, field: str, strict: bool = True) -> str | None:
-  kinds = [kind for f, kind in artifact.KINDS.items() if (directory / f).is_file()]
+  kinds = [kind for f, kind in artifact.kinds().items() if (directory / f).is_file()]
   if not kinds and strict:
     raise ValueError(
-      f"{field}: {directory} holds neither {' nor '.join(artifact.KINDS)}: not a drafter "
+      f"{field}: {directory} holds neither {' nor '.join(artifact.kinds())}: not a drafter "
       "task=train saved."
     )
   return kinds[0] if kinds else None

@@ -41,9 +41,10 @@ from tqdm.auto import tqdm
 
 from specjax import build, decode, loop, results
 from specjax.decode import generate
+from specjax.measure import sweep
+from specjax.measure.machine import machine
 from specjax.models import llama, source
-from specjax.tasks import specbench_report, sweep
-from specjax.tasks.benchmark import machine
+from specjax.tasks import specbench_report
 from specjax.tasks.specbench_report import AR
 
 FIELDS = ("question_id", "category", "turns")

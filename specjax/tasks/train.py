@@ -3,7 +3,7 @@
     python -m specjax.run --config=configs/train_tiny.py            # seconds, random target
     python -m specjax.run --config=configs/distill_draft_smollm2.py  # SmolLM2-135M
 
-What is trained is ``config.objective.name`` from ``specjax.train.objectives.REGISTRY``, with
+What is trained is ``config.objective.name`` from ``specjax.train.objectives.registry()``, with
 its own subsection ``config.objective.<name>``. Order of work: every config field is checked
 (and the mesh against the devices, after joining a multi-process run) before any model or text
 is loaded; then the target is loaded and frozen, the data is read (``config.data.sources``:

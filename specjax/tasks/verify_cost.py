@@ -6,6 +6,6 @@ What verifying a chain or tree of T - 1 draft tokens costs relative to one AR st
 machine, the number that decides which tree sizes can pay off. Writes verify_cost.json.
 """
 
-from specjax.tasks.sweep import run_verify_cost as run
+from specjax.measure.sweep import run_verify_cost as run
 
 __all__ = ["run"]

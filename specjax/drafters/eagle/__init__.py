@@ -48,7 +48,14 @@ exact: the siblings drawn without replacement are all tried before it, and if on
 already proposed its token, its renormalised q is zero and it is skipped.
 """
 
+import dataclasses
+
+from jax.sharding import PartitionSpec as P
+
+from specjax.drafters import curves, family
+from specjax.drafters.eagle import layouts, price
 from specjax.drafters.eagle.drafter import Eagle, EagleState
+from specjax.drafters.eagle.formats import EXPORTS, WRITES
 from specjax.drafters.eagle.layouts import load
 from specjax.drafters.eagle.model import (
   ARCHITECTURES,
@@ -73,11 +80,91 @@ from specjax.drafters.eagle.model import (
   save,
   widen,
 )
+from specjax.drafters.eagle.objective import EagleFeatures
 from specjax.drafters.eagle.tree import Expanded, Pool, check_shape, pool_size
+from specjax.models import llama
 
 __all__ = [
-  "ARCHITECTURES", "FIELD", "FORMAT", "INPUTS", "META_FILE", "TRAINED_BY", "WEIGHTS_FILE",
+  "FAMILY", "SWEPT_BUDGETS", "ARCHITECTURES", "FIELD", "FORMAT", "INPUTS", "META_FILE",
+  "TRAINED_BY", "WEIGHTS_FILE",
   "Eagle", "EagleConfig", "EagleState", "Expanded", "Pool", "check_shape", "frozen_params",
   "fuse", "init_params", "inputs", "layer", "load", "load_saved", "logits", "param_shapes",
   "pool_size", "read_meta", "read_trained", "rollout_layer", "save", "widen",
 ]  # fmt: skip
+
+
+# On a decoding mesh: the layer and embedding like the target's, the head by rows.
+EAGLE_RULES = (*llama.RULES, (r"(^|/)proj$", P("tensor", None)))
+
+
+# The tree budgets (top_k, depth, total) task=cost_model replays by default: chains, then trees.
+SWEPT_BUDGETS = ((1, 2, 2), (1, 3, 3), (1, 4, 4), (1, 6, 6), (2, 3, 4), (2, 3, 6), (2, 4, 6),
+                 (2, 5, 8), (3, 4, 8), (3, 5, 12), (4, 4, 12), (4, 6, 16), (4, 6, 24))  # fmt: skip
+
+
+def _sweep(drafter, dparams, cm, replay):
+  """The drafter's weights replayed at every budget of ``cost_model.eagle_budgets``."""
+  out = []
+  for top_k, depth, total in (tuple(b) for b in cm.get("eagle_budgets", SWEPT_BUDGETS)):
+    d = dataclasses.replace(drafter, top_k=top_k, depth=depth, total=total)
+    out.append({"top_k": top_k, "depth": depth, "total": total, "tau": replay(d, dparams).tau})
+  return drafter, out
+
+
+def _budgets(config, target_name: str) -> list[dict]:
+  """The tree budgets ``(top_k, depth, total)`` with their greedy τ in ``auto_from`` for this
+  drafter, within ``config.drafter.max_depth`` and ``max_nodes``."""
+  c = config.drafter.eagle
+  grid = [
+    g
+    for g in curves.eagle_grid(c.auto_from, target_name, c.path)
+    if g["depth"] <= config.drafter.max_depth and g["total"] <= config.drafter.max_nodes
+  ]
+  if not grid:
+    raise ValueError(
+      f"config.drafter.eagle.auto_from={c.auto_from!r}: no tree budget of its eagle_grid fits "
+      f"config.drafter.max_depth={config.drafter.max_depth} and max_nodes="
+      f"{config.drafter.max_nodes}; raise them."
+    )  # fmt: skip
+  return grid
+
+
+FAMILY = family.register(
+  family.Family(
+    name="eagle",
+    drafter=Eagle,
+    placement=family.Placement(
+      partition_rules=lambda d: EAGLE_RULES,
+      cache_model=lambda d: d.cfg.layer,
+      check_params=Eagle.check_params,
+    ),
+    price=family.Price(
+      forwards=Eagle.step_forwards,
+      timers={"eagle": price.catch_up_seconds, "eagle_level": price.level_seconds},
+      sizes=Eagle.own_sizes,
+    ),
+    tune=family.Tune(
+      field="total",
+      grid=_budgets,
+      label=lambda g: f"{g['top_k']}x{g['depth']} with {g['total']} nodes",
+      prefer=lambda g: (-g["total"], -g["depth"]),
+      group=lambda d: d.top_k,  # its level forward reads top_k rows: timed per top_k
+      sweep=family.Sweep(key="eagle_grid", run=_sweep, tag=lambda c: {"path": c.path}),
+    ),
+    replay=family.Replay(
+      drafts=Eagle.teacher_forced_drafts,
+      tree=lambda d: d.static_tree,
+      chain=Eagle.with_chain_length,
+    ),
+    objective=EagleFeatures,
+    saved=family.Saved(
+      meta_file=META_FILE,
+      load=load,
+      export=layouts.export,
+      formats=EXPORTS,
+      writes=tuple(sorted(WRITES)),
+      check_export=layouts.check_export,
+      options=("verifier",),
+    ),
+  )
+)

@@ -11,15 +11,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import struct
-from jax.sharding import PartitionSpec as P
 from ml_collections import config_dict
 
 from specjax import indexing, sampling
 from specjax.drafters import curves, prompt_lookup
 from specjax.drafters.base import (
-  Chain,
   Draft,
   DraftContext,
+  DrafterBase,
   Forward,
   Prefill,
   Verdict,
@@ -58,7 +57,7 @@ class EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle(Chain):
+class Eagle(DrafterBase):
   """An EAGLE drafter growing an EAGLE-2 tree of ``total`` nodes, ``depth`` deep, expanding the
   ``top_k`` best nodes per level (``top_k = 1`` and ``total = depth``: a chain)."""
 
@@ -79,15 +78,6 @@ class Eagle(Chain):
   @property
   def feature_layers(self) -> tuple:
     return self.cfg.feature_layers
-
-  @property
-  def cache_model(self) -> ModelConfig:
-    return self.cfg.layer
-
-  @property
-  def partition_rules(self):
-    """On a decoding mesh: the layer and embedding like the target's, the head by rows."""
-    return (*llama.RULES, (r"(^|/)proj$", P("tensor", None)))
 
   @property
   def num_lookup(self) -> int:

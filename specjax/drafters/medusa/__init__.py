@@ -34,7 +34,10 @@ or vLLM's layout (``formats``; ``format`` in the config section), which carry no
 their sizes are checked against the target's.
 """
 
+from specjax.drafters import family
+from specjax.drafters.medusa import layouts
 from specjax.drafters.medusa.drafter import Medusa, parse_tree
+from specjax.drafters.medusa.formats import EXPORTS, WRITES
 from specjax.drafters.medusa.layouts import load
 from specjax.drafters.medusa.model import (
   FIELD,
@@ -55,9 +58,37 @@ from specjax.drafters.medusa.model import (
   save,
   target_head,
 )
+from specjax.drafters.medusa.objective import MedusaHeads
 
 __all__ = [
+  "FAMILY",
   "FIELD", "FORMAT", "HEADS_FILE", "META_FILE", "SCHEMA", "TRAINED", "HeadsConfig", "Medusa",
   "check_vocab", "fingerprint", "head_logits", "init_heads", "load", "load_saved", "parse_tree",
   "random_heads", "read_meta", "read_tensors", "save", "target_head",
 ]  # fmt: skip
+
+
+FAMILY = family.register(
+  family.Family(
+    name="medusa",
+    drafter=Medusa,
+    placement=family.Placement(check_params=Medusa.check_params),
+    price=family.Price(
+      forwards=Medusa.step_forwards, timers={"medusa": family.time_propose}, sizes=Medusa.own_sizes
+    ),
+    replay=family.Replay(
+      drafts=Medusa.teacher_forced_drafts,
+      tree=lambda d: d.static_tree,
+      chain=None,  # its chain is its heads: one per depth
+    ),
+    objective=MedusaHeads,
+    saved=family.Saved(
+      meta_file=META_FILE,
+      load=load,
+      export=layouts.export,
+      formats=EXPORTS,
+      writes=tuple(sorted(WRITES)),
+      check_export=layouts.check_export,
+    ),
+  )
+)

@@ -12,9 +12,9 @@ import numpy as np
 from specjax import indexing, sampling
 from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.base import (
-  Chain,
   Draft,
   DraftContext,
+  DrafterBase,
   Forward,
   Prefill,
   Verdict,
@@ -59,7 +59,7 @@ def parse_tree(c: ml_collections.ConfigDict, field: str = FIELD) -> Tree:
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(Chain):
+class Medusa(DrafterBase):
   """Medusa heads drafting a static tree; params from ``load`` or ``init_heads`` plus
   ``vocab_ids`` (the draft vocabulary's target ids)."""
 
@@ -209,8 +209,6 @@ class Medusa(Chain):
   @property
   def static_tree(self) -> Tree:
     return self.nodes
-
-  sweeps_chain_length = False  # its chain is its heads: one per depth
 
   def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
     """Head d's rank-c candidate from the target's final feature at ``r - 1``; a lookup

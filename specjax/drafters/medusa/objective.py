@@ -12,8 +12,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from specjax import losses, parallel
-from specjax.drafters import artifact, medusa, prompt_lookup
+from specjax.drafters import artifact, prompt_lookup
 from specjax.drafters.base import sampled_candidates
+from specjax.drafters.medusa import model as medusa
+from specjax.drafters.medusa.drafter import Medusa, parse_tree
 from specjax.models import llama
 from specjax.models.config import ModelConfig
 from specjax.typing import Params
@@ -159,10 +161,10 @@ class MedusaHeads:
       "loss": self.token_loss,
     }
 
-  def drafter(self, config: ml_collections.ConfigDict) -> medusa.Medusa:
+  def drafter(self, config: ml_collections.ConfigDict) -> Medusa:
     c = config.drafter.medusa
     sampled = sampled_candidates(c, medusa.FIELD)
-    return medusa.Medusa(self.heads, medusa.parse_tree(c), sampled, prompt_lookup.branch(c))
+    return Medusa(self.heads, parse_tree(c), sampled, prompt_lookup.branch(c))
 
   def export(self, directory: Path, params: Params, target) -> Path:
     """Heads that ``drafter.medusa.path`` loads (with the target's fingerprint)."""

@@ -67,7 +67,7 @@ def detect(directory, fmt: str = "auto", field: str = f"{FIELD}.path") -> str:
     return fmt
   if held:
     return held[0]
-  if any((d / f).is_file() for f in artifact.KINDS):  # another drafter: its own clear error
+  if any((d / f).is_file() for f in artifact.kinds()):  # another drafter: its own clear error
     return "specjax"
   listing = ", ".join(sorted(p.name for p in d.iterdir())[:12]) or "nothing"
   raise ValueError(

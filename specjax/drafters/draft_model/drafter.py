@@ -7,10 +7,11 @@ otherwise the rewrite is identical to what is there. So the draft cache needs no
 like the target's, it is rolled back by lengths alone (it borrows the target's).
 
 Config (``config.drafter.draft_model``): ``num_draft`` K, or ``"auto"``: the K with the best
-speedup predicted for the machine it runs on (``costmodel.auto_chain_length``: τ for every K
-from the offline simulation in the ``auto_from`` file that ``task=cost_model`` wrote, step costs
-timed here); ``source`` = ``truncate`` (the target's first ``num_layers`` layers) or ``model``
-(the ``model`` subsection, any model source: registry, gguf, safetensors, random).
+speedup predicted for the machine it runs on (``costmodel.auto`` with the family's ``tune``: τ
+for every K from the offline simulation in the ``auto_from`` file that ``task=cost_model``
+wrote, step costs timed here); ``source`` = ``truncate`` (the target's first ``num_layers``
+layers) or ``model`` (the ``model`` subsection, any model source: registry, gguf, safetensors,
+random).
 """
 
 import dataclasses
@@ -24,9 +25,9 @@ from ml_collections import config_dict
 from specjax import sampling
 from specjax.drafters import curves
 from specjax.drafters.base import (
-  Chain,
   Draft,
   DraftContext,
+  DrafterBase,
   Forward,
   Prefill,
   check_auto_from,
@@ -47,22 +48,13 @@ class DraftModelState:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel(Chain):
+class DraftModel(DrafterBase):
   cfg: ModelConfig
   num_draft: int
   name: str = "draft_model"
 
   def __post_init__(self):
     check_num_draft(self.num_draft, low=1)
-
-  @property
-  def partition_rules(self):
-    """On a decoding mesh the draft model is split like the target (placement.py)."""
-    return llama.RULES
-
-  @property
-  def cache_model(self) -> ModelConfig:
-    return self.cfg
 
   @staticmethod
   def config() -> ml_collections.ConfigDict:
