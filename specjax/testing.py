@@ -302,3 +302,19 @@ def lookup_first(drafter, params):
 
   fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
   return LookupFirst(**fields), params
+
+
+def dflash_drafter(
+  target, tree, block_size: int = 3, sampled: bool = True, seed: int = 0, lookup: int = 0,
+  feature_layers: tuple = (0,),
+):  # fmt: skip
+  """A DFlash drafter with random weights over ``target`` ((cfg, params)), drafting ``tree``
+  from blocks of ``block_size``, and its params (the target's embedding and head included)."""
+  from specjax.drafters import dflash
+
+  cfg, params = target
+  dcfg = dflash.DFlashConfig(cfg, feature_layers, num_layers=1, block_size=block_size)
+  dparams = dflash.model.init_params(dcfg, jax.random.key(seed))
+  branch = PromptLookup(lookup, abstain=False) if lookup else None
+  drafter = dflash.DFlash(dcfg, tree, sampled, branch)
+  return drafter, dparams | dflash.model.frozen_params(params, cfg)

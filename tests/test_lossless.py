@@ -139,6 +139,12 @@ STATEFUL = {
   "eagle_top_k_lookup": lambda d: testing.eagle_drafter(
     V5_TARGET, 3, 2, 5, sampled=False, lookup=2
   ),  # fmt: skip
+  # DFlash: one block forward drafts every depth (its q per depth is the same whatever was
+  # drafted above); the context is the target's features of the committed tokens, carried.
+  "dflash_sampled_chain": lambda d: testing.dflash_drafter(V5_TARGET, trees.Tree.chain(2), 3),
+  "dflash_sampled_tree": lambda d: testing.dflash_drafter(V5_TARGET, MEDUSA_TREE, 3),
+  "dflash_top_k_tree": lambda d: testing.dflash_drafter(V5_TARGET, MEDUSA_TREE, 3, sampled=False),
+  "dflash_sampled_lookup": lambda d: testing.dflash_drafter(V5_TARGET, MEDUSA_TREE, 3, lookup=2),
   # The published EAGLE-1 architecture (no input norm, no final norm), sampled candidates (its
   # EAGLE-3 sibling with a reduced vocabulary: test_interop_eagle.py, imported).
   "eagle1_official_sampled": lambda d: testing.eagle_drafter(
@@ -177,6 +183,14 @@ BF16 = {
     STATEFUL["eagle_sampled_2x2_3"],
     testing.keep_rejected_candidate,
   ),
+  "dflash_keep_rejected_candidate": (
+    STATEFUL["dflash_sampled_tree"],
+    testing.keep_rejected_candidate,
+  ),
+  "dflash_chain_resample_from_target": (
+    STATEFUL["dflash_sampled_chain"],
+    testing.resample_from_target,
+  ),
 }
 
 
@@ -204,6 +218,14 @@ ONE_SHAPE = {
   "eagle_keep_rejected_candidate": (
     STATEFUL["eagle_sampled_2x2_3"],
     testing.keep_rejected_candidate,
+  ),
+  "dflash_keep_rejected_candidate": (
+    STATEFUL["dflash_sampled_tree"],
+    testing.keep_rejected_candidate,
+  ),
+  "dflash_chain_resample_from_target": (
+    STATEFUL["dflash_sampled_chain"],
+    testing.resample_from_target,
   ),
 }
 
@@ -234,6 +256,14 @@ BROKEN_ACROSS_STEPS = {
   "eagle_keep_rejected_candidate": (
     STATEFUL["eagle_sampled_2x2_3"],
     testing.keep_rejected_candidate,
+  ),
+  "dflash_keep_rejected_candidate": (
+    STATEFUL["dflash_sampled_tree"],
+    testing.keep_rejected_candidate,
+  ),
+  "dflash_chain_resample_from_target": (
+    STATEFUL["dflash_sampled_chain"],
+    testing.resample_from_target,
   ),
   # The lookup guess tried before the sampled children: their q loses its token.
   "eagle_lookup_first": (

@@ -14,6 +14,7 @@ import ml_collections
 
 from specjax.drafters import family
 from specjax.drafters.base import Draft, DraftContext, Drafter, NoDraft, Prefill, Verdict
+from specjax.drafters.dflash import DFlash
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.family import FAMILIES, Family, register
@@ -30,7 +31,7 @@ register(
   )
 )
 # The built-in families in the order configs and records have always listed them.
-_BUILT_IN = ("none", "draft_model", "prompt_lookup", "lookahead", "medusa", "eagle")
+_BUILT_IN = ("none", "draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "dflash")
 _ordered = {n: FAMILIES[n] for n in _BUILT_IN} | FAMILIES
 FAMILIES.clear()
 FAMILIES.update(_ordered)
@@ -40,6 +41,7 @@ __all__ = [
   "Family",
   "Draft",
   "DraftContext",
+  "DFlash",
   "DraftModel",
   "Drafter",
   "Eagle",

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from specjax import indexing, sampling
-from specjax.drafters import artifact, prompt_lookup
+from specjax import indexing
+from specjax.drafters import artifact, prompt_lookup, static_tree
 from specjax.drafters.base import (
   Draft,
   DraftContext,
@@ -34,16 +34,6 @@ from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models import llama, schema, source
 from specjax.models.config import ModelConfig
 from specjax.trees import Tree
-
-
-def _ranks(tree: Tree) -> tuple[int, ...]:
-  """Each node's index among its parent's children (nodes 1..N)."""
-  seen: dict[int, int] = {}
-  ranks = []
-  for p in tree.parents:
-    ranks.append(seen.get(p, 0))
-    seen[p] = ranks[-1] + 1
-  return tuple(ranks)
 
 
 def parse_tree(c: ml_collections.ConfigDict, field: str = FIELD) -> Tree:
@@ -81,7 +71,7 @@ class Medusa(DrafterBase):
         f"{self.heads.num_heads} heads (head k drafts depth k): use a shallower tree or "
         "train more heads."
       )
-    if max(_ranks(self.tree)) + 1 > self.heads.vocab_size:
+    if max(static_tree.ranks(self.tree)) + 1 > self.heads.vocab_size:
       raise ValueError(f"{FIELD}: a node has more siblings than the draft vocabulary has tokens.")
     prompt_lookup.check_branch(self.lookup, FIELD)
 
@@ -215,7 +205,7 @@ class Medusa(DrafterBase):
     branch's guess at every root after the heads' nodes."""
     _, (f,) = llama.logits_of(target.params, target.cfg, x_1xS, (llama.FINAL,))
     heads = self.tree  # the heads' nodes (the lookup branch, if any, comes after them)
-    head_N, rank_N = np.asarray(heads.depth[1:]) - 1, np.asarray(_ranks(heads))
+    head_N, rank_N = np.asarray(heads.depth[1:]) - 1, np.asarray(static_tree.ranks(heads))
     logits_RxHxW = head_logits(params, f[0][roots_R - 1])
     _, top = jax.lax.top_k(logits_RxHxW, int(rank_N.max()) + 1)
     tokens = params["vocab_ids"][top[:, head_N, rank_N]]
@@ -235,41 +225,10 @@ class Medusa(DrafterBase):
     return prompt_lookup.with_branch(draft, self.lookup, ctx)
 
   def _heads_draft(self, params, state, ctx: DraftContext) -> Draft:
+    """Head d's logits fill depth d of the static tree (``static_tree.draft``)."""
     logits_BxHxW = head_logits(params, state)
-    depth_N = np.asarray(self.tree.depth[1:]) - 1  # the head of every node
-    rank_N = np.asarray(_ranks(self.tree))
-    width = int(rank_N.max()) + 1
-    vocab_ids = params["vocab_ids"]
-    if not self.sampled:
-      _, top_BxHxC = jax.lax.top_k(logits_BxHxW, width)
-      tokens_BxN = vocab_ids[top_BxHxC[:, depth_N, rank_N]]
-      return Draft(tokens=tokens_BxN, parents=self._parents(state))
-    # Gumbel-top-k under every parent: its children are a draw without replacement from q_d.
-    q_BxHxW = sampling.probs(logits_BxHxW, ctx.sampling)
-    parents = np.asarray(self.tree.parents)
-    inner = sorted(set(parents.tolist()))  # nodes with children
-    row_of = {p: i for i, p in enumerate(inner)}
-    head_I = np.asarray(self.tree.depth)[inner]  # children of a depth-d node come from head d
-    greedy = sampling.is_greedy(ctx.sampling)
-    if greedy is True:  # static temperature 0: the top tokens of each head, no draw
-      scores_BxIxW = logits_BxHxW[:, head_I]
-    else:
-      gumbel_BxIxW = jax.random.gumbel(ctx.key, (state.shape[0], len(inner), q_BxHxW.shape[-1]))
-      scores_BxIxW = jnp.where(
-        greedy, logits_BxHxW[:, head_I], jnp.log(q_BxHxW[:, head_I]) + gumbel_BxIxW
-      )
-    _, top_BxIxC = jax.lax.top_k(scores_BxIxW, width)
-    parent_row_N = np.asarray([row_of[p] for p in parents])
-    tokens_BxN = vocab_ids[top_BxIxC[:, parent_row_N, rank_N]]
-    q_BxNxW = q_BxHxW[:, depth_N]
-    if self.heads.reduced:  # q is zero outside the draft vocabulary
-      q_BxNxV = jnp.zeros(tokens_BxN.shape + (self.heads.target_vocab_size,), q_BxNxW.dtype)
-      q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
-    return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=self._parents(state))
-
-  def _parents(self, state) -> jax.Array:
-    parents_N = jnp.asarray(self.tree.parents, jnp.int32)
-    return jnp.broadcast_to(parents_N, (state.shape[0], self.tree.num_nodes))
+    return static_tree.draft(self.tree, logits_BxHxW, self.sampled, ctx, params["vocab_ids"],
+                             self.heads.target_vocab_size)  # fmt: skip
 
 
 # --- Saving and loading: heads, their tree, and the target they belong to -----------------------

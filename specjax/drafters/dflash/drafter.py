@@ -1,0 +1,252 @@
+"""DFlash's drafter: a whole block drafted in one forward, verified as a chain or a static tree;
+state, config section and build. The model is ``model.py``."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import struct
+
+from specjax.drafters import prompt_lookup, static_tree
+from specjax.drafters.base import (
+  DraftContext,
+  DrafterBase,
+  Forward,
+  Prefill,
+  Verdict,
+  llama_sizes,
+  sampled_candidates,
+  verify_forward,
+)
+from specjax.drafters.dflash import model
+from specjax.drafters.dflash.model import FIELD, DFlashConfig
+from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.timing import median_seconds
+from specjax.models import llama
+from specjax.models.cache import KVCache, gather_rows
+from specjax.models.config import ModelConfig
+from specjax.sampling import SamplingParams
+from specjax.trees import Tree
+
+
+@struct.dataclass
+class DFlashState:
+  """The context's K/V per draft layer (target features of committed positions, fused); the
+  last verdict's features (the root's and the accepted nodes', ``pending``), written into the
+  context from slot ``anchor`` (where that step's newest token sat) as the next block begins."""
+
+  cache: KVCache
+  pending: jax.Array  # [B, D + 1, nF]
+  anchor: jax.Array  # [B] int32
+
+
+def parse_tree(c: ml_collections.ConfigDict, num_draft: int, field: str = FIELD) -> Tree:
+  """``tree_paths`` (paths of child ranks) or ``tree_spec`` (top-k per depth); neither: a chain
+  over every drafted position of the block."""
+  try:
+    if c.tree_paths:
+      tree = Tree.from_paths([list(p) for p in c.tree_paths])
+    elif c.tree_spec:
+      tree = Tree.from_spec(tuple(c.tree_spec))
+    else:
+      tree = Tree.chain(num_draft)
+  except (TypeError, ValueError) as e:
+    which = "tree_paths" if c.tree_paths else "tree_spec"
+    raise ValueError(f"{field}.{which}: {e}") from None
+  if tree.max_depth > num_draft:
+    raise ValueError(
+      f"{field}: the tree is {tree.max_depth} deep but a block of {num_draft + 1} drafts "
+      f"{num_draft} positions: use a shallower tree or a larger block_size."
+    )
+  return tree
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlash(DrafterBase):
+  """A DFlash block drafter: each step one forward over [newest token, mask x (B - 1)] gives a
+  distribution for each of the B - 1 positions after the newest token; ``tree`` (depth at most
+  B - 1) takes each depth's ranked candidates (a chain: the top or sampled token per depth)."""
+
+  cfg: DFlashConfig
+  tree: Tree
+  sampled: bool | None = False  # None: candidates "auto", set per run (base.at_temperature)
+  lookup: PromptLookup | None = None  # a chain of prompt-lookup guesses, the root's last child
+  name: str = "dflash"
+
+  def __post_init__(self):
+    if self.tree.num_nodes == 0 or self.tree.max_depth > self.cfg.num_draft:
+      raise ValueError(
+        f"{FIELD}: the tree needs 1 to {self.cfg.num_draft} levels (block_size - 1), got "
+        f"{self.tree.max_depth}."
+      )
+    prompt_lookup.check_branch(self.lookup, FIELD)
+
+  @property
+  def feature_layers(self) -> tuple:
+    return self.cfg.feature_layers
+
+  @property
+  def nodes(self) -> Tree:
+    """The tree verified each step: the block's, then the lookup branch if there is one."""
+    return self.tree if self.lookup is None else self.tree.with_branch(self.lookup.num_draft)
+
+  @property
+  def num_draft(self) -> int:
+    return self.nodes.max_depth
+
+  @property
+  def num_nodes(self) -> int:
+    return self.nodes.num_nodes
+
+  @property
+  def verifies_tree(self) -> bool:
+    return not (self.tree.is_chain and self.lookup is None)
+
+  def draft_calls_per_step(self) -> int:
+    return 1
+
+  @staticmethod
+  def config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.path = ""  # a drafter saved by specjax or speculators' dflash layout; "" = random weights
+    c.format = "auto"  # auto | specjax | speculators
+    c.block_size = 8  # random weights only (path = ""): B, and the next three
+    c.num_layers = 1
+    c.feature_layers = (0,)  # target layers fused (specjax indices: after that layer)
+    c.mask_id = 0  # the token at masked positions
+    c.tree_spec = ()  # top-k per depth; () and no tree_paths: a chain over the block
+    c.tree_paths = ()  # paths of child ranks, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
+    c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
+    prompt_lookup.add_branch_fields(c)
+    return c
+
+  @classmethod
+  def check(cls, c, config):
+    from specjax.drafters.dflash import layouts  # noqa: PLC0415  (below: formats read model)
+
+    sampled_candidates(c, FIELD)
+    prompt_lookup.check_branch_fields(c, FIELD)
+    num_draft = layouts.peek_block_size(c) - 1
+    tree = parse_tree(c, num_draft)
+    if c.lookup:
+      tree = tree.with_branch(c.lookup)
+    tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
+
+  @classmethod
+  def build(cls, c, config, target):
+    from specjax.drafters.dflash import layouts  # noqa: PLC0415
+
+    cfg, params = layouts.load_or_init(c, target)
+    d = cls(cfg, parse_tree(c, cfg.num_draft), sampled_candidates(c, FIELD),
+            prompt_lookup.branch(c))  # fmt: skip
+    d.check_target(target.cfg)
+    return d, params
+
+  def check_target(self, target_cfg: ModelConfig) -> None:
+    t = self.cfg.target
+    if (t.dim, t.vocab_size, t.num_layers) != (target_cfg.dim, target_cfg.vocab_size,
+                                               target_cfg.num_layers):  # fmt: skip
+      raise ValueError(
+        f"this DFlash drafter reads a target of hidden size {t.dim}, {t.num_layers} layers and "
+        f"a {t.vocab_size}-token vocabulary, not {target_cfg.name!r}: train one for this target."
+      )
+
+  def check_params(self, params) -> None:
+    want = model.param_shapes(self.cfg)
+    got = params if isinstance(params, dict) else {}
+    for name in ("fc", "hidden_norm", "norm"):
+      if tuple(np.shape(got.get(name))) != want[name]:
+        raise ValueError(f"DFlash drafter_params[{name!r}] is not {want[name]}.")
+    if len(got.get("layers", ())) != self.cfg.num_layers or "embed" not in got:
+      raise ValueError(
+        f"DFlash drafter_params need {self.cfg.num_layers} layers and the target's embed and head."
+      )
+
+  # -- decoding --
+
+  def init(self, params, prefill: Prefill):
+    """The prompt's features as the context; nothing pending (zeros at the newest token's slot
+    and after: past the committed length, never read before they are overwritten)."""
+    b, p = prefill.tokens.shape
+    cache = llama.init_cache(self.cfg.layer, b, prefill.num_slots, llama.param_dtype(params))
+    positions = jnp.broadcast_to(jnp.arange(p)[None], (b, p))
+    cache = model.write_context(cache, params, self.cfg, prefill.features, positions,
+                                jnp.zeros((b,), jnp.int32))  # fmt: skip
+    pending = jnp.zeros((b, self.num_draft + 1, prefill.features.shape[-1]), cache.k[0].dtype)
+    return DFlashState(cache=cache, pending=pending, anchor=prefill.lengths.astype(jnp.int32))
+
+  def propose(self, params, state: DFlashState, ctx: DraftContext):
+    """Catch up (the last verdict's features join the context), then one forward over the
+    block [newest token, mask x (B - 1)] at positions L .. L + B - 1."""
+    d = state.pending.shape[1]
+    positions = state.anchor[:, None] + jnp.arange(d)[None]
+    cache = model.write_context(state.cache, params, self.cfg, state.pending, positions,
+                                state.anchor)  # fmt: skip
+    newest_B = gather_rows(ctx.tokens, ctx.lengths[:, None])[:, 0]
+    block = ctx.lengths[:, None] + jnp.arange(self.cfg.block_size)[None]
+    logits = model.block_logits(params, self.cfg, cache.replace(lengths=ctx.lengths),
+                                model.block_tokens(self.cfg, newest_B), block)[:, 1:]  # fmt: skip
+    draft = static_tree.draft(self.tree, logits, self.sampled, ctx)
+    if self.lookup is not None:
+      draft = prompt_lookup.with_branch(draft, self.lookup, ctx)
+    elif not self.verifies_tree:
+      draft = draft.replace(parents=None)  # a chain: the chain verifier
+    return draft, state.replace(cache=cache, anchor=ctx.lengths)
+
+  def commit(self, state: DFlashState, verdict: Verdict, ctx):
+    """The target's features of the root and the accepted nodes, for the next block (slots
+    past the accepted path are written too, and stay unread: a block sees the slots below the
+    committed length only)."""
+    return state.replace(pending=verdict.features.astype(state.pending.dtype))
+
+  # -- price and replay (the family record names these) --
+
+  def step_forwards(self):
+    """One block forward (its context catch-up included), then the target's verify."""
+    return (Forward("dflash", self.cfg.block_size), verify_forward(self))
+
+  def own_sizes(self, params):
+    """Parameters a block forward reads (its layers, fuse and the target's head) and the KV
+    bytes per context token."""
+    own = sum(int(np.size(v)) for k, v in jax.tree_util.tree_leaves_with_path(params)
+              if "embed" not in jax.tree_util.keystr(k))  # fmt: skip
+    return {"dflash": (own, llama_sizes(self.cfg.layer)[1])}
+
+  def teacher_forced_drafts(self, target, params, x_1xS, roots_R, row_len):
+    """At every root r: a block anchored at ``x[r]`` whose context is the text's features
+    before r (what decoding's context holds there), its tree's top-ranked candidates; a lookup
+    branch's guess after them."""
+    _, feats = llama.logits_of(target.params, target.cfg, x_1xS, self.cfg.feature_layers)
+    logits = model.anchored_logits(params, self.cfg, x_1xS, jnp.concatenate(feats, -1), roots_R)
+    tokens = static_tree.draft(self.tree, logits[:, 1:], False, None).tokens
+    if self.lookup is not None:
+      guess, _, _ = self.lookup.teacher_forced_drafts(target, None, x_1xS, roots_R, row_len)
+      tokens = jnp.concatenate([tokens, guess], axis=1)
+    return tokens, None, jnp.zeros(roots_R.shape, bool)
+
+
+def time_block(drafter: DFlash, dparams, target_cfg, context: int, sizes, repeats: int) -> dict:
+  """One block forward (batch 1) after ``context`` cached context tokens, with its catch-up
+  of a verdict's features: the family record's timer for ``"dflash"``."""
+  del target_cfg
+  cfg = drafter.cfg
+  state = DFlashState(
+    cache=llama.init_cache(cfg.layer, 1, context + 2 * cfg.block_size + drafter.num_draft + 1,
+                           llama.param_dtype(dparams)),
+    pending=jnp.ones((1, drafter.num_draft + 1, cfg.target.dim * len(cfg.feature_layers))),
+    anchor=jnp.asarray([context], jnp.int32),
+  )  # fmt: skip
+  ctx = DraftContext(
+    tokens=jnp.ones((1, context + 64), jnp.int32), lengths=jnp.asarray([context + 1], jnp.int32),
+    key=jax.random.key(0), sampling=SamplingParams.create(0.0), vocab_size=cfg.target.vocab_size,
+  )  # fmt: skip
+  fn = jax.jit(functools.partial(_propose_tokens, drafter=drafter))
+  seconds = median_seconds(lambda: fn(dparams, state, ctx), repeats)
+  return {t: seconds for t in sorted(sizes)}
+
+
+def _propose_tokens(params, state, ctx, *, drafter):
+  return drafter.propose(params, state, ctx)[0].tokens

@@ -1,0 +1,168 @@
+"""DFlash in vLLM speculators' layout (``speculators_model_type: dflash``), read into specjax's
+model and written from it.
+
+    config.json        speculators_model_type "dflash", transformer_layer_config (the draft
+                       layers: hidden_size, num_hidden_layers, heads, intermediate_size, rope,
+                       rms_norm_eps, vocab_size), block_size, aux_hidden_state_layer_ids,
+                       mask_token_id, draft_vocab_size, sample_from_anchor
+    model.safetensors  fc.weight [F, nF], hidden_norm.weight, norm.weight,
+                       layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+                       layers.{i}.self_attn.{q,k}_norm.weight,
+                       layers.{i}.{input,post_attention}_layernorm.weight,
+                       layers.{i}.mlp.{gate,up,down}_proj.weight
+
+The embedding and the head are the verifier's (speculators leaves them out of a full-vocabulary
+drafter and reloads them; specjax reads the target's). An auxiliary layer id a names the hidden
+state fed *into* target layer a, specjax's feature a - 1. Read here: a full draft vocabulary,
+the anchor not sampled (``sample_from_anchor: false``, DFlash's own); anything else is one
+error before the target loads.
+"""
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from specjax.drafters import artifact
+from specjax.drafters.dflash.model import FIELD, DFlashConfig, flat, frozen_params, unflat
+from specjax.models import llama, schema
+from specjax.models.config import ModelConfig
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+WRITES = (CONFIG, WEIGHTS)
+FORMATS = ("specjax", "speculators")
+
+
+def _layer_names(layer: ModelConfig) -> dict[str, tuple]:
+  """``{speculators tensor name: ("layers", i, specjax name)}`` of the draft layers."""
+  names = schema.checkpoint_names(llama.SCHEMA, layer, layer.num_layers, "hf")
+  return {n.removeprefix("model."): path for n, path in names.items() if path[0] == "layers"}
+
+
+def is_speculators(directory) -> bool:
+  path = Path(directory) / CONFIG
+  if not path.is_file():
+    return False
+  config = artifact.read_json(path, f"{FIELD}.path")
+  return config.get("speculators_model_type") == "dflash"
+
+
+def peek(directory, field: str = f"{FIELD}.path") -> dict:
+  """The speculators config, checked for what specjax reads (no tensor is read)."""
+  config = artifact.read_json(Path(directory) / CONFIG, field)
+  if config.get("speculators_model_type") != "dflash":
+    raise ValueError(
+      f"{field}={str(directory)!r}: config.json is not a speculators DFlash drafter "
+      f"(speculators_model_type {config.get('speculators_model_type')!r})."
+    )
+  layer = config.get("transformer_layer_config") or {}
+  if config.get("sample_from_anchor"):
+    raise ValueError(
+      f"{field}={str(directory)!r} samples from the anchor (sample_from_anchor: true, DSpark's "
+      "convention): specjax's DFlash drafts the positions after the anchor only."
+    )
+  if config.get("draft_vocab_size", layer.get("vocab_size")) != layer.get("vocab_size"):
+    raise ValueError(
+      f"{field}={str(directory)!r} has a reduced draft vocabulary ({config['draft_vocab_size']} "
+      f"of {layer.get('vocab_size')}): specjax reads full-vocabulary DFlash drafters."
+    )
+  aux = config.get("aux_hidden_state_layer_ids") or []
+  if not aux or min(aux) < 1:
+    raise ValueError(
+      f"{field}={str(directory)!r}: aux_hidden_state_layer_ids={aux} must name target layers "
+      ">= 1 (the state fed into layer a; 0, the embeddings, is not a feature here)."
+    )
+  return config
+
+
+def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfig:
+  """The speculators config as a DFlashConfig for ``target_cfg``: its layer must have the
+  target's widths (heads, hidden size, vocabulary), one clear error otherwise."""
+  layer = config["transformer_layer_config"]
+  want = {"hidden_size": target_cfg.dim, "num_attention_heads": target_cfg.num_heads,
+          "num_key_value_heads": target_cfg.num_kv_heads, "vocab_size": target_cfg.vocab_size,
+          "head_dim": target_cfg.head_dim}  # fmt: skip
+  wrong = {k: layer.get(k) for k, v in want.items() if layer.get(k, v) != v}
+  if wrong:
+    raise ValueError(
+      f"{field}: this DFlash drafter's layers have {wrong}, but the target "
+      f"{target_cfg.name!r} has { ({k: want[k] for k in wrong}) }: it was trained for another target."
+    )
+  features = tuple(a - 1 for a in config["aux_hidden_state_layer_ids"])
+  ffn = layer.get("intermediate_size", target_cfg.ffn_dim)
+  if max(features) >= target_cfg.num_layers:
+    raise ValueError(
+      f"{field}: aux_hidden_state_layer_ids {config['aux_hidden_state_layer_ids']} name layers "
+      f"the target ({target_cfg.num_layers} layers) does not have."
+    )
+  return DFlashConfig(
+    target_cfg, features, layer["num_hidden_layers"], config.get("block_size", 8),
+    config.get("mask_token_id") or 0, ffn if ffn != target_cfg.ffn_dim else 0,
+  )  # fmt: skip
+
+
+def load(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashConfig, dict, dict]:
+  """``(cfg, decode params, config.json)`` of a speculators DFlash directory, for ``target``."""
+  config = peek(directory, field)
+  cfg = config_for(config, target.cfg, field)
+  names = _layer_names(cfg.layer) | {"fc.weight": ("fc",), "hidden_norm.weight": ("hidden_norm",),
+                                     "norm.weight": ("norm",)}  # fmt: skip
+  path = Path(directory) / WEIGHTS
+  if not path.is_file():
+    raise ValueError(f"{field}={str(directory)!r} holds no {WEIGHTS}.")
+  with safe_open(str(path), "np") as f:
+    held = set(f.keys())
+    missing = sorted(set(names) - held)
+    if missing:
+      raise ValueError(f"{field}: {path} lacks {missing[:4]}: not a DFlash drafter of this shape.")
+    tensors = {_flat_name(names[n]): f.get_tensor(n).astype(np.float32) for n in names}
+  params = unflat(tensors, cfg.num_layers)
+  want = {"fc": (cfg.target.dim, cfg.target.dim * len(cfg.feature_layers))}
+  if tuple(params["fc"].shape) != want["fc"]:
+    raise ValueError(f"{field}: fc.weight is {tuple(params['fc'].shape)}, expected {want['fc']}.")
+  for i, (got, want_i) in enumerate(zip(params["layers"], llama.param_shapes(cfg.layer)["layers"],
+                                        strict=True)):  # fmt: skip
+    for k, v in want_i.items():
+      if tuple(got[k].shape) != tuple(v.shape):
+        raise ValueError(f"{field}: layers.{i}'s {k} is {tuple(got[k].shape)}, expected {v.shape}.")
+  return cfg, params | frozen_params(target.params, target.cfg), config
+
+
+def _flat_name(path: tuple) -> str:
+  return f"layers.{path[1]}.{path[2]}" if path[0] == "layers" else path[0]
+
+
+def export(cfg: DFlashConfig, params: dict, out_dir, dtype: str = "float32", verifier: str = ""):
+  """The drafter in speculators' layout (config.json and model.safetensors), written whole or
+  not at all; ``verifier``: the target as speculators' loader should find it."""
+  t = cfg.target
+  layer = {
+    "model_type": "qwen3", "hidden_size": t.dim, "num_hidden_layers": cfg.num_layers,
+    "intermediate_size": cfg.layer.ffn_dim, "num_attention_heads": t.num_heads,
+    "num_key_value_heads": t.num_kv_heads, "head_dim": t.head_dim, "rms_norm_eps": t.norm_eps,
+    "rope_theta": t.rope_theta, "vocab_size": t.vocab_size, "max_position_embeddings": 4096,
+    "attention_bias": False, "tie_word_embeddings": False,
+  }  # fmt: skip
+  config = {
+    "speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"],
+    "transformer_layer_config": layer, "draft_vocab_size": t.vocab_size,
+    "block_size": cfg.block_size, "target_hidden_size": t.dim,
+    "aux_hidden_state_layer_ids": [f + 1 for f in cfg.feature_layers],
+    "mask_token_id": cfg.mask_id, "sliding_window_non_causal": False, "sample_from_anchor": False,
+    "speculators_config": {
+      "algorithm": "dflash", "default_proposal_method": "greedy",
+      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.num_draft}],
+      "verifier": {"name_or_path": verifier or None, "architectures": ["LlamaForCausalLM"]},
+    },
+  }  # fmt: skip
+  names = {_flat_name(path): n for n, path in _layer_names(cfg.layer).items()}
+  names |= {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "norm": "norm.weight"}
+  tensors = {names[k]: np.asarray(jnp.asarray(v).astype(dtype)) for k, v in flat(params).items()}
+  with artifact.atomic_directory(out_dir, WRITES) as tmp:
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS),
+              metadata={"format": "pt"})  # fmt: skip
+    (tmp / CONFIG).write_text(json.dumps(config, indent=1))
+  return Path(out_dir)

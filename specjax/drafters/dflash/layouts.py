@@ -1,0 +1,65 @@
+"""A DFlash drafter from a directory in either layout: specjax's own (``model.load_saved``) or
+vLLM speculators' (``formats``), or random weights for a config without a path."""
+
+from pathlib import Path
+
+import jax
+
+from specjax.drafters.dflash import formats
+from specjax.drafters.dflash.model import (
+  FIELD,
+  META_FILE,
+  DFlashConfig,
+  frozen_params,
+  init_params,
+  load_saved,
+  read_meta,
+)
+
+
+def detect(directory, fmt: str = "auto", field: str = f"{FIELD}.path") -> str:
+  """``specjax`` or ``speculators``: what ``directory`` holds (``fmt`` other than auto: must)."""
+  d = Path(directory)
+  if not d.is_dir():
+    raise ValueError(f"{field}={str(directory)!r} is not a directory.")
+  held = [f for f, yes in (("specjax", (d / META_FILE).is_file()),
+                           ("speculators", formats.is_speculators(d))) if yes]  # fmt: skip
+  if fmt not in ("auto", *formats.FORMATS):
+    raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose auto, specjax or speculators.")
+  if fmt != "auto" and fmt not in held:
+    raise ValueError(
+      f"{FIELD}.format={fmt!r}, but {field}={str(directory)!r} holds no such drafter."
+    )
+  if not held:
+    raise ValueError(
+      f"{field}={str(directory)!r} holds neither {META_FILE} (specjax) nor a speculators DFlash "
+      "config.json."
+    )
+  return fmt if fmt != "auto" else held[0]
+
+
+def load(directory, target, fmt: str = "auto", field: str = f"{FIELD}.path"):
+  """``(cfg, decode params, meta)`` from either layout, checked against ``target``."""
+  if detect(directory, fmt, field) == "specjax":
+    return load_saved(directory, target, field)
+  return formats.load(directory, target, field)
+
+
+def peek_block_size(c) -> int:
+  """The block size of ``config.drafter.dflash``, before anything loads (its files' headers)."""
+  if not c.path:
+    return c.block_size
+  if detect(c.path, c.format) == "specjax":
+    return read_meta(c.path)["dflash"]["block_size"]
+  return formats.peek(c.path).get("block_size", 8)
+
+
+def load_or_init(c, target) -> tuple[DFlashConfig, dict]:
+  """The drafter of ``config.drafter.dflash``: loaded from ``path``, or random (seeded) weights
+  of the subsection's shapes."""
+  if c.path:
+    cfg, params, _ = load(c.path, target, c.format)
+    return cfg, params
+  cfg = DFlashConfig(target.cfg, tuple(c.feature_layers), c.num_layers, c.block_size, c.mask_id)
+  params = init_params(cfg, jax.random.key(0))
+  return cfg, params | frozen_params(target.params, target.cfg)

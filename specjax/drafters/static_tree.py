@@ -1,0 +1,82 @@
+"""A static tree drafted from per-depth distributions, in one call: Medusa's heads and a block
+drafter's positions (DFlash) each give one distribution per depth d, computed in one forward
+and the same whatever tokens were drafted above, so every node at depth d draws from q_d.
+
+Node (depth d, rank r) is its parent's r-th child and takes depth d's r-th candidate under that
+parent. ``sampled=False``: each depth's top-ranked tokens, deterministic (``Draft.probs=None``,
+one-hot q), lossless at any temperature. ``sampled=True``: under every parent its children are
+drawn without replacement from q_d (Gumbel-top-k, fresh noise per parent) and verified with q_d
+by recursive rejection sampling (each rank's q is q_d before the verifier's renormalisation):
+the output is exactly the target's at any temperature, top-k or top-p. At temperature 0 the
+draw is the top-k and the verifier greedy.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import sampling
+from specjax.drafters.base import Draft, DraftContext
+from specjax.trees import Tree
+
+
+def ranks(tree: Tree) -> tuple[int, ...]:
+  """Each node's index among its parent's children (nodes 1..N)."""
+  seen: dict[int, int] = {}
+  out = []
+  for p in tree.parents:
+    out.append(seen.get(p, 0))
+    seen[p] = out[-1] + 1
+  return tuple(out)
+
+
+def width(tree: Tree) -> int:
+  """The most children any node has: candidates drawn per depth (or per parent)."""
+  return max(ranks(tree)) + 1
+
+
+def parents(tree: Tree, batch: int) -> jax.Array:
+  """``[B, N]`` the tree's parents, the same for every row."""
+  return jnp.broadcast_to(jnp.asarray(tree.parents, jnp.int32), (batch, tree.num_nodes))
+
+
+def draft(
+  tree: Tree,
+  logits_BxDxW: jax.Array,
+  sampled: bool,
+  ctx: DraftContext,
+  vocab_ids: jax.Array | None = None,
+  vocab_size: int = 0,
+) -> Draft:
+  """The tree's tokens (and, sampled, each node's q) from ``logits[b, d - 1]``, depth d's
+  logits over W draft tokens: the target's ids ``vocab_ids`` (None: W is the target's whole
+  vocabulary). With a reduced vocabulary q is zero outside it (``vocab_size``: the target's)."""
+  b = logits_BxDxW.shape[0]
+  depth_N = np.asarray(tree.depth[1:]) - 1  # the depth (0-based) of every node
+  rank_N = np.asarray(ranks(tree))
+  k = width(tree)
+  to_target = (lambda ids: ids) if vocab_ids is None else (lambda ids: vocab_ids[ids])
+  if not sampled:
+    _, top_BxDxC = jax.lax.top_k(logits_BxDxW, k)
+    return Draft(tokens=to_target(top_BxDxC[:, depth_N, rank_N]), parents=parents(tree, b))
+  q_BxDxW = sampling.probs(logits_BxDxW, ctx.sampling)
+  parent_N = np.asarray(tree.parents)
+  inner = sorted(set(parent_N.tolist()))  # nodes with children
+  row_of = {p: i for i, p in enumerate(inner)}
+  depth_I = np.asarray(tree.depth)[inner]  # children of a depth-d node come from depth d + 1
+  greedy = sampling.is_greedy(ctx.sampling)
+  if greedy is True:  # static temperature 0: each depth's top tokens, no draw
+    scores_BxIxW = logits_BxDxW[:, depth_I]
+  else:
+    gumbel_BxIxW = jax.random.gumbel(ctx.key, (b, len(inner), q_BxDxW.shape[-1]))
+    scores_BxIxW = jnp.where(
+      greedy, logits_BxDxW[:, depth_I], jnp.log(q_BxDxW[:, depth_I]) + gumbel_BxIxW
+    )
+  _, top_BxIxC = jax.lax.top_k(scores_BxIxW, k)
+  parent_row_N = np.asarray([row_of[p] for p in parent_N])
+  tokens_BxN = to_target(top_BxIxC[:, parent_row_N, rank_N])
+  q_BxNxW = q_BxDxW[:, depth_N]
+  if vocab_ids is not None and q_BxNxW.shape[-1] < vocab_size:  # zero outside the draft vocab
+    q_BxNxV = jnp.zeros(tokens_BxN.shape + (vocab_size,), q_BxNxW.dtype)
+    q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
+  return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents(tree, b))

@@ -1,0 +1,232 @@
+"""DFlash block drafters: speculators' own ``DFlashDraftModel`` (random weights, saved by its
+``save_pretrained``) loads into specjax and gives the same block logits; specjax's export reads
+back in speculators; decoding is greedy = AR, replayed by the simulator call for call, priced by
+the cost model; candidates are drawn at the run's temperature (a drafter that draws ignoring it
+fails the exact-distribution check). The exact-distribution cases across steps are in
+test_lossless.py (chain, tree, lookup branch, and a broken verifier)."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import costmodel, simulate, testing
+from specjax.decode import generate
+from specjax.drafters import dflash
+from specjax.drafters.dflash import formats, layouts
+from specjax.drafters.dflash import model as dmodel
+from specjax.models import tiny
+from specjax.models.source import Model
+from specjax.trees import Tree
+
+torch = pytest.importorskip("torch")
+
+V = 64
+
+
+@pytest.fixture(scope="module")
+def target():
+  cfg, params = tiny.random_model(seed=3, vocab_size=V, dim=32, num_layers=4, num_heads=4,
+                                  num_kv_heads=2, ffn_dim=64)  # fmt: skip
+  return Model(cfg=cfg, params=params, tokenizer=None)
+
+
+def _speculators_installed():
+  pytest.importorskip("speculators", reason="bash scripts/install_oracles.sh installs it")
+
+
+def _speculators(target, aux, block, layers=2, mask=5, seed=0):
+  """speculators' DFlash model for ``target``'s widths, random weights, the verifier's
+  embedding and head copied in (as its ``load_verifier_weights`` does), eager attention."""
+  pytest.importorskip("speculators", reason="bash scripts/install_oracles.sh installs it")
+  import transformers
+  from speculators.config import SpeculatorsConfig, VerifierConfig
+  from speculators.models.dflash import DFlashSpeculatorConfig
+  from speculators.models.dflash.core import DFlashDraftModel
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+  t = target.cfg
+  layer = transformers.Qwen3Config(
+    hidden_size=t.dim, num_hidden_layers=layers, intermediate_size=t.ffn_dim,
+    num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads, head_dim=t.head_dim,
+    rms_norm_eps=t.norm_eps, rope_theta=t.rope_theta, vocab_size=t.vocab_size,
+    max_position_embeddings=256,
+  )  # fmt: skip
+  layer._attn_implementation = "eager"
+  spec = SpeculatorsConfig(
+    algorithm="dflash", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block - 1)],
+    default_proposal_method="greedy",
+    verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
+  )  # fmt: skip
+  config = DFlashSpeculatorConfig(
+    transformer_layer_config=layer, draft_vocab_size=t.vocab_size, block_size=block,
+    aux_hidden_state_layer_ids=aux, mask_token_id=mask, speculators_config=spec,
+  )  # fmt: skip
+  torch.manual_seed(seed)
+  m = DFlashDraftModel(config).eval()
+  g = torch.Generator().manual_seed(seed)
+  head = target.params["embed"] if t.tie_embeddings else target.params["lm_head"]
+  with torch.no_grad():
+    for name, p in m.named_parameters():
+      if name.startswith(("embed_tokens", "lm_head", "verifier")):
+        continue
+      if name.endswith("norm.weight") or "layernorm" in name:
+        p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+      else:
+        p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
+    m.embed_tokens.weight.copy_(torch.from_numpy(np.asarray(target.params["embed"])))
+    m.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)))
+    m.verifier_lm_head.weight.copy_(torch.from_numpy(np.asarray(head)))
+    m.verifier_norm.weight.fill_(1.0)
+  return m
+
+
+def _reference_logits(m, tokens_1xT, feats_1xTxnF, block):
+  """speculators' own training forward with every valid position an anchor; the block logits
+  caught by a hook on its head: ``[A, block, V]`` and the anchors (0 .. T - block - 1)."""
+  t = tokens_1xT.shape[1]
+  caught = {}
+  hook = m.lm_head.register_forward_hook(lambda mod, i, o: caught.setdefault("logits", o))
+  kwargs, _ = type(m).get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager")
+  with torch.no_grad():
+    m(torch.from_numpy(np.asarray(feats_1xTxnF, np.float32)),
+      torch.from_numpy(np.asarray(tokens_1xT)).long(), torch.ones((1, t)),
+      torch.zeros((1, t, m.config.transformer_layer_config.hidden_size)),
+      torch.zeros((1, t), dtype=torch.long), **(kwargs | {"max_anchors": t - block}))  # fmt: skip
+  hook.remove()
+  return caught["logits"].numpy().reshape(t - block, block, -1), np.arange(t - block)
+
+
+def _inputs(target, cfg, t=20, seed=1):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, V, size=(1, t))
+  feats = rng.normal(size=(1, t, target.cfg.dim * len(cfg.feature_layers))).astype(np.float32)
+  return tokens, feats
+
+
+@pytest.mark.slow
+def test_speculators_dflash_loads_and_matches_its_reference(target, tmp_path):
+  """Aux ids [1, 3] are specjax's features (0, 2); every anchor's block logits within 1e-4; a
+  transposed weight (k and v projections swapped) does not match."""
+  block = 4
+  m = _speculators(target, aux=[1, 3], block=block)
+  m.save_pretrained(str(tmp_path / "d"))
+  assert layouts.detect(tmp_path / "d") == "speculators"
+  cfg, params, _ = dflash.load(tmp_path / "d", target)
+  assert (cfg.feature_layers, cfg.block_size, cfg.num_layers, cfg.mask_id) == ((0, 2), 4, 2, 5)
+  tokens, feats = _inputs(target, cfg)
+  ref, anchors = _reference_logits(m, tokens, feats, block)
+  ours = dmodel.anchored_logits(params, cfg, jnp.asarray(tokens), jnp.asarray(feats),
+                                jnp.asarray(anchors))  # fmt: skip
+  np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4)
+  layer = dict(params["layers"][0])
+  layer["wk"], layer["wv"] = layer["wv"], layer["wk"]
+  broken = params | {"layers": (layer, *params["layers"][1:])}
+  off = dmodel.anchored_logits(broken, cfg, jnp.asarray(tokens), jnp.asarray(feats),
+                               jnp.asarray(anchors))  # fmt: skip
+  assert np.abs(np.asarray(off) - ref).max() > 1e-2
+
+
+@pytest.mark.slow
+def test_an_export_is_read_by_speculators_own_loader(target, tmp_path):
+  """specjax's weights written in speculators' layout load with speculators' public
+  ``from_pretrained`` and give specjax's block logits."""
+  _speculators_installed()
+  from speculators.models.dflash import DFlashSpeculatorConfig
+  from speculators.models.dflash.core import DFlashDraftModel
+
+  cfg = dmodel.DFlashConfig(target.cfg, (1, 2), num_layers=1, block_size=3, mask_id=7)
+  params = dmodel.init_params(cfg, jax.random.key(4)) | dmodel.frozen_params(
+    target.params, target.cfg
+  )
+  formats.export(cfg, params, tmp_path / "x")
+  config = DFlashSpeculatorConfig.from_pretrained(str(tmp_path / "x"))
+  config.transformer_layer_config._attn_implementation = "eager"  # flex attention: GPU only
+  m = DFlashDraftModel.from_pretrained(str(tmp_path / "x"), config=config).eval()
+  head = target.params["embed"] if target.cfg.tie_embeddings else target.params["lm_head"]
+  with torch.no_grad():  # what load_verifier_weights reads from the verifier named
+    m.embed_tokens.weight.copy_(torch.from_numpy(np.asarray(target.params["embed"])))
+    m.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)))
+    m.verifier_lm_head.weight.copy_(torch.from_numpy(np.asarray(head)))
+    m.verifier_norm.weight.fill_(1.0)
+  tokens, feats = _inputs(target, cfg)
+  ref, anchors = _reference_logits(m, tokens, feats, cfg.block_size)
+  ours = dmodel.anchored_logits(params, cfg, jnp.asarray(tokens), jnp.asarray(feats),
+                                jnp.asarray(anchors))  # fmt: skip
+  np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4)
+  back, back_params, _ = dflash.load(tmp_path / "x", target)
+  assert back == cfg
+  np.testing.assert_array_equal(np.asarray(back_params["fc"]), np.asarray(params["fc"]))
+
+
+@pytest.mark.parametrize("tree", [None, Tree.from_spec((2, 1))], ids=["chain", "tree"])
+def test_greedy_equals_ar_and_the_simulator_replays_it(target, tree):
+  """A block of 4 (chain of 3, or a 2 x 1 tree) from random weights that copy the target's
+  own prediction often enough to accept something: greedy output is AR's, and the simulator's
+  calls equal decoding's row by row."""
+  cfg = dmodel.DFlashConfig(target.cfg, (1, 3), num_layers=1, block_size=4, mask_id=0)
+  params = dmodel.init_params(cfg, jax.random.key(1)) | dmodel.frozen_params(
+    target.params, target.cfg
+  )
+  d = dflash.DFlash(cfg, tree or Tree.chain(3))
+  prompts = [[1, 2, 3, 1, 2, 3, 1], [5, 9, 11, 5, 9]]
+  kw = dict(max_new_tokens=16, max_len=48)
+  ar = generate(target.params, target.cfg, prompts, **kw)
+  out = generate(target.params, target.cfg, prompts, drafter=d, drafter_params=params, **kw)
+  assert out.tokens == ar.tokens
+  rows = list(zip(prompts, ar.tokens, strict=True))
+  assert [simulate.replay(target, d, params, [r]).calls for r in rows] == out.metrics["row_calls"]
+  assert costmodel.step_work(d)[0] == costmodel.Forward("dflash", 4)
+  parts = costmodel.drafter_seconds(d, params, target.cfg, context=16, repeats=1)
+  assert parts["dflash"][4] > 0
+
+
+class DrawsIgnoringTemperature(dflash.DFlash):
+  """Wrong (dflash #74's bug): the candidates drawn at temperature 1 whatever the run's, while
+  the verifier is handed q at the run's temperature."""
+
+  def propose(self, params, state, ctx):
+    hot = dataclasses.replace(ctx, sampling=ctx.sampling.replace(temperature=jnp.float32(1.0)))
+    drawn, _ = super().propose(params, state, hot)
+    told, state = super().propose(params, state, ctx)
+    return told.replace(tokens=drawn.tokens), state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", [False, True], ids=["right", "draws_ignoring_temperature"])
+def test_sampled_q_follows_the_runs_temperature(broken):
+  """Temperature 0.5 on a 5-token vocabulary, three new tokens enumerated, a 2 x 1 tree: the
+  right drafter passes; one that draws ignoring the temperature fails."""
+  t5 = tiny.random_model(seed=7, vocab_size=5)
+  drafter, params = testing.dflash_drafter(t5, Tree.from_spec((2, 1)), block_size=3)
+  if broken:
+    drafter = DrawsIgnoringTemperature(drafter.cfg, drafter.tree, True)
+  p = testing.exact_pvalues(t5, drafter, params, dict(temperature=0.5), prompts=[[1, 1, 2]],
+                            rows=3000, calls=3)[0]  # fmt: skip
+  assert (p < testing.P_FAIL) if broken else (p > testing.P_PASS)
+
+
+def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path):
+  """A reduced vocabulary, an anchor that is sampled, another hidden size: one error each,
+  before the target loads (headers only)."""
+  cfg = dmodel.DFlashConfig(target.cfg, (1,), num_layers=1, block_size=3)
+  params = dmodel.init_params(cfg, jax.random.key(0))
+  formats.export(cfg, params, tmp_path / "x")
+  config = json.loads((tmp_path / "x" / "config.json").read_text())
+  for change, message in (
+    ({"draft_vocab_size": 32}, "reduced draft vocabulary"),
+    ({"sample_from_anchor": True}, "samples from the anchor"),
+    ({"aux_hidden_state_layer_ids": [0]}, "must name target layers"),
+  ):
+    # fmt: skip
+    (tmp_path / "x" / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(ValueError, match=message):
+      formats.peek(tmp_path / "x")
+  layer = config["transformer_layer_config"] | {"hidden_size": 48}
+  other = config | {"transformer_layer_config": layer}
+  (tmp_path / "x" / "config.json").write_text(json.dumps(other))
+  with pytest.raises(ValueError, match="trained for another target"):
+    formats.config_for(formats.peek(tmp_path / "x"), target.cfg, "path")
