@@ -306,15 +306,20 @@ def lookup_first(drafter, params):
 
 def dflash_drafter(
   target, tree, block_size: int = 3, sampled: bool = True, seed: int = 0, lookup: int = 0,
-  feature_layers: tuple = (0,),
+  feature_layers: tuple = (0,), vocab_ids=None,
 ):  # fmt: skip
   """A DFlash drafter with random weights over ``target`` ((cfg, params)), drafting ``tree``
-  from blocks of ``block_size``, and its params (the target's embedding and head included)."""
+  from blocks of ``block_size`` (``vocab_ids``: a reduced draft vocabulary), and its params
+  (the target's embedding and head rows included)."""
   from specjax.drafters import dflash
 
   cfg, params = target
-  dcfg = dflash.DFlashConfig(cfg, feature_layers, num_layers=1, block_size=block_size)
+  v = 0 if vocab_ids is None else len(vocab_ids)
+  dcfg = dflash.DFlashConfig(cfg, feature_layers, num_layers=1, block_size=block_size,
+                             vocab_size=v)  # fmt: skip
   dparams = dflash.model.init_params(dcfg, jax.random.key(seed))
+  if vocab_ids is not None:
+    dparams["vocab_ids"] = jnp.asarray(vocab_ids, jnp.int32)
   branch = PromptLookup(lookup, abstain=False) if lookup else None
   drafter = dflash.DFlash(dcfg, tree, sampled, branch)
-  return drafter, dparams | dflash.model.frozen_params(params, cfg)
+  return drafter, dflash.model.decode_params(dparams, params, cfg)

@@ -131,26 +131,31 @@ def test_speculators_dflash_loads_and_matches_its_reference(target, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_export_is_read_by_speculators_own_loader(target, tmp_path):
+@pytest.mark.parametrize("reduced", [False, True], ids=["full_vocab", "reduced_vocab"])
+def test_an_export_is_read_by_speculators_own_loader(target, tmp_path, reduced):
   """specjax's weights written in speculators' layout load with speculators' public
-  ``from_pretrained`` and give specjax's block logits."""
+  ``from_pretrained`` and give specjax's block logits (over the draft vocabulary where it is
+  reduced: d2t, t2d and the head's rows written); read back, the same drafter."""
   _speculators_installed()
   from speculators.models.dflash import DFlashSpeculatorConfig
   from speculators.models.dflash.core import DFlashDraftModel
 
-  cfg = dmodel.DFlashConfig(target.cfg, (1, 2), num_layers=1, block_size=3, mask_id=7)
-  params = dmodel.init_params(cfg, jax.random.key(4)) | dmodel.frozen_params(
-    target.params, target.cfg
-  )
+  ids = np.sort(np.random.default_rng(2).choice(V, 24, replace=False)) if reduced else None
+  cfg = dmodel.DFlashConfig(target.cfg, (1, 2), num_layers=1, block_size=3, mask_id=7,
+                            vocab_size=24 if reduced else 0)  # fmt: skip
+  trained = dmodel.init_params(cfg, jax.random.key(4)) | ({"vocab_ids": ids} if reduced else {})
+  params = dmodel.decode_params(trained, target.params, target.cfg)
   formats.export(cfg, params, tmp_path / "x")
   config = DFlashSpeculatorConfig.from_pretrained(str(tmp_path / "x"))
   config.transformer_layer_config._attn_implementation = "eager"  # flex attention: GPU only
   m = DFlashDraftModel.from_pretrained(str(tmp_path / "x"), config=config).eval()
   head = target.params["embed"] if target.cfg.tie_embeddings else target.params["lm_head"]
+  rows = head if ids is None else np.asarray(head)[ids]
   with torch.no_grad():  # what load_verifier_weights reads from the verifier named
     m.embed_tokens.weight.copy_(torch.from_numpy(np.asarray(target.params["embed"])))
-    m.lm_head.weight.copy_(torch.from_numpy(np.asarray(head)))
-    m.verifier_lm_head.weight.copy_(torch.from_numpy(np.asarray(head)))
+    if ids is None:  # a reduced head is the file's own
+      m.lm_head.weight.copy_(torch.from_numpy(np.asarray(rows)))
+    m.verifier_lm_head.weight.copy_(torch.from_numpy(np.asarray(rows)))
     m.verifier_norm.weight.fill_(1.0)
   tokens, feats = _inputs(target, cfg)
   ref, anchors = _reference_logits(m, tokens, feats, cfg.block_size)
@@ -160,6 +165,8 @@ def test_an_export_is_read_by_speculators_own_loader(target, tmp_path):
   back, back_params, _ = dflash.load(tmp_path / "x", target)
   assert back == cfg
   np.testing.assert_array_equal(np.asarray(back_params["fc"]), np.asarray(params["fc"]))
+  if reduced:
+    np.testing.assert_array_equal(np.asarray(back_params["vocab_ids"]), ids)
 
 
 @pytest.mark.parametrize("tree", [None, Tree.from_spec((2, 1))], ids=["chain", "tree"])
@@ -210,14 +217,14 @@ def test_sampled_q_follows_the_runs_temperature(broken):
 
 
 def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path):
-  """A reduced vocabulary, an anchor that is sampled, another hidden size: one error each,
+  """No draft vocabulary, an anchor that is sampled, another hidden size: one error each,
   before the target loads (headers only)."""
   cfg = dmodel.DFlashConfig(target.cfg, (1,), num_layers=1, block_size=3)
   params = dmodel.init_params(cfg, jax.random.key(0))
   formats.export(cfg, params, tmp_path / "x")
   config = json.loads((tmp_path / "x" / "config.json").read_text())
   for change, message in (
-    ({"draft_vocab_size": 32}, "reduced draft vocabulary"),
+    ({"draft_vocab_size": 0}, "is not in \\[1, 64\\]"),
     ({"sample_from_anchor": True}, "samples from the anchor"),
     ({"aux_hidden_state_layer_ids": [0]}, "must name target layers"),
   ):
@@ -230,3 +237,39 @@ def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path)
   (tmp_path / "x" / "config.json").write_text(json.dumps(other))
   with pytest.raises(ValueError, match="trained for another target"):
     formats.config_for(formats.peek(tmp_path / "x"), target.cfg, "path")
+
+
+@pytest.mark.slow
+def test_training_raises_tau_and_the_saved_drafter_decodes_the_same(tmp_path):
+  """task=train with objective dflash on configs/train_tiny.py's random target: the trained
+  block's τ is above the untrained one's, the simulator's τ on the curve equals the decode's,
+  and the saved drafter, loaded through the config, decodes greedy = AR with that τ."""
+  from configs import train_tiny
+  from specjax import build, drafters
+  from specjax.tasks import train
+  from specjax.train import objectives
+
+  c = train_tiny.get_config()
+  c.objective = objectives.default_config("dflash")
+  c.objective.dflash.update(feature_layers=(1, 3), block_size=4, anchors=8)
+  c.drafter = drafters.default_config("dflash")
+  c.workdir = str(tmp_path / "run")
+  c.train.update(steps=300, progress=False, eval_every=300, checkpoint_every=300)
+  c.optim.update(learning_rate=1e-2, decay_steps=290)
+  c.evaluate.tau_every = 150
+  record = train.run(c)
+  init, final = record["decode"]["init"]["tau"], record["decode"]["final"]["tau"]
+  assert final > init + 0.2, (init, final)
+  assert record["tau_check"]["simulated"] == pytest.approx(record["tau_check"]["decoded"])
+  c.task = "generate"
+  c.drafter.dflash.path = str(tmp_path / "run" / "draft_final")
+  build.check(c)
+  model = build.target(c)
+  d, params = build.drafter(c, model)
+  assert d.cfg.block_size == 4 and d.cfg.feature_layers == (1, 3)
+  prompts = build.request(c, model).batches()[0]
+  kw = dict(max_new_tokens=c.max_new_tokens, max_len=c.max_len)
+  ar = generate(model.params, model.cfg, prompts, **kw)
+  out = generate(model.params, model.cfg, prompts, drafter=d, drafter_params=params, **kw)
+  assert out.tokens == ar.tokens
+  assert out.metrics["tau"] == pytest.approx(final)

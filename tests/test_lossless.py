@@ -145,6 +145,9 @@ STATEFUL = {
   "dflash_sampled_tree": lambda d: testing.dflash_drafter(V5_TARGET, MEDUSA_TREE, 3),
   "dflash_top_k_tree": lambda d: testing.dflash_drafter(V5_TARGET, MEDUSA_TREE, 3, sampled=False),
   "dflash_sampled_lookup": lambda d: testing.dflash_drafter(V5_TARGET, MEDUSA_TREE, 3, lookup=2),
+  "dflash_reduced_vocab": lambda d: testing.dflash_drafter(
+    V5_TARGET, MEDUSA_TREE, 3, vocab_ids=(0, 2, 4)
+  ),  # fmt: skip
   # The published EAGLE-1 architecture (no input norm, no final norm), sampled candidates (its
   # EAGLE-3 sibling with a reduced vocabulary: test_interop_eagle.py, imported).
   "eagle1_official_sampled": lambda d: testing.eagle_drafter(

@@ -18,9 +18,10 @@ The context is a per-row KV cache of the draft layers beside the target's: the p
 features at ``init``; each verdict's features (the root's and the accepted nodes') join it as
 the next block begins (its one forward writes them, then reads).
 
-``model.py`` holds the weights, the block forward, the anchored-block forward of training and
-replay, and specjax's save; ``formats.py`` speculators' ``dflash`` layout; ``layouts.py`` either
-layout or random weights; ``drafter.py`` the protocol.
+``model.py`` holds the weights, the block forward, the anchored-block forward of replay, and
+specjax's save; ``objective.py`` training on anchored blocks (``config.objective.name =
+dflash``); ``formats.py`` speculators' ``dflash`` layout; ``layouts.py`` either layout or random
+weights; ``drafter.py`` the protocol.
 """
 
 import dataclasses
@@ -30,10 +31,13 @@ from specjax.drafters.dflash import formats, model
 from specjax.drafters.dflash.drafter import DFlash, DFlashState, parse_tree, time_block
 from specjax.drafters.dflash.layouts import load
 from specjax.drafters.dflash.model import FIELD, META_FILE, DFlashConfig
+from specjax.drafters.dflash.objective import DFlashBlocks
 from specjax.trees import Tree
 
-__all__ = ["FAMILY", "FIELD", "DFlash", "DFlashConfig", "DFlashState", "load", "model",
-           "parse_tree"]  # fmt: skip
+__all__ = [
+  "FAMILY", "FIELD", "DFlash", "DFlashBlocks", "DFlashConfig", "DFlashState", "load", "model",
+  "parse_tree",
+]  # fmt: skip
 
 
 def _export(cfg, params, out_dir, fmt: str, dtype: str, verifier: str = ""):
@@ -59,6 +63,7 @@ FAMILY = family.register(
       tree=lambda d: d.nodes,
       chain=lambda d, k: dataclasses.replace(d, tree=Tree.chain(k)),
     ),
+    objective=DFlashBlocks,
     saved=family.Saved(
       meta_file=META_FILE,
       load=load,

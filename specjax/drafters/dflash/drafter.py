@@ -164,6 +164,9 @@ class DFlash(DrafterBase):
       raise ValueError(
         f"DFlash drafter_params need {self.cfg.num_layers} layers and the target's embed and head."
       )
+    rows = self.cfg.vocab_size or self.cfg.target.vocab_size
+    if np.shape(got.get("head"))[:1] != (rows,) or (self.cfg.vocab_size and "vocab_ids" not in got):
+      raise ValueError(f"DFlash drafter_params need a head of {rows} rows (and their vocab_ids).")
 
   # -- decoding --
 
@@ -189,7 +192,8 @@ class DFlash(DrafterBase):
     block = ctx.lengths[:, None] + jnp.arange(self.cfg.block_size)[None]
     logits = model.block_logits(params, self.cfg, cache.replace(lengths=ctx.lengths),
                                 model.block_tokens(self.cfg, newest_B), block)[:, 1:]  # fmt: skip
-    draft = static_tree.draft(self.tree, logits, self.sampled, ctx)
+    draft = static_tree.draft(self.tree, logits, self.sampled, ctx, params.get("vocab_ids"),
+                              self.cfg.target.vocab_size)  # fmt: skip
     if self.lookup is not None:
       draft = prompt_lookup.with_branch(draft, self.lookup, ctx)
     elif not self.verifies_tree:
@@ -221,7 +225,8 @@ class DFlash(DrafterBase):
     branch's guess after them."""
     _, feats = llama.logits_of(target.params, target.cfg, x_1xS, self.cfg.feature_layers)
     logits = model.anchored_logits(params, self.cfg, x_1xS, jnp.concatenate(feats, -1), roots_R)
-    tokens = static_tree.draft(self.tree, logits[:, 1:], False, None).tokens
+    ids = params.get("vocab_ids")
+    tokens = static_tree.draft(self.tree, logits[:, 1:], False, None, ids).tokens
     if self.lookup is not None:
       guess, _, _ = self.lookup.teacher_forced_drafts(target, None, x_1xS, roots_R, row_len)
       tokens = jnp.concatenate([tokens, guess], axis=1)

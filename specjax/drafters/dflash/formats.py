@@ -12,10 +12,11 @@ model and written from it.
                        layers.{i}.mlp.{gate,up,down}_proj.weight
 
 The embedding and the head are the verifier's (speculators leaves them out of a full-vocabulary
-drafter and reloads them; specjax reads the target's). An auxiliary layer id a names the hidden
-state fed *into* target layer a, specjax's feature a - 1. Read here: a full draft vocabulary,
-the anchor not sampled (``sample_from_anchor: false``, DFlash's own); anything else is one
-error before the target loads.
+drafter and reloads them; specjax reads the target's). A reduced draft vocabulary adds
+``d2t`` [V'] (target id = draft id + d2t), ``t2d`` [V] and ``lm_head.weight`` [V', F], the
+verifier's rows. An auxiliary layer id a names the hidden state fed *into* target layer a,
+specjax's feature a - 1. Read here: the anchor not sampled (``sample_from_anchor: false``,
+DFlash's own); anything else is one error before the target loads.
 """
 
 import json
@@ -27,7 +28,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specjax.drafters import artifact
-from specjax.drafters.dflash.model import FIELD, DFlashConfig, flat, frozen_params, unflat
+from specjax.drafters.dflash.model import FIELD, DFlashConfig, decode_params, flat, unflat
 from specjax.models import llama, schema
 from specjax.models.config import ModelConfig
 
@@ -64,10 +65,11 @@ def peek(directory, field: str = f"{FIELD}.path") -> dict:
       f"{field}={str(directory)!r} samples from the anchor (sample_from_anchor: true, DSpark's "
       "convention): specjax's DFlash drafts the positions after the anchor only."
     )
-  if config.get("draft_vocab_size", layer.get("vocab_size")) != layer.get("vocab_size"):
+  draft_vocab = config.get("draft_vocab_size", layer.get("vocab_size", 1))
+  if not 1 <= draft_vocab <= layer.get("vocab_size", 0):
     raise ValueError(
-      f"{field}={str(directory)!r} has a reduced draft vocabulary ({config['draft_vocab_size']} "
-      f"of {layer.get('vocab_size')}): specjax reads full-vocabulary DFlash drafters."
+      f"{field}={str(directory)!r}: draft_vocab_size={config.get('draft_vocab_size')} is not "
+      f"in [1, {layer.get('vocab_size')}] (the verifier's vocabulary)."
     )
   aux = config.get("aux_hidden_state_layer_ids") or []
   if not aux or min(aux) < 1:
@@ -88,8 +90,8 @@ def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfi
   wrong = {k: layer.get(k) for k, v in want.items() if layer.get(k, v) != v}
   if wrong:
     raise ValueError(
-      f"{field}: this DFlash drafter's layers have {wrong}, but the target "
-      f"{target_cfg.name!r} has { ({k: want[k] for k in wrong}) }: it was trained for another target."
+      f"{field}: this DFlash drafter's layers have {wrong}, but the target {target_cfg.name!r} "
+      f"has { ({k: want[k] for k in wrong}) }: it was trained for another target."
     )
   features = tuple(a - 1 for a in config["aux_hidden_state_layer_ids"])
   ffn = layer.get("intermediate_size", target_cfg.ffn_dim)
@@ -98,9 +100,11 @@ def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfi
       f"{field}: aux_hidden_state_layer_ids {config['aux_hidden_state_layer_ids']} name layers "
       f"the target ({target_cfg.num_layers} layers) does not have."
     )
+  draft_vocab = config.get("draft_vocab_size", target_cfg.vocab_size)
   return DFlashConfig(
     target_cfg, features, layer["num_hidden_layers"], config.get("block_size", 8),
     config.get("mask_token_id") or 0, ffn if ffn != target_cfg.ffn_dim else 0,
+    draft_vocab if draft_vocab < target_cfg.vocab_size else 0,
   )  # fmt: skip
 
 
@@ -113,12 +117,18 @@ def load(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashConfig,
   path = Path(directory) / WEIGHTS
   if not path.is_file():
     raise ValueError(f"{field}={str(directory)!r} holds no {WEIGHTS}.")
+  if cfg.vocab_size:
+    names["d2t"] = ("vocab_ids",)
   with safe_open(str(path), "np") as f:
     held = set(f.keys())
     missing = sorted(set(names) - held)
     if missing:
       raise ValueError(f"{field}: {path} lacks {missing[:4]}: not a DFlash drafter of this shape.")
-    tensors = {_flat_name(names[n]): f.get_tensor(n).astype(np.float32) for n in names}
+    tensors = {_flat_name(names[n]): f.get_tensor(n) for n in names}
+  tensors = {k: v.astype(np.float32) for k, v in tensors.items() if k != "vocab_ids"} | (
+    {"vocab_ids": (tensors["vocab_ids"] + np.arange(cfg.vocab_size)).astype(np.int32)}
+    if cfg.vocab_size else {}
+  )  # fmt: skip
   params = unflat(tensors, cfg.num_layers)
   want = {"fc": (cfg.target.dim, cfg.target.dim * len(cfg.feature_layers))}
   if tuple(params["fc"].shape) != want["fc"]:
@@ -128,7 +138,7 @@ def load(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashConfig,
     for k, v in want_i.items():
       if tuple(got[k].shape) != tuple(v.shape):
         raise ValueError(f"{field}: layers.{i}'s {k} is {tuple(got[k].shape)}, expected {v.shape}.")
-  return cfg, params | frozen_params(target.params, target.cfg), config
+  return cfg, decode_params(params, target.params, target.cfg), config
 
 
 def _flat_name(path: tuple) -> str:
@@ -148,7 +158,7 @@ def export(cfg: DFlashConfig, params: dict, out_dir, dtype: str = "float32", ver
   }  # fmt: skip
   config = {
     "speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"],
-    "transformer_layer_config": layer, "draft_vocab_size": t.vocab_size,
+    "transformer_layer_config": layer, "draft_vocab_size": cfg.vocab_size or t.vocab_size,
     "block_size": cfg.block_size, "target_hidden_size": t.dim,
     "aux_hidden_state_layer_ids": [f + 1 for f in cfg.feature_layers],
     "mask_token_id": cfg.mask_id, "sliding_window_non_causal": False, "sample_from_anchor": False,
@@ -160,7 +170,14 @@ def export(cfg: DFlashConfig, params: dict, out_dir, dtype: str = "float32", ver
   }  # fmt: skip
   names = {_flat_name(path): n for n, path in _layer_names(cfg.layer).items()}
   names |= {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "norm": "norm.weight"}
-  tensors = {names[k]: np.asarray(jnp.asarray(v).astype(dtype)) for k, v in flat(params).items()}
+  trained = {k: v for k, v in flat(params).items() if k != "vocab_ids"}
+  tensors = {names[k]: np.asarray(jnp.asarray(v).astype(dtype)) for k, v in trained.items()}
+  if cfg.vocab_size:  # the draft vocabulary as speculators maps it, and its head rows
+    ids = np.asarray(params["vocab_ids"], np.int64)
+    t2d = np.zeros((t.vocab_size,), bool)
+    t2d[ids] = True
+    head = np.asarray(jnp.asarray(params["head"]).astype(dtype))
+    tensors |= {"d2t": ids - np.arange(len(ids)), "t2d": t2d, "lm_head.weight": head}
   with artifact.atomic_directory(out_dir, WRITES) as tmp:
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt"})  # fmt: skip

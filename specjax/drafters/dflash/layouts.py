@@ -10,7 +10,7 @@ from specjax.drafters.dflash.model import (
   FIELD,
   META_FILE,
   DFlashConfig,
-  frozen_params,
+  decode_params,
   init_params,
   load_saved,
   read_meta,
@@ -62,4 +62,4 @@ def load_or_init(c, target) -> tuple[DFlashConfig, dict]:
     return cfg, params
   cfg = DFlashConfig(target.cfg, tuple(c.feature_layers), c.num_layers, c.block_size, c.mask_id)
   params = init_params(cfg, jax.random.key(0))
-  return cfg, params | frozen_params(target.params, target.cfg)
+  return cfg, decode_params(params, target.params, target.cfg)

@@ -28,6 +28,7 @@ class DFlashConfig:
   block_size: int = 8  # B: the anchor and B - 1 masked positions, drafted in one forward
   mask_id: int = 0  # the token fed at the masked positions (its embedding is the target's)
   ffn_dim: int = 0  # the draft layers' MLP width (0 = the target's)
+  vocab_size: int = 0  # V': the draft vocabulary (the target's head rows it scores); 0 = all
 
   def __post_init__(self):
     llama.check_features(self.target, self.feature_layers)
@@ -36,10 +37,16 @@ class DFlashConfig:
         f"{FIELD}.feature_layers: DFlash fuses residual streams of target layers (indices), "
         f"got {list(self.feature_layers)}."
       )
-    for name, value, low in (("num_layers", self.num_layers, 1), ("block_size", self.block_size, 2),
-                             ("ffn_dim", self.ffn_dim, 0)):  # fmt: skip
+    sizes = (("num_layers", self.num_layers, 1), ("block_size", self.block_size, 2),
+             ("ffn_dim", self.ffn_dim, 0), ("vocab_size", self.vocab_size, 0))  # fmt: skip
+    for name, value, low in sizes:
       if isinstance(value, bool) or int(value) != value or value < low:
         raise ValueError(f"{FIELD}.{name} must be an integer >= {low}, got {value!r}.")
+    if self.vocab_size > self.target.vocab_size:
+      raise ValueError(
+        f"{FIELD}.vocab_size={self.vocab_size} exceeds the target's vocabulary "
+        f"({self.target.vocab_size}); 0 = all of it."
+      )
     if not 0 <= self.mask_id < self.target.vocab_size:
       raise ValueError(
         f"{FIELD}.mask_id={self.mask_id} is not a token of the target's vocabulary "
@@ -90,10 +97,24 @@ def param_shapes(cfg: DFlashConfig) -> dict:
           "norm": (f,)}  # fmt: skip
 
 
-def frozen_params(target_params, target_cfg: ModelConfig) -> dict:
-  """What DFlash reads of the target: its embedding (the block's tokens) and its head."""
+def frozen_params(target_params, target_cfg: ModelConfig, vocab_ids=None) -> dict:
+  """What DFlash reads of the target: its embedding (the block's tokens) and its head, the
+  rows of the draft vocabulary ``vocab_ids`` (its target ids) where it is reduced."""
   head = target_params["embed"] if target_cfg.tie_embeddings else target_params["lm_head"]
-  return {"embed": target_params["embed"], "head": head}
+  out = {"embed": target_params["embed"], "head": head}
+  if vocab_ids is not None:
+    ids = jnp.asarray(vocab_ids, jnp.int32)
+    out |= {"head": head[ids], "vocab_ids": ids}
+  return out
+
+
+def decode_params(trained: dict, target_params, target_cfg: ModelConfig) -> dict:
+  """The trained tensors (with ``vocab_ids`` where the vocabulary is reduced) and what the
+  drafter reads of the target."""
+  ids = trained.get("vocab_ids")
+  return {k: v for k, v in trained.items() if k != "vocab_ids"} | frozen_params(
+    target_params, target_cfg, ids
+  )
 
 
 def fuse(params, cfg: DFlashConfig, features_BxTxnF: jax.Array) -> jax.Array:
@@ -155,8 +176,9 @@ FORMAT = 1
 
 
 def flat(params: dict) -> dict:
-  """The trained tensors by name (``layers.{i}.{name}``), as a save stores them."""
-  out = {k: params[k] for k in ("fc", "hidden_norm", "norm")}
+  """The trained tensors by name (``layers.{i}.{name}``), and ``vocab_ids`` where the draft
+  vocabulary is reduced: what a save stores."""
+  out = {k: params[k] for k in ("fc", "hidden_norm", "norm", "vocab_ids") if k in params}
   for i, layer in enumerate(params["layers"]):
     out |= {f"layers.{i}.{k}": v for k, v in layer.items()}
   return out
@@ -192,4 +214,12 @@ def load_saved(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashC
   t = cfg.target
   artifact.check_target(meta, t.dim, t.vocab_size, target, field, "DFlash drafter weights")
   params = unflat(artifact.read_tensors(directory, WEIGHTS_FILE), cfg.num_layers)
-  return cfg, params | frozen_params(target.params, target.cfg), meta
+  return cfg, decode_params(params, target.params, target.cfg), meta
+
+
+def load_trained(directory, field: str = f"{FIELD}.path") -> tuple[DFlashConfig, dict, dict]:
+  """``(cfg, trained params, meta)`` of a saved drafter, without its target (to continue
+  training it: ``objective.dflash.init_from``)."""
+  meta = read_meta(directory, field)
+  cfg = DFlashConfig.fromdict(meta["dflash"])
+  return cfg, unflat(artifact.read_tensors(directory, WEIGHTS_FILE), cfg.num_layers), meta

@@ -1,0 +1,112 @@
+"""Block drafters on SmolLM2-135M-Instruct: DFlash trained on the data and step budget of
+EAGLE's ``:requests``, decoded beside it on the held-out prompts.
+
+    bash scripts/install_models.sh smollm2 && bash scripts/install_corpora.sh all
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:greedy
+    nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
+    python -m specjax.run --config=experiments/block_smollm2/config.py                # 1.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:requests       # 2.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_requests # 3.
+    python experiments/block_smollm2/step_cost.py                                     # 4.
+    python -m specjax.report experiments/block_smollm2                                # README
+
+1. DFlash (``objective.name = dflash``): one draft layer over SmolLM2's layers 2, 14 and 27
+   (EAGLE-3's), blocks of 8 (the anchor and 7 drafted positions), 16 anchored blocks per row
+   and step, position weight exp(-(d - 1) / 4), ``<empty_output>`` (id 16, never in chat
+   text) at the masked positions, a draft vocabulary of the 8192 most frequent next tokens
+   (EAGLE's size: the head's rows a block scores). EAGLE's 1.'s rows (greedy replies to chat
+   and Python prompts plus the two corpora, 3000 rows of 256 tokens, 32 held out) and
+   schedule: 1000 steps of 8 rows, learning rate 2e-3 after 20 warm-up steps, cosine to 10%.
+2. ``:requests`` continues it as EAGLE's ``:requests`` continued EAGLE's 1.: 300 steps on 768
+   rows of replies to assistant requests and Python, learning rate 1e-3.
+3. ``:sweep_requests`` decodes the held-out prompts (the four categories and the six new chat
+   prompts) greedily with AR, DFlash as a 7-chain and as a 2 x 2 x 1 tree (with and without the
+   lookup branch), EAGLE ``:requests``' 16-node tree with the lookup branch, and prompt lookup,
+   in one process.
+4. ``step_cost.py`` times one DFlash step (its catch-up and the block forward) against an AR
+   step at blocks of 4, 8 and 16, in float32 and bfloat16 (``results/step_cost.json``).
+"""
+
+from configs import demo, train_tiny
+from experiments import held_out
+from specjax.train import objectives
+
+HERE = "experiments/block_smollm2"
+RESULTS = f"{HERE}/results"
+WORKDIR = "results/block_smollm2"  # checkpoints and drafters (not in git)
+GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
+REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
+EAGLE_REQUESTS = "experiments/eagle_smollm2/drafter_requests"  # EAGLE :requests, promoted
+FEATURE_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers (EAGLE-3's)
+MASK_ID = 16  # <empty_output>: never in chat replies
+BLOCK = 8
+
+
+def _training():
+  """1.: DFlash on EAGLE's 1.'s rows and schedule."""
+  c = demo.base()  # SmolLM2 target, held-out chat and code prompts, greedy, batch 1
+  c.task = "train"
+  c.workdir = WORKDIR
+  c.record_to = f"{RESULTS}/train"
+  t = train_tiny.get_config()
+  for section in ("data", "train", "optim", "mesh", "distributed", "evaluate"):
+    c[section] = t[section]
+  c.drafter.name = "dflash"
+  c.objective = objectives.default_config("dflash")
+  c.objective.dflash.update(feature_layers=FEATURE_LAYERS, num_layers=1, block_size=BLOCK,
+                            mask_id=MASK_ID, vocab_size=8192, anchors=16, gamma=4.0,
+                            loss="kl")  # fmt: skip
+  c.data.update(sources=(GREEDY_DATA, "chitchat", "python"), seq_len=256, max_examples=3000,
+                eval_examples=32, seed=0)  # fmt: skip
+  c.train.update(steps=1000, global_batch=8, log_every=10, eval_every=100, eval_batches=2,
+                 checkpoint_every=50, keep=2)  # fmt: skip
+  c.optim.update(learning_rate=2e-3, warmup_steps=20, decay_steps=980, weight_decay=0.0)
+  return c
+
+
+def _requests(c):
+  """2.: 1.'s drafter, 300 more steps on replies to assistant requests and Python."""
+  c.workdir, c.record_to = f"{WORKDIR}_requests", f"{RESULTS}/requests"
+  c.objective.dflash.init_from = f"{WORKDIR}/draft_final"
+  c.data.update(sources=(REQUESTS_DATA, "python"), max_examples=768)
+  c.train.steps = 300
+  c.optim.update(learning_rate=1e-3, decay_steps=280)
+
+
+def dflash_variant(path: str, tree_spec: tuple = (), lookup: int = 0) -> dict:
+  """A sweep variant decoding the DFlash drafter at ``path``: a chain over its block, or the
+  tree ``tree_spec`` (top-k per depth); ``lookup``: a lookup branch of that many tokens."""
+  return {"name": "dflash", "dflash": {"path": path, "tree_spec": tuple(tree_spec),
+                                       "lookup": lookup}}  # fmt: skip
+
+
+def sweep_variants() -> dict:
+  trained = f"{WORKDIR}_requests/draft_final"
+  eagle = {"path": EAGLE_REQUESTS, "top_k": 4, "depth": 6, "total": 16, "lookup": 4}
+  return {
+    "dflash_chain_7": dflash_variant(trained),
+    "dflash_tree_2x2x1": dflash_variant(trained, (2, 2, 1)),
+    "dflash_tree_lookup": dflash_variant(trained, (2, 2, 1), lookup=4),
+    "eagle_req_16_l4": {"name": "eagle", "eagle": eagle},
+    "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  }
+
+
+def _sweep(c):
+  categories = {**held_out.CATEGORIES, "chat_new": held_out.CHAT_NEW}
+  held_out.sweep_on(c, f"{RESULTS}/sweep_requests", categories, sweep_variants())
+
+
+VARIANTS = {"requests": _requests, "sweep_requests": _sweep}
+
+
+def get_config(arg: str | None = None):
+  c = _training()
+  if not arg:
+    return c
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"unknown variant {arg!r} of block_smollm2/config.py; choose {', '.join(VARIANTS)}."
+    )
+  VARIANTS[arg](c)
+  return c
