@@ -17,12 +17,13 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
    (EAGLE's size: the head's rows a block scores). EAGLE's 1.'s rows (greedy replies to chat
    and Python prompts plus the two corpora, 3000 rows of 256 tokens, 32 held out) and
    schedule: 1000 steps of 8 rows, learning rate 2e-3 after 20 warm-up steps, cosine to 10%.
+   The target's features of every row are computed once (``data.feature_cache``, float16).
 2. ``:requests`` continues it as EAGLE's ``:requests`` continued EAGLE's 1.: 300 steps on 768
    rows of replies to assistant requests and Python, learning rate 1e-3.
 3. ``:sweep_requests`` decodes the held-out prompts (the four categories and the six new chat
-   prompts) greedily with AR, DFlash as a 7-chain and as a 2 x 2 x 1 tree (with and without the
-   lookup branch), EAGLE ``:requests``' 16-node tree with the lookup branch, and prompt lookup,
-   in one process.
+   prompts) greedily with AR, DFlash as a 7-chain and as a 14-node tree (the chain and each
+   depth's second candidate beside it; with and without the lookup branch), EAGLE
+   ``:requests``' 16-node tree with the lookup branch, and prompt lookup, in one process.
 4. ``step_cost.py`` times one DFlash step (its catch-up and the block forward) against an AR
    step at blocks of 4, 8 and 16, in float32 and bfloat16 (``results/step_cost.json``).
 """
@@ -37,6 +38,7 @@ WORKDIR = "results/block_smollm2"  # checkpoints and drafters (not in git)
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
 EAGLE_REQUESTS = "experiments/eagle_smollm2/drafter_requests"  # EAGLE :requests, promoted
+FEATURES = "data/features/block_smollm2"  # float16 features of the training rows, once
 FEATURE_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers (EAGLE-3's)
 MASK_ID = 16  # <empty_output>: never in chat replies
 BLOCK = 8
@@ -57,7 +59,7 @@ def _training():
                             mask_id=MASK_ID, vocab_size=8192, anchors=16, gamma=4.0,
                             loss="kl")  # fmt: skip
   c.data.update(sources=(GREEDY_DATA, "chitchat", "python"), seq_len=256, max_examples=3000,
-                eval_examples=32, seed=0)  # fmt: skip
+                eval_examples=32, seed=0, feature_cache=FEATURES)  # fmt: skip
   c.train.update(steps=1000, global_batch=8, log_every=10, eval_every=100, eval_batches=2,
                  checkpoint_every=50, keep=2)  # fmt: skip
   c.optim.update(learning_rate=2e-3, warmup_steps=20, decay_steps=980, weight_decay=0.0)
@@ -68,15 +70,24 @@ def _requests(c):
   """2.: 1.'s drafter, 300 more steps on replies to assistant requests and Python."""
   c.workdir, c.record_to = f"{WORKDIR}_requests", f"{RESULTS}/requests"
   c.objective.dflash.init_from = f"{WORKDIR}/draft_final"
-  c.data.update(sources=(REQUESTS_DATA, "python"), max_examples=768)
+  c.data.update(sources=(REQUESTS_DATA, "python"), max_examples=768,
+                feature_cache=f"{FEATURES}_requests")  # fmt: skip
   c.train.steps = 300
   c.optim.update(learning_rate=1e-3, decay_steps=280)
 
 
-def dflash_variant(path: str, tree_spec: tuple = (), lookup: int = 0) -> dict:
+# A static tree over the block's 7 depths: the top-1 chain, and at every depth the second
+# candidate beside it (a block's depths do not depend on the tokens above, so a node's
+# alternatives are its depth's next ranks: branching off the chain is all a tree can add).
+CATERPILLAR = tuple((0,) * d for d in range(1, BLOCK)) + tuple(
+  (0,) * (d - 1) + (1,) for d in range(1, BLOCK)
+)
+
+
+def dflash_variant(path: str, tree_paths: tuple = (), lookup: int = 0) -> dict:
   """A sweep variant decoding the DFlash drafter at ``path``: a chain over its block, or the
-  tree ``tree_spec`` (top-k per depth); ``lookup``: a lookup branch of that many tokens."""
-  return {"name": "dflash", "dflash": {"path": path, "tree_spec": tuple(tree_spec),
+  tree ``tree_paths`` (paths of child ranks); ``lookup``: a lookup branch of that many tokens."""
+  return {"name": "dflash", "dflash": {"path": path, "tree_paths": tuple(tree_paths),
                                        "lookup": lookup}}  # fmt: skip
 
 
@@ -85,8 +96,8 @@ def sweep_variants() -> dict:
   eagle = {"path": EAGLE_REQUESTS, "top_k": 4, "depth": 6, "total": 16, "lookup": 4}
   return {
     "dflash_chain_7": dflash_variant(trained),
-    "dflash_tree_2x2x1": dflash_variant(trained, (2, 2, 1)),
-    "dflash_tree_lookup": dflash_variant(trained, (2, 2, 1), lookup=4),
+    "dflash_tree_14": dflash_variant(trained, CATERPILLAR),
+    "dflash_tree_14_lookup4": dflash_variant(trained, CATERPILLAR, lookup=4),
     "eagle_req_16_l4": {"name": "eagle", "eagle": eagle},
     "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
   }

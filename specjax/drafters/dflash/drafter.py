@@ -21,7 +21,7 @@ from specjax.drafters.base import (
   sampled_candidates,
   verify_forward,
 )
-from specjax.drafters.dflash import model
+from specjax.drafters.dflash import layouts, model
 from specjax.drafters.dflash.model import FIELD, DFlashConfig
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.timing import median_seconds
@@ -125,8 +125,6 @@ class DFlash(DrafterBase):
 
   @classmethod
   def check(cls, c, config):
-    from specjax.drafters.dflash import layouts  # noqa: PLC0415  (below: formats read model)
-
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     num_draft = layouts.peek_block_size(c) - 1
@@ -137,8 +135,6 @@ class DFlash(DrafterBase):
 
   @classmethod
   def build(cls, c, config, target):
-    from specjax.drafters.dflash import layouts  # noqa: PLC0415
-
     cfg, params = layouts.load_or_init(c, target)
     d = cls(cfg, parse_tree(c, cfg.num_draft), sampled_candidates(c, FIELD),
             prompt_lookup.branch(c))  # fmt: skip
