@@ -81,7 +81,7 @@ class Profile:
 
 def model_sizes(target_cfg: ModelConfig, drafter, dparams) -> dict[str, tuple[int, int]]:
   """Per model of a step: (parameters read, KV bytes per cached token)."""
-  out = {"target": llama_sizes(target_cfg), "lookup": (0, 0)}
+  out = {"target": llama_sizes(target_cfg)}
   out["target_tree"] = out["target"]
   return out | ({} if drafter is None else family.of(drafter).need("price").sizes(drafter, dparams))
 

@@ -96,7 +96,7 @@ def _bad(tmp_path):
       dict(path=heads, format="medusa", out=out, dtype="int8"),
     ),
     "no drafter there": (
-      "holds neither eagle.json nor medusa.json",
+      "holds neither dflash.json nor eagle.json nor medusa.json",
       dict(path=str(tmp_path), format="medusa", out=out),
     ),
     "an EAGLE format for Medusa heads": (

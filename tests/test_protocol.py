@@ -44,7 +44,11 @@ class RepeatNewest(TokensOnly):
 FAMILY = family.Family(
   name="repeat_newest",
   drafter=RepeatNewest,
-  price=family.Price(forwards=RepeatNewest.step_forwards, timers={"lookup": family.time_propose}),
+  price=family.Price(
+    forwards=RepeatNewest.step_forwards,
+    timers={"lookup": family.time_propose},
+    sizes=lambda d, params: {"lookup": (0, 0)},
+  ),
   replay=family.Replay(drafts=RepeatNewest.teacher_forced_drafts),
 )
 

@@ -7,12 +7,15 @@ which published files it reads and writes) is declared here, once, by the packag
 defines the drafter, and registered with one call::
 
     family.register(family.Family(
-      name="medusa", drafter=Medusa,
+      name="medusa",
+      drafter=Medusa,  # the config group: its config(), check() and build()
       placement=family.Placement(check_params=Medusa.check_params),
-      price=family.Price(timers={"medusa": family.time_propose}),
-      replay=family.Replay(),
+      price=family.Price(forwards=Medusa.step_forwards, timers={"medusa": family.time_propose},
+                         sizes=Medusa.own_sizes),
+      replay=family.Replay(drafts=Medusa.teacher_forced_drafts, tree=lambda d: d.static_tree,
+                           chain=None),
       objective=MedusaHeads,
-      saved=family.Saved(META_FILE, load, formats.export, formats.EXPORTS, formats.WRITES),
+      saved=family.Saved(META_FILE, load, layouts.export, EXPORTS, WRITES, layouts.check_export),
     ))
 
 A group left as None says the family lacks it (a training-free drafter has no objective and

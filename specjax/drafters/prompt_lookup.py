@@ -271,7 +271,11 @@ FAMILY = family.register(
   family.Family(
     name="prompt_lookup",
     drafter=PromptLookup,
-    price=family.Price(forwards=PromptLookup.step_forwards, timers={"lookup": family.time_propose}),
+    price=family.Price(
+      forwards=PromptLookup.step_forwards,
+      timers={"lookup": family.time_propose},
+      sizes=lambda d, params: {"lookup": (0, 0)},  # reads no weights: free on a roofline
+    ),
     tune=family.Tune(
       field="num_draft",
       grid=_settings,

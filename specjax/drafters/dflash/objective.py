@@ -120,24 +120,24 @@ class DFlashBlocks:
     return tuple(dict.fromkeys(self.dflash.feature_layers + (llama.FINAL,)))
 
   def _target(self, frozen, batch):
-    """The target's logits ``[B, T, V]`` and its fused features ``[B, T, nF]`` of the batch:
-    from the cached features (``cached_features`` order) or one target forward."""
+    """The target's final features ``[B, T, F]`` (its logits are the head on them) and its
+    fused features ``[B, T, nF]`` of the batch: from the cached features
+    (``cached_features`` order) or one target forward."""
     wanted = self.cached_features()
     if "features" in batch:
       f = self.target_cfg.dim
       cached = batch["features"].astype(jnp.float32)
       feats = [cached[..., i * f : (i + 1) * f] for i in range(len(wanted))]
-      logits = llama.head(frozen, self.target_cfg, feats[-1])
     else:
-      logits, feats = llama.logits_of(frozen, self.target_cfg, batch["tokens"], wanted)
+      _, feats = llama.logits_of(frozen, self.target_cfg, batch["tokens"], wanted)
     fused = jnp.concatenate(feats[: len(self.dflash.feature_layers)], axis=-1)
-    return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(fused)
+    return jax.lax.stop_gradient(feats[-1]), jax.lax.stop_gradient(fused)
 
   def loss(self, params, frozen, batch, key):
     tokens_BxT, mask_BxT = batch["tokens"], batch["mask"]
     b, t = tokens_BxT.shape
     k, a = self.dflash.block_size, self.anchors
-    logits_BxTxV, feats_BxTxG = self._target(frozen, batch)
+    final_BxTxF, feats_BxTxG = self._target(frozen, batch)
     # Anchors: a without replacement among positions whose block fits and whose first drafted
     # token counts; rows with fewer such positions get invalid (zero-weight) extras.
     pos_T = jnp.arange(t)
@@ -158,9 +158,8 @@ class DFlashBlocks:
     # Labels: the target's distribution of the token at anchor + d, from its logits at + d - 1.
     at_RxD = jnp.minimum(block_R[:, 1:] - 1, t - 1)
     row_R = jnp.repeat(jnp.arange(b), a)
-    target_RxDxV = logits_BxTxV[row_R[:, None], at_RxD]
-    if self.vocab_ids is not None:  # the target's distribution over the draft vocabulary
-      target_RxDxV = target_RxDxV[..., jnp.asarray(self.vocab_ids, jnp.int32)]
+    # (the target's head at those positions only, over the draft vocabulary's rows)
+    target_RxDxV = llama.linear(final_BxTxF[row_R[:, None], at_RxD], p["head"])
     counted_RxD = mask_BxT[row_R[:, None], jnp.minimum(block_R[:, 1:], t - 1)].astype(jnp.float32)
     counted_RxD = counted_RxD * used_BxA.reshape(-1, 1) * (block_R[:, 1:] < t)
     per_RxD = losses.token_loss(self.token_loss, jax.nn.softmax(target_RxDxV, -1),
