@@ -6,7 +6,8 @@ drafter, batch 1 and 4, and the verify-cost curve, written to one JSON for the c
     bash scripts/device_bench.sh tiny            # random tiny models: the script's own test
 
 Weights and caches are bfloat16 on GPU/TPU and float32 on a CPU (``dtype = auto``). The Medusa
-heads and EAGLE drafter are the ones committed under experiments/ (trained on this target).
+heads, the EAGLE drafter and the DFlash block drafter are the ones committed under
+experiments/ (trained on this target).
 """
 
 from ml_collections import config_dict
@@ -15,6 +16,7 @@ from configs import demo, tiny
 
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 EAGLE_DRAFTER = "experiments/eagle_smollm2/drafter"
+DFLASH_DRAFTER = "experiments/block_smollm2/drafter"
 
 
 def get_config(arg: str = "full"):
@@ -37,12 +39,13 @@ def get_config(arg: str = "full"):
   c.drafter.medusa.tree_spec = (3, 2, 2, 1)
   c.drafter.eagle.path = EAGLE_DRAFTER
   c.drafter.eagle.update(top_k=4, depth=5, total=16)
+  c.drafter.dflash.path = DFLASH_DRAFTER  # a 7-chain from blocks of 8 (experiments/block_smollm2)
   c.device_bench = config_dict.ConfigDict()
-  c.device_bench.drafters = ("prompt_lookup", "draft_model", "medusa", "eagle")
+  c.device_bench.drafters = ("prompt_lookup", "draft_model", "medusa", "eagle", "dflash")
   c.device_bench.batch_sizes = (1, 4)
   c.device_bench.verify_sizes = (1, 2, 4, 8, 16, 32, 64)
   if arg == "quick":
-    c.device_bench.drafters = ("prompt_lookup", "eagle")
+    c.device_bench.drafters = ("prompt_lookup", "eagle", "dflash")
     c.device_bench.batch_sizes = (1,)
     c.device_bench.verify_sizes = (1, 4, 16)
     c.max_new_tokens = 16

@@ -6,6 +6,7 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
     nice -n 10 python -m specjax.run --config=configs/self_distill_smollm2.py:requests
     python -m specjax.run --config=experiments/block_smollm2/config.py                # 1.
     python -m specjax.run --config=experiments/block_smollm2/config.py:requests       # 2.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:promote        # to drafter/
     python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_requests # 3.
     python experiments/block_smollm2/step_cost.py                                     # 4.
     python -m specjax.report experiments/block_smollm2                                # README
@@ -30,6 +31,7 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
 
 from configs import demo, train_tiny
 from experiments import held_out
+from specjax.tasks import promote
 from specjax.train import objectives
 
 HERE = "experiments/block_smollm2"
@@ -38,6 +40,7 @@ WORKDIR = "results/block_smollm2"  # checkpoints and drafters (not in git)
 GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2.py:greedy
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
 EAGLE_REQUESTS = "experiments/eagle_smollm2/drafter_requests"  # EAGLE :requests, promoted
+DRAFTER = f"{HERE}/drafter"  # 2.'s drafter, promoted (:promote): what the sweeps decode
 FEATURES = "data/features/block_smollm2"  # float16 features of the training rows, once
 FEATURE_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers (EAGLE-3's)
 MASK_ID = 16  # <empty_output>: never in chat replies
@@ -92,7 +95,7 @@ def dflash_variant(path: str, tree_paths: tuple = (), lookup: int = 0) -> dict:
 
 
 def sweep_variants() -> dict:
-  trained = f"{WORKDIR}_requests/draft_final"
+  trained = DRAFTER
   eagle = {"path": EAGLE_REQUESTS, "top_k": 4, "depth": 6, "total": 16, "lookup": 4}
   return {
     "dflash_chain_7": dflash_variant(trained),
@@ -103,12 +106,19 @@ def sweep_variants() -> dict:
   }
 
 
+def _promote(c):
+  """2.'s drafter to ``DRAFTER``, with its manifest (task=promote)."""
+  c.task = "promote"
+  c.promote = promote.default_config()
+  c.promote.update(run=f"{WORKDIR}_requests", to=DRAFTER)
+
+
 def _sweep(c):
   categories = {**held_out.CATEGORIES, "chat_new": held_out.CHAT_NEW}
   held_out.sweep_on(c, f"{RESULTS}/sweep_requests", categories, sweep_variants())
 
 
-VARIANTS = {"requests": _requests, "sweep_requests": _sweep}
+VARIANTS = {"requests": _requests, "promote": _promote, "sweep_requests": _sweep}
 
 
 def get_config(arg: str | None = None):
