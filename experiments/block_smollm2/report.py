@@ -101,9 +101,51 @@ def _break_even(record) -> list[str]:
           results_lib.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
 
+def figure(results_dir) -> bool:
+  """results/figure.png: run 1.'s held-out accept_len against steps (log axis) with the fitted
+  line, and τ per held-out category per variant. False until both records are there."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  metrics, sweep_json = (
+    results_dir / "train" / "metrics.jsonl",
+    results_dir / "sweep_requests" / "sweep.json",
+  )
+  if not metrics.exists() or not sweep_json.exists():
+    return False
+  rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+  pts = [(r["step"], r["eval/accept_len"]) for r in rows if "eval/accept_len" in r]
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  left.plot([s for s, _ in pts], [a for _, a in pts], "o-", label="held-out accept_len")
+  fit = [(s, a) for s, a in pts if s >= 300]
+  slope, icept = np.polyfit(np.log2([s for s, _ in fit]), [a for _, a in fit], 1)
+  xs = np.geomspace(300, 16000, 50)
+  left.plot(xs, slope * np.log2(xs) + icept, "--", label=f"fit: +{slope:.3f} per doubling")
+  left.axhline(2.16, color="gray", lw=0.8, label="EAGLE :requests' held-out τ")
+  left.set(xscale="log", xlabel="training steps", ylabel="7-chain τ", title="DFlash run 1.")
+  left.legend(fontsize=8)
+  runs = [r for r in json.loads(sweep_json.read_text())["runs"] if r["variant"] != "ar"]
+  variants = list(dict.fromkeys(r["variant"] for r in runs))
+  cats = list(dict.fromkeys(r["category"] for r in runs))
+  width = 0.8 / len(variants)
+  for i, v in enumerate(variants):
+    taus = [next(r["tau"] for r in runs if r["variant"] == v and r["category"] == c) for c in cats]
+    right.bar(np.arange(len(cats)) + i * width, taus, width, label=v)
+  right.set(xticks=np.arange(len(cats)) + 0.4 - width / 2, ylabel="greedy τ",
+            title="Held-out prompts, batch 1, float32")  # fmt: skip
+  right.set_xticklabels(cats)
+  right.legend(fontsize=7)
+  results_lib.save_figure(fig, results_dir / "figure.png")
+  return True
+
+
 def report(results_dir):
   """The README's results block: training, its curve, step cost, the held-out sweep."""
   out = _training(results_dir) + _curve(results_dir) + _step_cost(results_dir)
+  if figure(results_dir):
+    out += ["![training curve and tau per category](results/figure.png)", ""]
   path = results_dir / "sweep_requests" / "sweep.json"
   if path.exists():
     record = json.loads(path.read_text())
