@@ -218,7 +218,7 @@ def test_sampled_q_follows_the_runs_temperature(broken):
 
 def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path):
   """No draft vocabulary, an anchor that is sampled, another hidden size: one error each,
-  before the target loads (headers only)."""
+  before the target loads (headers only); a dropped tensor: one error naming it."""
   cfg = dmodel.DFlashConfig(target.cfg, (1,), num_layers=1, block_size=3)
   params = dmodel.init_params(cfg, jax.random.key(0))
   formats.export(cfg, params, tmp_path / "x")
@@ -237,6 +237,15 @@ def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path)
   (tmp_path / "x" / "config.json").write_text(json.dumps(other))
   with pytest.raises(ValueError, match="trained for another target"):
     formats.config_for(formats.peek(tmp_path / "x"), target.cfg, "path")
+  # One tensor dropped from the weights: one error naming it, before any is used.
+  (tmp_path / "x" / "config.json").write_text(json.dumps(config))
+  from safetensors.numpy import load_file, save_file
+
+  tensors = load_file(str(tmp_path / "x" / "model.safetensors"))
+  del tensors["layers.0.self_attn.k_proj.weight"]
+  save_file(tensors, str(tmp_path / "x" / "model.safetensors"))
+  with pytest.raises(ValueError, match="lacks.*k_proj"):
+    dflash.load(tmp_path / "x", target)
 
 
 @pytest.mark.slow
