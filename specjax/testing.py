@@ -323,3 +323,22 @@ def dflash_drafter(
   branch = PromptLookup(lookup, abstain=False) if lookup else None
   drafter = dflash.DFlash(dcfg, tree, sampled, branch)
   return drafter, dflash.model.decode_params(dparams, params, cfg)
+
+
+def peagle_drafter(
+  target, tree, num_depths: int = 3, sampled: bool = True, seed: int = 0, lookup: int = 0,
+  feature_layers: tuple = (0, 1), vocab_ids=None, mask_id: int = 0,
+):  # fmt: skip
+  """A P-EAGLE drafter with random weights over ``target`` ((cfg, params)), drafting ``tree``
+  from blocks of ``num_depths`` rows (``vocab_ids``: a reduced draft vocabulary), and its
+  params (the target's embedding included)."""
+  from specjax.drafters import eagle, peagle
+
+  cfg, params = target
+  ids = np.arange(cfg.vocab_size) if vocab_ids is None else np.asarray(vocab_ids)
+  size = 0 if vocab_ids is None else len(ids)
+  ecfg = eagle.EagleConfig(cfg, tuple(feature_layers), size, architecture="eagle3")
+  pcfg = peagle.PEagleConfig(ecfg, num_depths, mask_id)
+  branch = PromptLookup(lookup, abstain=False) if lookup else None
+  dparams = peagle.model.init_params(pcfg, jax.random.key(seed), params, ids)
+  return peagle.PEagle(pcfg, tree, sampled, branch), dparams

@@ -133,9 +133,10 @@ def test_speculators_dflash_loads_and_matches_its_reference(target, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("reduced", [False, True], ids=["full_vocab", "reduced_vocab"])
 def test_an_export_is_read_by_speculators_own_loader(target, tmp_path, reduced):
-  """specjax's weights written in speculators' layout load with speculators' public
-  ``from_pretrained`` and give specjax's block logits (over the draft vocabulary where it is
-  reduced: d2t, t2d and the head's rows written); read back, the same drafter."""
+  """specjax's weights written in speculators' layout (the target's embedding and head rows
+  among them) load with speculators' public ``from_pretrained`` alone and give specjax's block
+  logits (over the draft vocabulary where it is reduced: d2t and t2d written); read back, the
+  same drafter."""
   _speculators_installed()
   from speculators.models.dflash import DFlashSpeculatorConfig
   from speculators.models.dflash.core import DFlashDraftModel
@@ -149,14 +150,6 @@ def test_an_export_is_read_by_speculators_own_loader(target, tmp_path, reduced):
   config = DFlashSpeculatorConfig.from_pretrained(str(tmp_path / "x"))
   config.transformer_layer_config._attn_implementation = "eager"  # flex attention: GPU only
   m = DFlashDraftModel.from_pretrained(str(tmp_path / "x"), config=config).eval()
-  head = target.params["embed"] if target.cfg.tie_embeddings else target.params["lm_head"]
-  rows = head if ids is None else np.asarray(head)[ids]
-  with torch.no_grad():  # what load_verifier_weights reads from the verifier named
-    m.embed_tokens.weight.copy_(torch.from_numpy(np.asarray(target.params["embed"])))
-    if ids is None:  # a reduced head is the file's own
-      m.lm_head.weight.copy_(torch.from_numpy(np.asarray(rows)))
-    m.verifier_lm_head.weight.copy_(torch.from_numpy(np.asarray(rows)))
-    m.verifier_norm.weight.fill_(1.0)
   tokens, feats = _inputs(target, cfg)
   ref, anchors = _reference_logits(m, tokens, feats, cfg.block_size)
   ours = dmodel.anchored_logits(params, cfg, jnp.asarray(tokens), jnp.asarray(feats),
@@ -220,7 +213,8 @@ def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path)
   """No draft vocabulary, an anchor that is sampled, another hidden size: one error each,
   before the target loads (headers only); a dropped tensor: one error naming it."""
   cfg = dmodel.DFlashConfig(target.cfg, (1,), num_layers=1, block_size=3)
-  params = dmodel.init_params(cfg, jax.random.key(0))
+  params = dmodel.decode_params(dmodel.init_params(cfg, jax.random.key(0)), target.params,
+                                target.cfg)  # fmt: skip
   formats.export(cfg, params, tmp_path / "x")
   config = json.loads((tmp_path / "x" / "config.json").read_text())
   for change, message in (

@@ -432,9 +432,9 @@ def test_a_bfloat16_export_holds_the_rounded_weights(tmp_path):
   np.testing.assert_array_equal(loaded["fuse"], rounded)
 
 
-def _verifier(tmp_path, target):
+def _verifier(tmp_path, target, name=""):
   """``target`` as an HF directory: what a user names as ``export.verifier``."""
-  directory = tmp_path / f"verifier_{target.cfg.name}"
+  directory = tmp_path / (name or f"verifier_{target.cfg.name}")
   if not directory.is_dir():
     hf = transformers.LlamaForCausalLM(_target_hf_config(target))
     hf.load_state_dict({k: _t(v) for k, v in _hf_state(target).items()}, strict=False)
@@ -486,6 +486,20 @@ def _speculators_reads(directory, target, nxt, feats):
   return _eagle3_forward(m, nxt, feats)[1], m.d2t.numpy() + np.arange(m.d2t.shape[0])
 
 
+def _converter_reads(directory, target, nxt, feats):
+  """speculators' converter for SafeAILab/SGLang EAGLE-3 checkpoints (``Eagle3Converter``, what
+  ``speculators convert`` runs), given the verifier and the auxiliary layers the export's
+  config names, as a user passes them; then its output read as a ``speculators`` export."""
+  _speculators()
+  from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+  aux = json.loads((directory / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+  out = directory.parent / f"{directory.name}_converted"
+  Eagle3Converter().convert(directory, out, base_model=str(directory.parent / VERIFIER),
+                            eagle_aux_hidden_state_layer_ids=aux)  # fmt: skip
+  return _speculators_reads(out, target, nxt, feats)
+
+
 def _without(directory, tensor=None, field=None):
   """The export with one tensor (from whichever weights file it has) or one config field gone."""
   if field:
@@ -513,19 +527,21 @@ def _reads_the_same(read, directory, target, nxt, feats, want, ids=None) -> bool
   return _close(logits, want) and (ids is None or np.array_equal(got_ids, ids))
 
 
-EXPORT_READERS = {  # format -> (architecture, reader, a config field the reader needs)
-  "eagle": ("eagle1", _eagle_llm_reads, "hidden_size"),
-  "eagle3": ("eagle3", _sglang_reads, "draft_vocab_size"),
-  "speculators": ("eagle3", _speculators_reads, "draft_vocab_size"),
+EXPORT_READERS = {  # reader -> (format, architecture, reader, a config field the reader needs)
+  "eagle-llm": ("eagle", "eagle1", _eagle_llm_reads, "hidden_size"),
+  "sglang": ("eagle3", "eagle3", _sglang_reads, "draft_vocab_size"),
+  "speculators_converter": ("eagle3", "eagle3", _converter_reads, "draft_vocab_size"),
+  "speculators": ("speculators", "eagle3", _speculators_reads, "draft_vocab_size"),
 }
+VERIFIER = "verifier"  # the verifier's HF directory, beside the exports
 
 
-@pytest.mark.parametrize("fmt", EXPORT_READERS)
-def test_an_export_is_read_by_its_engines_own_loader(tmp_path, fmt):
+@pytest.mark.parametrize("reader", EXPORT_READERS)
+def test_an_export_is_read_by_its_engines_own_loader(tmp_path, reader):
   """Each export, as written, read by the reference code of the engine it is for, with no help:
   it gives specjax's logits (1e-4, float32); without the embedding, or without a config field
   the reader needs, it does not (a load error or other logits)."""
-  arch, read, field = EXPORT_READERS[fmt]
+  fmt, arch, read, field = EXPORT_READERS[reader]
   target = _target()
   features, ids = ((1, 3, 4), REDUCED) if arch == "eagle3" else (("final",), None)
   drafter, params = _trained(target, arch, features, ids)
@@ -536,27 +552,30 @@ def test_an_export_is_read_by_its_engines_own_loader(tmp_path, fmt):
   # verifier, or leaves it as torch.empty's memory unless that holds a NaN: either way, not
   # the target's.)
   other = dataclasses.replace(_target(seed=12), cfg=dataclasses.replace(target.cfg, name="other"))
-  verifier = str(_verifier(tmp_path, other)) if fmt == "speculators" else ""
+  verifier = str(_verifier(tmp_path, other, VERIFIER)) if arch == "eagle3" else ""
   for case, edit in [("no embedding", {"tensor": "embed_tokens.weight"}),
                      (f"no {field}", {"field": field}), ("as written", {})]:  # fmt: skip
     directory = tmp_path / case.replace(" ", "_")
-    interop.export(drafter.cfg, params, directory, fmt, "float32", verifier=verifier)
+    interop.export(drafter.cfg, params, directory, fmt, "float32",
+                   verifier=verifier if fmt == "speculators" else "")  # fmt: skip
     _without(directory, **edit)
     assert _reads_the_same(read, directory, target, nxt, feats, want, ids) == (not edit), case
 
 
 def eagle3_exports_match_their_references(tmp_path, target, cfg, params):
   """An EAGLE-3 drafter (``cfg``, decode ``params``, e.g. one trained here) exported for SGLang
-  (``eagle3``) and for vLLM (``speculators``, its verifier named) gives specjax's logits in the
-  engines' own loaders."""
+  (``eagle3``, read by SGLang's model and by speculators' converter) and for vLLM
+  (``speculators``, its verifier named) gives specjax's logits in the engines' own loaders."""
   nxt, feats = _features(target, cfg.feature_layers)
   _, want = _specjax_forward(cfg, params, nxt, feats)
   ids = np.asarray(params["vocab_ids"])
-  for fmt in ("eagle3", "speculators"):
-    verifier = str(_verifier(tmp_path, target)) if fmt == "speculators" else ""
-    interop.export(cfg, params, tmp_path / fmt, fmt, "float32", verifier=verifier)
-    read = EXPORT_READERS[fmt][1]
-    assert _reads_the_same(read, tmp_path / fmt, target, nxt, feats, want, ids), fmt
+  verifier = str(_verifier(tmp_path, target, VERIFIER))
+  for reader, (fmt, _, read, _) in EXPORT_READERS.items():
+    if fmt in ("eagle3", "speculators"):
+      out = tmp_path / reader
+      interop.export(cfg, params, out, fmt, "float32",
+                     verifier=verifier if fmt == "speculators" else "")  # fmt: skip
+      assert _reads_the_same(read, out, target, nxt, feats, want, ids), reader
 
 
 def test_speculators_holds_eagle3_only(tmp_path):

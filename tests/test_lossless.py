@@ -148,6 +148,13 @@ STATEFUL = {
   "dflash_reduced_vocab": lambda d: testing.dflash_drafter(
     V5_TARGET, MEDUSA_TREE, 3, vocab_ids=(0, 2, 4)
   ),  # fmt: skip
+  # P-EAGLE: the EAGLE-3 layer drafts every depth in one forward (the newest pair, then masked
+  # rows); its cache of committed pairs is carried across steps.
+  "peagle_sampled_chain": lambda d: testing.peagle_drafter(V5_TARGET, trees.Tree.chain(2), 2),
+  "peagle_reduced_vocab_tree": lambda d: testing.peagle_drafter(
+    V5_TARGET, MEDUSA_TREE, 2, vocab_ids=(0, 2, 4)
+  ),  # fmt: skip
+  "peagle_sampled_lookup": lambda d: testing.peagle_drafter(V5_TARGET, MEDUSA_TREE, 2, lookup=2),
   # The published EAGLE-1 architecture (no input norm, no final norm), sampled candidates (its
   # EAGLE-3 sibling with a reduced vocabulary: test_interop_eagle.py, imported).
   "eagle1_official_sampled": lambda d: testing.eagle_drafter(
@@ -266,6 +273,14 @@ BROKEN_ACROSS_STEPS = {
   ),
   "dflash_chain_resample_from_target": (
     STATEFUL["dflash_sampled_chain"],
+    testing.resample_from_target,
+  ),
+  "peagle_keep_rejected_candidate": (
+    STATEFUL["peagle_reduced_vocab_tree"],
+    testing.keep_rejected_candidate,
+  ),
+  "peagle_chain_resample_from_target": (
+    STATEFUL["peagle_sampled_chain"],
     testing.resample_from_target,
   ),
   # The lookup guess tried before the sampled children: their q loses its token.

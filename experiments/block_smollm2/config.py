@@ -41,6 +41,10 @@ GREEDY_DATA = "data/self_distill/smollm2_greedy"  # configs/self_distill_smollm2
 REQUESTS_DATA = "data/self_distill/smollm2_requests"  # configs/self_distill_smollm2.py:requests
 EAGLE_REQUESTS = "experiments/eagle_smollm2/drafter_requests"  # EAGLE :requests, promoted
 DRAFTER = f"{HERE}/drafter"  # 2.'s drafter, promoted (:promote): what the sweeps decode
+EAGLE3_RUN = "eagle_smollm2:eagle3_serve"  # the published EAGLE-3 after EAGLE's 1.'s budget
+EAGLE3_SERVED = "experiments/eagle_smollm2/drafter_eagle3"  # ... continued as :requests
+PEAGLE_DRAFTER = f"{HERE}/drafter_peagle"  # 5.'s drafter, promoted (:promote_peagle)
+PEAGLE_DEPTHS = 8  # P-EAGLE's tokens per forward
 FEATURES = "data/features/block_smollm2"  # float16 features of the training rows, once
 FEATURE_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers (EAGLE-3's)
 MASK_ID = 16  # <empty_output>: never in chat replies
@@ -69,10 +73,24 @@ def _training():
   return c
 
 
-def _requests(c):
+def _requests(c, name: str):
   """2.: 1.'s drafter, 300 more steps on replies to assistant requests and Python."""
-  c.workdir, c.record_to = f"{WORKDIR}_requests", f"{RESULTS}/requests"
+  c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
   c.objective.dflash.init_from = f"{WORKDIR}/draft_final"
+  c.data.update(sources=(REQUESTS_DATA, "python"), max_examples=768,
+                feature_cache=f"{FEATURES}_requests")  # fmt: skip
+  c.train.steps = 300
+  c.optim.update(learning_rate=1e-3, decay_steps=280)
+
+
+def _peagle(c, name: str):
+  """5.: P-EAGLE from the published EAGLE-3 after EAGLE's 1.'s budget (``EAGLE3_RUN``), 300
+  steps on :requests' rows: the same 1000 + 300 steps, the last 300 drafting blocks of 8."""
+  c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
+  c.drafter.name = "peagle"
+  c.objective = objectives.default_config("peagle")
+  c.objective.peagle.update(init_from=EAGLE3_RUN, num_depths=PEAGLE_DEPTHS, mask_id=MASK_ID,
+                            anchors=16, loss="kl")  # fmt: skip
   c.data.update(sources=(REQUESTS_DATA, "python"), max_examples=768,
                 feature_cache=f"{FEATURES}_requests")  # fmt: skip
   c.train.steps = 300
@@ -106,19 +124,59 @@ def sweep_variants() -> dict:
   }
 
 
-def _promote(c):
-  """2.'s drafter to ``DRAFTER``, with its manifest (task=promote)."""
+def peagle_variant(path: str, tree_paths: tuple = (), lookup: int = 0) -> dict:
+  """A sweep variant decoding the P-EAGLE drafter at ``path`` (as ``dflash_variant``)."""
+  return {"name": "peagle", "peagle": {"path": path, "tree_paths": tuple(tree_paths),
+                                       "lookup": lookup}}  # fmt: skip
+
+
+# P-EAGLE's tree over its 8 depths: the chain and each depth's second candidate beside it.
+CATERPILLAR_8 = tuple((0,) * d for d in range(1, PEAGLE_DEPTHS + 1)) + tuple(
+  (0,) * (d - 1) + (1,) for d in range(1, PEAGLE_DEPTHS + 1)
+)
+
+
+def peagle_sweep_variants() -> dict:
+  """5.'s P-EAGLE as a chain of 8, a 16-node tree, and that tree with the lookup branch,
+  beside the EAGLE-3 it started from continued as :requests (``EAGLE3_SERVED``: its EAGLE-2
+  tree with the lookup branch), EAGLE :requests' tree, 2.'s DFlash tree and prompt lookup."""
+  eagle = {"top_k": 4, "depth": 6, "total": 16, "lookup": 4}
+  return {
+    "peagle_chain_8": peagle_variant(PEAGLE_DRAFTER),
+    "peagle_tree_16": peagle_variant(PEAGLE_DRAFTER, CATERPILLAR_8),
+    "peagle_tree_16_lookup4": peagle_variant(PEAGLE_DRAFTER, CATERPILLAR_8, lookup=4),
+    "eagle3_16_l4": {"name": "eagle", "eagle": eagle | {"path": EAGLE3_SERVED}},
+    "eagle_req_16_l4": {"name": "eagle", "eagle": eagle | {"path": EAGLE_REQUESTS}},
+    "dflash_tree_14_lookup4": dflash_variant(DRAFTER, CATERPILLAR, lookup=4),
+    "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  }
+
+
+PROMOTIONS = {"promote": (f"{WORKDIR}_requests", DRAFTER),
+              "promote_peagle": (f"{WORKDIR}_peagle", PEAGLE_DRAFTER)}  # fmt: skip
+
+
+def _promote(c, name: str):
+  """2.'s drafter to ``DRAFTER`` (``:promote``), or 5.'s to ``PEAGLE_DRAFTER``
+  (``:promote_peagle``), with its manifest (task=promote)."""
   c.task = "promote"
   c.promote = promote.default_config()
-  c.promote.update(run=f"{WORKDIR}_requests", to=DRAFTER)
+  run, to = PROMOTIONS[name]
+  c.promote.update(run=run, to=to)
 
 
-def _sweep(c):
+SWEEPS = {"sweep_requests": sweep_variants, "sweep_peagle": peagle_sweep_variants}
+
+
+def _sweep(c, name: str):
   categories = {**held_out.CATEGORIES, "chat_new": held_out.CHAT_NEW}
-  held_out.sweep_on(c, f"{RESULTS}/sweep_requests", categories, sweep_variants())
+  held_out.sweep_on(c, f"{RESULTS}/{name}", categories, SWEEPS[name]())
 
 
-VARIANTS = {"requests": _requests, "promote": _promote, "sweep_requests": _sweep}
+VARIANTS = {
+  "requests": _requests, "promote": _promote, "sweep_requests": _sweep, "peagle": _peagle,
+  "promote_peagle": _promote, "sweep_peagle": _sweep,
+}  # fmt: skip
 
 
 def get_config(arg: str | None = None):
@@ -129,5 +187,5 @@ def get_config(arg: str | None = None):
     raise ValueError(
       f"unknown variant {arg!r} of block_smollm2/config.py; choose {', '.join(VARIANTS)}."
     )
-  VARIANTS[arg](c)
+  VARIANTS[arg](c, arg)
   return c

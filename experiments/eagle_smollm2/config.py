@@ -56,6 +56,7 @@ from experiments.eagle_smollm2.variants import (
   CONTINUED,
   DRAFTER,
   DRAFTER_3,
+  EAGLE3_DRAFTER,
   EAGLE3_LAYERS,
   FEATURES,
   FEATURES_3,
@@ -70,6 +71,8 @@ from experiments.eagle_smollm2.variants import (
   REQUESTS_DRAFTER,
   RESULTS,
   SCALE_RUNS,
+  SERVE,
+  SERVE_FEATURES,
   SWEEPS,
   TASKS_DATA,
   WIDE_FFN,
@@ -107,8 +110,9 @@ def _continued(c, name: str) -> None:
   r = CONTINUED[name]
   c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
   c.objective.eagle.init_from = r["init_from"]
+  cache = r["cache"] if "/" in r["cache"] else f"{FEATURES}_{r['cache']}"
   c.data.update({"sources": r["sources"], "max_examples": r["rows"],
-                 "feature_cache": f"{FEATURES}_{r['cache']}"} | r["data"])  # fmt: skip
+                 "feature_cache": cache} | r["data"])  # fmt: skip
   c.objective.eagle.update(r["objective"])
   c.train.steps = r["steps"]
   c.optim.update(learning_rate=1e-3, decay_steps=r["steps"] - 20)
@@ -147,9 +151,17 @@ def _eagle3(c, name: str) -> None:
   c.objective.eagle.update(feature_layers=EAGLE3_LAYERS, rollout=3)
 
 
+def _eagle3_serve(c, name: str) -> None:
+  """The published EAGLE-3 on 1.'s rows and schedule (``SERVE``): what the engines serve."""
+  c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
+  c.data.feature_cache = SERVE_FEATURES
+  c.objective.eagle.update(SERVE)
+
+
 PROMOTIONS = {  # name: (the run whose drafter is promoted, where it goes)
   "promote": (WORKDIR, DRAFTER),
   "promote_requests": (f"{WORKDIR}_requests", REQUESTS_DRAFTER),
+  "promote_eagle3": (f"{WORKDIR}_eagle3_requests", EAGLE3_DRAFTER),
 }
 
 
@@ -176,6 +188,7 @@ VARIANTS = {  # name: what it changes in 1.'s config (the error message lists th
   "eagle1_300": _equal_budget,
   "ttt_300": _equal_budget,
   "eagle3": _eagle3,
+  "eagle3_serve": _eagle3_serve,
   **{name: _ablation for name in ABLATIONS},
   **{name: _promote for name in PROMOTIONS},
   **{name: _sweep for name in SWEEPS},

@@ -75,6 +75,15 @@ ABLATION_SWEEPS = {
   # drafters as they decoded there; the speedups are ratios to this job's own AR.
   "sweep_official_eagle3": ("official_eagle3_300",),
 }
+# A drafter the engines serve: the published EAGLE-3 (SafeAILab's and SGLang's architecture)
+# on :requests' rows and step budget. ``:eagle3_serve`` is 1.'s rows and schedule (1000 steps)
+# with EAGLE-3's three layers and a 2-step training-time test (its deeper levels read the
+# drafter's own output), ``:eagle3_requests`` continues it as :requests continued 1. (300
+# steps); ``:promote_eagle3`` commits it as EAGLE3_DRAFTER. The target's features of these rows
+# (layers 2, 14, 27 and the final one) are the ones experiments/block_smollm2 caches.
+EAGLE3_DRAFTER = f"{HERE}/drafter_eagle3"
+SERVE = {"architecture": "eagle3", "feature_layers": EAGLE3_LAYERS, "rollout": 2}
+SERVE_FEATURES = "data/features/block_smollm2"
 
 
 def eagle_variant(path: str, top_k: int, depth: int, total: int, **extra) -> dict:
@@ -168,6 +177,18 @@ def scale_t1_variants() -> dict:
   }
 
 
+def eagle3_serve_variants() -> dict:
+  """The committed :requests drafter (specjax's EAGLE architecture) and the published EAGLE-3
+  of :promote_eagle3, each as a 4-chain, an 8-node tree and the 16-node tree with the lookup
+  branch (README's budget)."""
+  out = {}
+  for name, path in (("requests", REQUESTS_DRAFTER), ("eagle3", EAGLE3_DRAFTER)):
+    e = functools.partial(eagle_variant, path)
+    out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8),
+            f"{name}_tree_4x6_16_lookup4": e(4, 6, 16, lookup=4)}  # fmt: skip
+  return out
+
+
 def ablation_variants(sweep: str) -> dict:
   """The sweep's drafters as 6-token chains (tau and acceptance by draft position)."""
   return {
@@ -178,7 +199,8 @@ def ablation_variants(sweep: str) -> dict:
 
 # Runs that continue a trained drafter (``init_from``) on other rows, at learning rate 1e-3
 # decaying over all but the first 20 steps. name: the drafter, the data, how many rows, the
-# feature cache's suffix, steps, and any other data / objective.eagle fields.
+# feature cache (a suffix of FEATURES, or a path), steps, and any other data / objective.eagle
+# fields.
 def _continued(init_from, sources, rows, cache, steps=300, data=None, objective=None) -> dict:
   return {"init_from": init_from, "sources": sources, "rows": rows, "cache": cache,
           "steps": steps, "data": data or {}, "objective": objective or {}}  # fmt: skip
@@ -189,6 +211,13 @@ _BOTH_SETS = (BROAD_DATA, REQUESTS_DATA, "python")  # 384 replies to each reques
 CONTINUED = {
   "tasks": _continued(DRAFTER, (TASKS_DATA, GREEDY_DATA), 2000, "tasks"),  # task replies + 1.'s
   "requests": _continued(DRAFTER, (REQUESTS_DATA, "python"), 768, "requests"),
+  "eagle3_requests": _continued(
+    "eagle_smollm2:eagle3_serve",
+    (REQUESTS_DATA, "python"),
+    768,
+    f"{SERVE_FEATURES}_requests",
+    objective=SERVE,
+  ),  # fmt: skip
   "broad": _continued(_REQUESTS, _BOTH_SETS, 1152, "broad"),
   "more": _continued(_BROAD, _BOTH_SETS, 1152, "broad"),  # the same rows, 300 more steps
   "wide": _continued(_BROAD, _BOTH_SETS, 1152, "broad", objective={"ffn_dim": WIDE_FFN}),
@@ -228,6 +257,7 @@ SWEEPS = {
   "sweep_broad": (broad_variants, {**_CHATS, "code": _ALL["code"]}, {}),  # the Python share fell
   "sweep_scale_t1": (scale_t1_variants, _CHATS, {"temperature": 1.0}),
   **{name: (functools.partial(ablation_variants, name), _ALL, {}) for name in ABLATION_SWEEPS},
+  "sweep_eagle3_serve": (eagle3_serve_variants, {**_ALL, "chat_new": held_out.CHAT_NEW}, {}),
   "sweep_official_eagle3": (  # greedy and sampled in one process
     functools.partial(ablation_variants, "sweep_official_eagle3"),
     _ALL,

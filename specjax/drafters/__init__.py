@@ -20,6 +20,7 @@ from specjax.drafters.eagle import Eagle
 from specjax.drafters.family import FAMILIES, Family, register
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
+from specjax.drafters.peagle import PEagle
 from specjax.drafters.prompt_lookup import PromptLookup
 
 register(
@@ -31,7 +32,9 @@ register(
   )
 )
 # The built-in families in the order configs and records have always listed them.
-_BUILT_IN = ("none", "draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "dflash")
+_BUILT_IN = (
+  "none", "draft_model", "prompt_lookup", "lookahead", "medusa", "eagle", "dflash", "peagle",
+)  # fmt: skip
 _ordered = {n: FAMILIES[n] for n in _BUILT_IN} | FAMILIES
 FAMILIES.clear()
 FAMILIES.update(_ordered)
@@ -48,6 +51,7 @@ __all__ = [
   "Lookahead",
   "Medusa",
   "NoDraft",
+  "PEagle",
   "Prefill",
   "PromptLookup",
   "Verdict",

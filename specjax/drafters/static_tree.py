@@ -16,8 +16,87 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling
+from specjax.drafters import prompt_lookup
 from specjax.drafters.base import Draft, DraftContext
 from specjax.trees import Tree
+
+
+class OnStaticTree:
+  """What a drafter drafting one static tree per step (fields ``tree`` and ``lookup``: a
+  prompt-lookup branch or None) shares: the verified nodes, one draft call per step, the lookup
+  branch's guess after the tree's nodes (in decoding and in replay)."""
+
+  @property
+  def nodes(self) -> Tree:
+    """The tree verified each step: the drafter's, then the lookup branch if there is one."""
+    return self.tree if self.lookup is None else self.tree.with_branch(self.lookup.num_draft)
+
+  @property
+  def num_draft(self) -> int:
+    return self.nodes.max_depth
+
+  @property
+  def num_nodes(self) -> int:
+    return self.nodes.num_nodes
+
+  @property
+  def verifies_tree(self) -> bool:
+    """A chain without a lookup branch goes to the chain verifier."""
+    return not (self.tree.is_chain and self.lookup is None)
+
+  def draft_calls_per_step(self) -> int:
+    return 1
+
+  def _finish(self, draft: Draft, ctx: DraftContext) -> Draft:
+    """``draft`` with the lookup branch, if any, or without parents when the chain verifier
+    takes it."""
+    if self.lookup is not None:
+      return self._with_lookup(draft, ctx)
+    return draft if self.verifies_tree else draft.replace(parents=None)
+
+  def _with_lookup(self, draft: Draft, ctx: DraftContext) -> Draft:
+    """The lookup chain after the tree's nodes (node ids ``tree.num_nodes + 1 ..``)."""
+    return prompt_lookup.with_branch(draft, self.lookup, ctx)
+
+  def replayed(self, tokens_RxN, target, x_1xS, roots_R, row_len):
+    """Replay's drafts: the tree's tokens at every root, the lookup branch's guess after."""
+    if self.lookup is not None:
+      guess, _, _ = self.lookup.teacher_forced_drafts(target, None, x_1xS, roots_R, row_len)
+      tokens_RxN = jnp.concatenate([tokens_RxN, guess], axis=1)
+    return tokens_RxN, None, jnp.zeros(roots_R.shape, bool)
+
+
+def add_fields(c, chain: bool) -> None:
+  """A static-tree drafter's config fields (``chain``: the default tree is a chain over every
+  depth; else the caller sets ``tree_spec``)."""
+  if chain:
+    c.tree_spec = ()  # top-k per depth; () and no tree_paths: a chain over every depth
+  c.tree_paths = ()  # paths of child ranks, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
+  c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
+  prompt_lookup.add_branch_fields(c)
+
+
+def parse(c, num_draft: int, field: str, deeper: str) -> Tree:
+  """The tree of a block drafter's config section ``c``: ``tree_paths`` (paths of child ranks)
+  or ``tree_spec`` (top-k per depth); neither, a chain over all ``num_draft`` drafted
+  positions. One error naming the field for a malformed tree or one deeper than the block
+  (``deeper``: what would make the block deeper)."""
+  try:
+    if c.tree_paths:
+      tree = Tree.from_paths([list(p) for p in c.tree_paths])
+    elif c.tree_spec:
+      tree = Tree.from_spec(tuple(c.tree_spec))
+    else:
+      tree = Tree.chain(num_draft)
+  except (TypeError, ValueError) as e:
+    which = "tree_paths" if c.tree_paths else "tree_spec"
+    raise ValueError(f"{field}.{which}: {e}") from None
+  if tree.max_depth > num_draft:
+    raise ValueError(
+      f"{field}: the tree is {tree.max_depth} deep but a block drafts {num_draft} positions: "
+      f"use a shallower tree or {deeper}."
+    )
+  return tree
 
 
 def ranks(tree: Tree) -> tuple[int, ...]:

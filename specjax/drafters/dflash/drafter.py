@@ -44,28 +44,12 @@ class DFlashState:
 
 
 def parse_tree(c: ml_collections.ConfigDict, num_draft: int, field: str = FIELD) -> Tree:
-  """``tree_paths`` (paths of child ranks) or ``tree_spec`` (top-k per depth); neither: a chain
-  over every drafted position of the block."""
-  try:
-    if c.tree_paths:
-      tree = Tree.from_paths([list(p) for p in c.tree_paths])
-    elif c.tree_spec:
-      tree = Tree.from_spec(tuple(c.tree_spec))
-    else:
-      tree = Tree.chain(num_draft)
-  except (TypeError, ValueError) as e:
-    which = "tree_paths" if c.tree_paths else "tree_spec"
-    raise ValueError(f"{field}.{which}: {e}") from None
-  if tree.max_depth > num_draft:
-    raise ValueError(
-      f"{field}: the tree is {tree.max_depth} deep but a block of {num_draft + 1} drafts "
-      f"{num_draft} positions: use a shallower tree or a larger block_size."
-    )
-  return tree
+  """The tree of ``config.drafter.dflash`` over a block drafting ``num_draft`` positions."""
+  return static_tree.parse(c, num_draft, field, "a larger block_size")
 
 
 @dataclasses.dataclass(frozen=True)
-class DFlash(DrafterBase):
+class DFlash(static_tree.OnStaticTree, DrafterBase):
   """A DFlash block drafter: each step one forward over [newest token, mask x (B - 1)] gives a
   distribution for each of the B - 1 positions after the newest token; ``tree`` (depth at most
   B - 1) takes each depth's ranked candidates (a chain: the top or sampled token per depth)."""
@@ -88,26 +72,6 @@ class DFlash(DrafterBase):
   def feature_layers(self) -> tuple:
     return self.cfg.feature_layers
 
-  @property
-  def nodes(self) -> Tree:
-    """The tree verified each step: the block's, then the lookup branch if there is one."""
-    return self.tree if self.lookup is None else self.tree.with_branch(self.lookup.num_draft)
-
-  @property
-  def num_draft(self) -> int:
-    return self.nodes.max_depth
-
-  @property
-  def num_nodes(self) -> int:
-    return self.nodes.num_nodes
-
-  @property
-  def verifies_tree(self) -> bool:
-    return not (self.tree.is_chain and self.lookup is None)
-
-  def draft_calls_per_step(self) -> int:
-    return 1
-
   @staticmethod
   def config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -117,10 +81,7 @@ class DFlash(DrafterBase):
     c.num_layers = 1
     c.feature_layers = (0,)  # target layers fused (specjax indices: after that layer)
     c.mask_id = 0  # the token at masked positions
-    c.tree_spec = ()  # top-k per depth; () and no tree_paths: a chain over the block
-    c.tree_paths = ()  # paths of child ranks, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
-    c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
-    prompt_lookup.add_branch_fields(c)
+    static_tree.add_fields(c, chain=True)
     return c
 
   @classmethod
@@ -190,11 +151,7 @@ class DFlash(DrafterBase):
                                 model.block_tokens(self.cfg, newest_B), block)[:, 1:]  # fmt: skip
     draft = static_tree.draft(self.tree, logits, self.sampled, ctx, params.get("vocab_ids"),
                               self.cfg.target.vocab_size)  # fmt: skip
-    if self.lookup is not None:
-      draft = prompt_lookup.with_branch(draft, self.lookup, ctx)
-    elif not self.verifies_tree:
-      draft = draft.replace(parents=None)  # a chain: the chain verifier
-    return draft, state.replace(cache=cache, anchor=ctx.lengths)
+    return self._finish(draft, ctx), state.replace(cache=cache, anchor=ctx.lengths)
 
   def commit(self, state: DFlashState, verdict: Verdict, ctx):
     """The target's features of the root and the accepted nodes, for the next block (slots
@@ -223,10 +180,7 @@ class DFlash(DrafterBase):
     logits = model.anchored_logits(params, self.cfg, x_1xS, jnp.concatenate(feats, -1), roots_R)
     ids = params.get("vocab_ids")
     tokens = static_tree.draft(self.tree, logits[:, 1:], False, None, ids).tokens
-    if self.lookup is not None:
-      guess, _, _ = self.lookup.teacher_forced_drafts(target, None, x_1xS, roots_R, row_len)
-      tokens = jnp.concatenate([tokens, guess], axis=1)
-    return tokens, None, jnp.zeros(roots_R.shape, bool)
+    return self.replayed(tokens, target, x_1xS, roots_R, row_len)
 
 
 def time_block(drafter: DFlash, dparams, target_cfg, context: int, sizes, repeats: int) -> dict:

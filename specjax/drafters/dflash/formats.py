@@ -11,10 +11,10 @@ model and written from it.
                        layers.{i}.{input,post_attention}_layernorm.weight,
                        layers.{i}.mlp.{gate,up,down}_proj.weight
 
-The embedding and the head are the verifier's (speculators leaves them out of a full-vocabulary
-drafter and reloads them; specjax reads the target's). A reduced draft vocabulary adds
-``d2t`` [V'] (target id = draft id + d2t), ``t2d`` [V] and ``lm_head.weight`` [V', F], the
-verifier's rows. An auxiliary layer id a names the hidden state fed *into* target layer a,
+The embedding and the head are the verifier's: specjax reads the target's, and writes them into
+an export (``embed_tokens.weight`` [V, F], ``lm_head.weight`` [V', F]) so that speculators'
+``from_pretrained`` builds the drafter from its own file. A reduced draft vocabulary adds
+``d2t`` [V'] (target id = draft id + d2t) and ``t2d`` [V]; its ``lm_head`` is the verifier's rows. An auxiliary layer id a names the hidden state fed *into* target layer a,
 specjax's feature a - 1. Read here: the anchor not sampled (``sample_from_anchor: false``,
 DFlash's own); anything else is one error before the target loads.
 """
@@ -172,12 +172,13 @@ def export(cfg: DFlashConfig, params: dict, out_dir, dtype: str = "float32", ver
   names |= {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "norm": "norm.weight"}
   trained = {k: v for k, v in flat(params).items() if k != "vocab_ids"}
   tensors = {names[k]: np.asarray(jnp.asarray(v).astype(dtype)) for k, v in trained.items()}
-  if cfg.vocab_size:  # the draft vocabulary as speculators maps it, and its head rows
+  cast = lambda x: np.asarray(jnp.asarray(x).astype(dtype))  # noqa: E731
+  tensors |= {"embed_tokens.weight": cast(params["embed"]), "lm_head.weight": cast(params["head"])}
+  if cfg.vocab_size:  # the draft vocabulary as speculators maps it
     ids = np.asarray(params["vocab_ids"], np.int64)
     t2d = np.zeros((t.vocab_size,), bool)
     t2d[ids] = True
-    head = np.asarray(jnp.asarray(params["head"]).astype(dtype))
-    tensors |= {"d2t": ids - np.arange(len(ids)), "t2d": t2d, "lm_head.weight": head}
+    tensors |= {"d2t": ids - np.arange(len(ids)), "t2d": t2d}
   with artifact.atomic_directory(out_dir, WRITES) as tmp:
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt"})  # fmt: skip

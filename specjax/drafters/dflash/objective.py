@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from specjax import losses, parallel
-from specjax.drafters import artifact, prompt_lookup
+from specjax.drafters import anchored, artifact, prompt_lookup
 from specjax.drafters.base import sampled_candidates
 from specjax.drafters.dflash import model
 from specjax.drafters.dflash.drafter import DFlash, parse_tree
@@ -119,62 +119,37 @@ class DFlashBlocks:
     """The fused features, then the final one (the target's logits, the labels)."""
     return tuple(dict.fromkeys(self.dflash.feature_layers + (llama.FINAL,)))
 
-  def _target(self, frozen, batch):
-    """The target's final features ``[B, T, F]`` (its logits are the head on them) and its
-    fused features ``[B, T, nF]`` of the batch: from the cached features
-    (``cached_features`` order) or one target forward."""
-    wanted = self.cached_features()
-    if "features" in batch:
-      f = self.target_cfg.dim
-      cached = batch["features"].astype(jnp.float32)
-      feats = [cached[..., i * f : (i + 1) * f] for i in range(len(wanted))]
-    else:
-      _, feats = llama.logits_of(frozen, self.target_cfg, batch["tokens"], wanted)
-    fused = jnp.concatenate(feats[: len(self.dflash.feature_layers)], axis=-1)
-    return jax.lax.stop_gradient(feats[-1]), jax.lax.stop_gradient(fused)
-
   def loss(self, params, frozen, batch, key):
     tokens_BxT, mask_BxT = batch["tokens"], batch["mask"]
     b, t = tokens_BxT.shape
     k, a = self.dflash.block_size, self.anchors
-    final_BxTxF, feats_BxTxG = self._target(frozen, batch)
-    # Anchors: a without replacement among positions whose block fits and whose first drafted
-    # token counts; rows with fewer such positions get invalid (zero-weight) extras.
+    final_BxTxF, feats_BxTxG = anchored.target_features(
+      frozen, self.target_cfg, batch, self.cached_features(), len(self.dflash.feature_layers)
+    )
+    # Anchors: positions whose block fits and whose first drafted token counts.
     pos_T = jnp.arange(t)
-    valid_BxT = (pos_T[None] + k - 1 < t) & jnp.roll(mask_BxT.astype(bool), -1, axis=1)
-    scores = jnp.where(valid_BxT, jax.random.gumbel(key, (b, t)), -jnp.inf)
-    top_BxA, anchor_BxA = jax.lax.top_k(scores, a)
-    used_BxA = jnp.isfinite(top_BxA)
+    valid = (pos_T[None] + k - 1 < t) & jnp.roll(mask_BxT.astype(bool), -1, axis=1)
+    anchor_BxA, used_BxA = anchored.draw(valid, key, a)
     # Every row's context K/V once, each anchor's block against its row's.
     p = self.model_params(params, frozen)
     ks, vs = model.context_kv(p, self.dflash, feats_BxTxG, jnp.broadcast_to(pos_T, (b, t)))
     rows = lambda x: jnp.repeat(x, a, axis=0)  # noqa: E731  [B, ...] -> [B * A, ...]
-    anchor_R = anchor_BxA.reshape(-1)
+    anchor_R, used_R = anchor_BxA.reshape(-1), used_BxA.reshape(-1)
     cache = KVCache(k=tuple(map(rows, ks)), v=tuple(map(rows, vs)), lengths=anchor_R)
     block_R = anchor_R[:, None] + jnp.arange(k)[None]
     first_R = jnp.take_along_axis(tokens_BxT, anchor_BxA, axis=1).reshape(-1)
     out_RxKxV = model.block_logits(p, self.dflash, cache, model.block_tokens(self.dflash, first_R),
                                    block_R)[:, 1:]  # fmt: skip
-    # Labels: the target's distribution of the token at anchor + d, from its logits at + d - 1.
-    at_RxD = jnp.minimum(block_R[:, 1:] - 1, t - 1)
+    # Labels: the target's distribution of the token at anchor + d (its head at those positions
+    # only, over the draft vocabulary's rows).
     row_R = jnp.repeat(jnp.arange(b), a)
-    # (the target's head at those positions only, over the draft vocabulary's rows)
-    target_RxDxV = llama.linear(final_BxTxF[row_R[:, None], at_RxD], p["head"])
-    counted_RxD = mask_BxT[row_R[:, None], jnp.minimum(block_R[:, 1:], t - 1)].astype(jnp.float32)
-    counted_RxD = counted_RxD * used_BxA.reshape(-1, 1) * (block_R[:, 1:] < t)
+    target_RxDxV, counted_RxD = anchored.labels(final_BxTxF, p["head"], mask_BxT, row_R,
+                                                block_R[:, 1:], used_R)  # fmt: skip
     per_RxD = losses.token_loss(self.token_loss, jax.nn.softmax(target_RxDxV, -1),
                                 jax.nn.log_softmax(out_RxKxV, -1))  # fmt: skip
     decay_D = jnp.exp(-jnp.arange(k - 1) / self.gamma)
     loss = jnp.sum(per_RxD * counted_RxD * decay_D) / (jnp.sum(counted_RxD) + 1e-6)
-    agree_RxD = (jnp.argmax(out_RxKxV, -1) == jnp.argmax(target_RxDxV, -1)) & (counted_RxD > 0)
-    run_R = jnp.sum(jnp.cumprod(agree_RxD, axis=1), axis=1)
-    blocks = jnp.maximum(jnp.sum(used_BxA), 1)
-    metrics = {
-      "top1": jnp.sum(agree_RxD) / (jnp.sum(counted_RxD) + 1e-6),
-      "top1_first": jnp.sum(agree_RxD[:, 0]) / (jnp.sum(counted_RxD[:, 0]) + 1e-6),
-      "accept_len": 1.0 + jnp.sum(run_R * used_BxA.reshape(-1)) / blocks,
-    }
-    return loss, metrics
+    return loss, anchored.metrics(out_RxKxV, target_RxDxV, counted_RxD, used_R)
 
   def signature(self) -> dict[str, Any]:
     return {

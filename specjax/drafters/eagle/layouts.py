@@ -37,14 +37,16 @@ def check_export(directory, fmt: str, dtype: str, options: dict, field: str) -> 
 
   cfg = EagleConfig.fromdict(read_meta(directory, f"{field}.path")["eagle"])
   verifier = options.get("verifier", "")
-  _check_verifier(verifier, fmt, field)
+  check_verifier(verifier, fmt, field)
   formats.check_export(cfg, fmt, dtype, verifier)
 
 
-def _check_verifier(verifier: str, fmt: str, field: str) -> None:
+def check_verifier(verifier: str, fmt: str, field: str) -> None:
+  """``export.verifier``: recorded by speculators' layouts only; an HF directory (with
+  config.json) or an HF id (``org/name``)."""
   if not verifier:
     return
-  if fmt != "speculators":
+  if not fmt.startswith("speculators"):
     raise ValueError(
       f"{field}.verifier={verifier!r} is recorded by format=speculators only; leave it empty "
       f"for format={fmt!r}."

@@ -283,6 +283,15 @@ def layer(params, cfg: EagleConfig, x_BxTxF, positions_BxT, k, v, attn, kv_befor
   return _layer_output(params, cfg, residual_BxTxF + a_BxTxF), k, v
 
 
+def pair_kv(params, cfg: EagleConfig, x_BxTxD, positions_BxT) -> tuple[jax.Array, jax.Array]:
+  """The layer's keys and values ``[B, G, T, Dh]`` of the pair inputs ``x`` (``inputs``'s) at
+  ``positions``: what a cache of committed pairs holds (a pair's depend on it and its position
+  alone, so they are written without running the layer)."""
+  _, h_BxTxD = _attention_input(params["layer"], cfg, x_BxTxD)
+  _, k, v = llama.qkv(params["layer"], cfg.layer, h_BxTxD, positions_BxT)
+  return k, v
+
+
 def _attention_input(p, cfg: EagleConfig, x_BxTxD) -> tuple[jax.Array, jax.Array]:
   """``(residual, what the attention reads)`` of the pair inputs ``x`` (``inputs``'s)."""
   eps = cfg.layer.norm_eps

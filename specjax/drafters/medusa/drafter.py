@@ -49,7 +49,7 @@ def parse_tree(c: ml_collections.ConfigDict, field: str = FIELD) -> Tree:
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(DrafterBase):
+class Medusa(static_tree.OnStaticTree, DrafterBase):
   """Medusa heads drafting a static tree; params from ``load`` or ``init_heads`` plus
   ``vocab_ids`` (the draft vocabulary's target ids)."""
 
@@ -74,19 +74,6 @@ class Medusa(DrafterBase):
     if max(static_tree.ranks(self.tree)) + 1 > self.heads.vocab_size:
       raise ValueError(f"{FIELD}: a node has more siblings than the draft vocabulary has tokens.")
     prompt_lookup.check_branch(self.lookup, FIELD)
-
-  @property
-  def nodes(self) -> Tree:
-    """The tree verified each step: the heads' tree, then the lookup branch if there is one."""
-    return self.tree if self.lookup is None else self.tree.with_branch(self.lookup.num_draft)
-
-  @property
-  def num_draft(self) -> int:
-    return self.nodes.max_depth
-
-  @property
-  def num_nodes(self) -> int:
-    return self.nodes.num_nodes
 
   @staticmethod
   def config() -> ml_collections.ConfigDict:
@@ -175,9 +162,6 @@ class Medusa(DrafterBase):
     except ValueError as e:
       raise ValueError(f"drafter_params do not fit these Medusa heads: {e}") from None
 
-  def draft_calls_per_step(self) -> int:
-    return 1
-
   def init(self, params, prefill: Prefill):
     last = (prefill.lengths - 1)[:, None, None]
     return indexing.take_along(prefill.features, last, axis=1)[:, 0]
@@ -209,20 +193,10 @@ class Medusa(DrafterBase):
     logits_RxHxW = head_logits(params, f[0][roots_R - 1])
     _, top = jax.lax.top_k(logits_RxHxW, int(rank_N.max()) + 1)
     tokens = params["vocab_ids"][top[:, head_N, rank_N]]
-    if self.lookup is not None:
-      guess, _, _ = self.lookup.teacher_forced_drafts(target, None, x_1xS, roots_R, row_len)
-      tokens = jnp.concatenate([tokens, guess], axis=1)
-    return tokens, None, jnp.zeros(roots_R.shape, bool)
+    return self.replayed(tokens, target, x_1xS, roots_R, row_len)
 
   def propose(self, params, state, ctx: DraftContext):
-    draft = self._heads_draft(params, state, ctx)
-    if self.lookup is not None:
-      draft = self._with_lookup(draft, ctx)
-    return draft, state
-
-  def _with_lookup(self, draft: Draft, ctx: DraftContext) -> Draft:
-    """The lookup chain after the heads' nodes (node ids ``tree.num_nodes + 1 ..``)."""
-    return prompt_lookup.with_branch(draft, self.lookup, ctx)
+    return self._finish(self._heads_draft(params, state, ctx), ctx), state
 
   def _heads_draft(self, params, state, ctx: DraftContext) -> Draft:
     """Head d's logits fill depth d of the static tree (``static_tree.draft``)."""

@@ -23,6 +23,7 @@ NAMES = {
   "eagle3": "SafeAILab/SpecForge EAGLE-3",
   "speculators/eagle3": "vLLM speculators EAGLE-3",
   "speculators/eagle": "vLLM speculators EAGLE-1",
+  "speculators/peagle": "vLLM speculators P-EAGLE",
 }
 # Tensors a published drafter may carry that specjax does not use (checked or ignored).
 _IGNORED = ("rotary_emb.inv_freq", "verifier_norm.weight", "verifier_lm_head.weight")
@@ -134,11 +135,13 @@ def _read(files) -> dict[str, np.ndarray]:
 # --- the plan: config.json -> EagleConfig and the expected tensors -----------------------------
 
 
-def layout(directory, fmt: str = "auto") -> dict:
+def layout(directory, fmt: str = "auto", kinds: tuple = ("eagle", "eagle3")) -> dict:
   """What a drafter directory holds, from its config.json alone (no target, no weights): the
   layout (``fmt``: ``auto`` detects it; another value must match), its readable name, the
   specjax architecture it decodes as, its config and layer config; one clear error for a
-  format that does not match, an EAGLE variant specjax does not compute, or no weights."""
+  format that does not match, an EAGLE variant specjax does not compute, or no weights.
+  ``kinds``: the speculators model types read (P-EAGLE's reader passes ``("peagle",)``: an
+  EAGLE-3 layer with more)."""
   directory = Path(directory)
   if fmt not in FORMATS:
     raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose one of {', '.join(FORMATS)}.")
@@ -154,36 +157,48 @@ def layout(directory, fmt: str = "auto") -> dict:
   config = _config(directory)
   if found == "speculators":
     kind = config.get("speculators_model_type")
-    if kind not in ("eagle", "eagle3"):
+    if kind not in kinds:
+      other = {"peagle": "config.drafter.name=peagle", "dflash": "config.drafter.name=dflash"}
+      hint = f": read it with {other[kind]}" if kind in other else ""
       raise ValueError(
-        f"{directory}/config.json: speculators_model_type={kind!r} is not an EAGLE drafter "
-        "(specjax reads eagle and eagle3)."
+        f"{directory}/config.json: speculators_model_type={kind!r} is not a drafter this reader "
+        f"reads ({', '.join(kinds)}){hint}."
       )
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
       raise ValueError(f"{directory}/config.json lacks transformer_layer_config.")
-    name, prefix = NAMES[f"speculators/{kind}"], {"eagle3": "layers.0."}.get(kind, "transformer.")
+    name = NAMES[f"speculators/{kind}"]
+    prefix = "transformer." if kind == "eagle" else "layers.0."
   else:
     layer, kind, name = config, found, NAMES[found]
     prefix = {"eagle3": "midlayer."}.get(found, "layers.0.")
   _refuse_flags(config, found)
   files = _weight_files(directory)
-  arch = "eagle3" if kind == "eagle3" else "eagle1"
+  arch = "eagle1" if kind == "eagle" else "eagle3"
   return out | dict(config=config, layer=layer, kind=kind, name=name, prefix=prefix,
                     architecture=arch, files=files)  # fmt: skip
 
 
-def plan(directory, target_cfg: ModelConfig, fmt: str = "auto") -> Plan:
+def plan(
+  directory,
+  target_cfg: ModelConfig,
+  fmt: str = "auto",
+  kinds=("eagle", "eagle3"),
+  extra=None,
+  field: str = f"{FIELD}.path",
+) -> Plan:
   """Reads a published drafter's config and tensor headers (no weights) and checks that it
-  fits ``target_cfg``; ``fmt`` names the layout (``auto``: detected)."""
+  fits ``target_cfg``; ``fmt`` names the layout (``auto``: detected). ``kinds`` and ``extra``
+  (the EagleConfig -> more expected tensors, checkpoint name -> (name, shape)) and ``field``
+  (the config field errors name): P-EAGLE's."""
   from specjax.drafters.eagle import model as eagle_model
 
-  lay = layout(directory, fmt)
+  lay = layout(directory, fmt, kinds)
   if lay["fmt"] == "specjax":
     raise ValueError(f"{directory} is a specjax drafter (eagle.json): eagle.load reads it.")
   config, layer, name = lay["config"], lay["layer"], lay["name"]
   header = _header(lay["files"])
-  where = f"{FIELD}.path={str(directory)!r}"
+  where = f"{field}={str(directory)!r}"
   t = target_cfg
   hidden = int(layer.get("hidden_size", 0))
   target_hidden = config.get("target_hidden_size") or hidden
@@ -212,7 +227,7 @@ def plan(directory, target_cfg: ModelConfig, fmt: str = "auto") -> Plan:
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from None
   fc_bias = _fc_bias(config, lay["kind"])
-  expected = expected_tensors(cfg, lay["prefix"], fc_bias)
+  expected = expected_tensors(cfg, lay["prefix"], fc_bias) | (extra(cfg) if extra else {})
   check_names(expected, header, name, where)
   return Plan(lay["fmt"], name, cfg, lay["files"], expected, fc_bias, config)
 
@@ -367,13 +382,21 @@ def check_names(expected: dict, found: dict, name: str, where: str) -> None:
 # --- loading -----------------------------------------------------------------------------------
 
 
-def load(directory, target, fmt: str = "auto"):
+def load(
+  directory,
+  target,
+  fmt: str = "auto",
+  kinds=("eagle", "eagle3"),
+  extra=None,
+  field: str = f"{FIELD}.path",
+):
   """``(EagleConfig, decode params, meta)`` of a published drafter for ``target`` (a
   ``source.Model``): the layout printed, sizes and tensor names checked before its weights
-  load, its embedding (if stored), vocabulary maps and stop tokens checked after."""
-  p = plan(directory, target.cfg, fmt)
+  load, its embedding (if stored), vocabulary maps and stop tokens checked after (``kinds``,
+  ``extra``: ``plan``'s; the extra tensors join the params under their names)."""
+  p = plan(directory, target.cfg, fmt, kinds, extra, field)
   print(p.describe(), flush=True)
-  where = f"{FIELD}.path={str(directory)!r}"
+  where = f"{field}={str(directory)!r}"
   tensors = _read(p.files)
   check_names(p.expected, tensors, p.name, where)
   cfg = p.cfg

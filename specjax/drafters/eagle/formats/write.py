@@ -26,13 +26,16 @@ WRITES = frozenset({"model.safetensors", "pytorch_model.bin", "config.json"})
 _EMBED = "embed_tokens.weight"
 
 
-def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", verifier: str = "") -> Path:
+def export(
+  cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", verifier: str = "", extra=None
+) -> Path:
   """Writes a drafter in a published layout (``fmt``: eagle | eagle3 | speculators) with the
   config.json that SafeAILab's code, vLLM and SGLang read, into ``out_dir`` atomically
   (a temporary directory renamed into place). Weights in ``dtype``, the target's embedding
   among them; ``eagle`` as ``pytorch_model.bin`` (the one file eagle-llm reads), the others as
   ``model.safetensors``. ``verifier``: the target as speculators' loader should find it (an HF
-  id or a local directory), recorded in the ``speculators`` config, which needs one."""
+  id or a local directory), recorded in the ``speculators`` config, which needs one.
+  ``extra``: ``(tensors, config fields)`` a layout built on this one adds (P-EAGLE's)."""
   check_export(cfg, fmt, dtype, verifier)
   arch = cfg.architecture
   host = jax.device_get(params)
@@ -56,6 +59,10 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", verifier: st
     t2d[ids] = True
     tensors["t2d"] = t2d
   config = _export_config(cfg, fmt, kind, dtype, fc_bias, verifier)
+  if extra is not None:
+    more, fields = extra
+    tensors |= {k: np.asarray(v, np.float32).astype(DTYPES[dtype]) for k, v in more.items()}
+    config = _merged(config, fields)
   with artifact.atomic_directory(out_dir, WRITES) as tmp:
     if fmt == "eagle":
       torch_files.write_torch(tmp / "pytorch_model.bin", tensors)
@@ -63,6 +70,14 @@ def export(cfg, params, out_dir, fmt: str, dtype: str = "bfloat16", verifier: st
       torch_files.write_safetensors(tmp / "model.safetensors", tensors, {"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   return Path(out_dir)
+
+
+def _merged(config: dict, fields: dict) -> dict:
+  """``config`` with ``fields`` set (nested dicts merged key by key)."""
+  out = dict(config)
+  for k, v in fields.items():
+    out[k] = _merged(out.get(k, {}), v) if isinstance(v, dict) else v
+  return out
 
 
 def check_export(cfg, fmt: str, dtype: str = "float32", verifier: str | None = None) -> None:
