@@ -9,6 +9,10 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
     python -m specjax.run --config=experiments/block_smollm2/config.py:promote        # to drafter/
     python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_requests # 3.
     python experiments/block_smollm2/step_cost.py                                     # 4.
+    python -m specjax.run --config=experiments/eagle_smollm2/config.py:eagle3_serve   # for 5.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:peagle         # 5.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:promote_peagle
+    python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_peagle   # 6.
     python -m specjax.report experiments/block_smollm2                                # README
 
 1. DFlash (``objective.name = dflash``): one draft layer over SmolLM2's layers 2, 14 and 27
@@ -27,6 +31,15 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
    ``:requests``' 16-node tree with the lookup branch, and prompt lookup, in one process.
 4. ``step_cost.py`` times one DFlash step (its catch-up and the block forward) against an AR
    step at blocks of 4, 8 and 16, in float32 and bfloat16 (``results/step_cost.json``).
+5. ``:peagle``: P-EAGLE (the published EAGLE-3 layer drafting 8 tokens in one forward) started
+   from eagle_smollm2's ``:eagle3_serve`` (the published EAGLE-3 after EAGLE 1.'s 1000 steps)
+   and trained 300 steps on ``:requests``' rows: the same 1000 + 300 step budget, the last 300
+   on blocks (16 anchors per row, depth d weighted as COD sampling keeps it, kl).
+   ``:promote_peagle`` commits it as ``drafter_peagle/``.
+6. ``:sweep_peagle`` decodes it as an 8-chain, a 16-node tree (the chain and each depth's
+   second candidate) and that tree with the lookup branch, beside the served EAGLE-3
+   (``experiments/eagle_smollm2/drafter_eagle3``, its EAGLE-2 tree with the lookup branch) and
+   prompt lookup, in one process.
 """
 
 from configs import demo, train_tiny
@@ -139,15 +152,14 @@ CATERPILLAR_8 = tuple((0,) * d for d in range(1, PEAGLE_DEPTHS + 1)) + tuple(
 def peagle_sweep_variants() -> dict:
   """5.'s P-EAGLE as a chain of 8, a 16-node tree, and that tree with the lookup branch,
   beside the EAGLE-3 it started from continued as :requests (``EAGLE3_SERVED``: its EAGLE-2
-  tree with the lookup branch), EAGLE :requests' tree, 2.'s DFlash tree and prompt lookup."""
+  tree with the lookup branch) and prompt lookup (EAGLE :requests' and DFlash's trees:
+  ``:sweep_requests``, at temperature 0 their τ is the same in any process)."""
   eagle = {"top_k": 4, "depth": 6, "total": 16, "lookup": 4}
   return {
     "peagle_chain_8": peagle_variant(PEAGLE_DRAFTER),
     "peagle_tree_16": peagle_variant(PEAGLE_DRAFTER, CATERPILLAR_8),
     "peagle_tree_16_lookup4": peagle_variant(PEAGLE_DRAFTER, CATERPILLAR_8, lookup=4),
     "eagle3_16_l4": {"name": "eagle", "eagle": eagle | {"path": EAGLE3_SERVED}},
-    "eagle_req_16_l4": {"name": "eagle", "eagle": eagle | {"path": EAGLE_REQUESTS}},
-    "dflash_tree_14_lookup4": dflash_variant(DRAFTER, CATERPILLAR, lookup=4),
     "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
   }
 

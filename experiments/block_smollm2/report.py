@@ -15,7 +15,7 @@ from specjax.measure import sweep
 def _training(results_dir) -> list[str]:
   """Each training run's last logged step and evaluation, and its decode on the demo prompts."""
   rows = []
-  for run in ("train", "requests"):
+  for run in ("train", "requests", "peagle"):
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -36,7 +36,8 @@ def _training(results_dir) -> list[str]:
   if not rows:
     return []
   return ["Training (`accept_len`: the greedy block chain's expected accepted length on the "
-          "batch; demo τ: greedy decoding of the three demo prompts, 7-chain):", "",
+          "batch; demo τ: greedy decoding of the three demo prompts as a chain over the block, "
+          "7 for DFlash, 8 for P-EAGLE; P-EAGLE's init: the EAGLE-3 it starts from, mask_hidden fresh):", "",
           results_lib.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
 
@@ -146,8 +147,11 @@ def report(results_dir):
   out = _training(results_dir) + _curve(results_dir) + _step_cost(results_dir)
   if figure(results_dir):
     out += ["![training curve and tau per category](results/figure.png)", ""]
-  path = results_dir / "sweep_requests" / "sweep.json"
-  if path.exists():
-    record = json.loads(path.read_text())
-    out += _break_even(record) + [sweep.markdown(record)]
-  return "\n".join(out)
+  for name, what in (("sweep_requests", "DFlash beside EAGLE `:requests` and prompt lookup"),
+                     ("sweep_peagle", "P-EAGLE beside the served EAGLE-3 and prompt lookup")):
+    path = results_dir / name / "sweep.json"
+    if path.exists():
+      record = json.loads(path.read_text())
+      out += [f"`:{name}` ({what}, one process):", ""]
+      out += _break_even(record) + [sweep.markdown(record), ""]
+  return "\n".join(out).rstrip()

@@ -1,8 +1,10 @@
-"""What a DFlash step costs against an AR step on this machine: one ``propose`` (the catch-up
-of a verdict's features into the context, then the block forward and the chain's picks) at
-blocks of 4, 8 and 16 with the full vocabulary (random weights), and the trained drafter's
-(``drafter/``: blocks of 8, an 8,192-token draft vocabulary), beside the target's one-token
-forward and EAGLE ``:requests``' 16-node tree step, in float32 and bfloat16, in one process.
+"""What a block drafter's step costs against an AR step on this machine: one DFlash ``propose``
+(the catch-up of a verdict's features into the context, then the block forward and the chain's
+picks) at blocks of 4, 8 and 16 with the full vocabulary (random weights), and the trained
+drafters' (``drafter/``: DFlash, blocks of 8, an 8,192-token draft vocabulary;
+``drafter_peagle/``: P-EAGLE, 8 tokens per forward, the same vocabulary), beside the target's
+one-token forward and EAGLE ``:requests``' 16-node tree step, in float32 and bfloat16, in one
+process.
 
     bash scripts/install_models.sh smollm2
     python experiments/block_smollm2/step_cost.py            # ~5 min on 2 CPU cores
@@ -37,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 BLOCKS = (4, 8, 16)
 FEATURE_LAYERS = (2, 14, 27)
 DFLASH = "experiments/block_smollm2/drafter"  # the trained one: blocks of 8, V' = 8192
+PEAGLE = "experiments/block_smollm2/drafter_peagle"  # 8 tokens per forward, V' = 8192
 EAGLE = {"path": "experiments/eagle_smollm2/drafter_requests", "top_k": 4, "depth": 6,
          "total": 16, "lookup": 4}  # fmt: skip
 
@@ -84,10 +87,14 @@ def programs(config, target, context: int, num_slots: int) -> dict:
   tstate = trained.init(tparams, prefill(target.cfg.dim * len(trained.feature_layers)))
   eagle, eparams = drafter("eagle", **EAGLE)
   estate = eagle.init(eparams, prefill(target.cfg.dim)).replace(count_B=jnp.asarray([3]))
+  peagle, pparams = drafter("peagle", path=PEAGLE)
+  pstate = peagle.init(pparams, prefill(target.cfg.dim * len(peagle.feature_layers)))
+  pstate = pstate.replace(count=jnp.asarray([3]))
   return {
     "ar": (ar, lambda b: (target.params, cache, tokens[:, :1])),
     "dflash_propose": (propose, lambda b: (dflash[b][0], dflash[b][1], dstate[b], ctx)),
     "dflash_trained_8_propose": (propose, lambda b: (trained, tparams, tstate, ctx)),
+    "peagle_trained_8_propose": (propose, lambda b: (peagle, pparams, pstate, ctx)),
     "eagle_16_lookup4_propose": (propose, lambda b: (eagle, eparams, estate, ctx)),
   }
 
@@ -116,6 +123,7 @@ def main():
     "model": "smollm2-135m-instruct",
     "dflash": {"feature_layers": list(FEATURE_LAYERS), "num_layers": 1, "blocks": list(BLOCKS)},
     "eagle": EAGLE,
+    "trained": {"dflash": DFLASH, "peagle": PEAGLE},
     "context": args.context,
     "rounds": args.rounds,
     "machine": machine() | {"cpu_model": vc.cpu_model()},

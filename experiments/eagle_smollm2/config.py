@@ -44,6 +44,13 @@
    continue 1.'s drafter 300 steps on n replies to the two request sets (nested draws),
    ``:rows_768_x3`` (``LONG_RUN``) 900 steps on :rows_768's replies, ``scale.py`` replays them
    against n, and ``:sweep_scale_t1`` decodes the last two at temperature 1 on the chat prompts.
+5. A drafter the engines serve: ``:eagle3_serve`` trains the published EAGLE-3 (SafeAILab's and
+   SGLang's architecture; layers 2, 14, 27; a 2-step training-time test) on 1.'s rows and
+   schedule, ``:eagle3_requests`` continues it as ``:requests`` continued 1. (the same 1000 +
+   300 steps and rows), ``:promote_eagle3`` commits it as ``drafter_eagle3/``, and
+   ``:sweep_eagle3_serve`` decodes it beside ``:requests``' drafter on the held-out prompts.
+   Its exports (``configs/export_drafter.py``, formats eagle3 and speculators) are read by
+   SGLang's model, speculators' converter and ``from_pretrained`` (tests/test_real_models.py).
 """
 
 from configs import demo, train_tiny
@@ -188,7 +195,7 @@ VARIANTS = {  # name: what it changes in 1.'s config (the error message lists th
   "eagle1_300": _equal_budget,
   "ttt_300": _equal_budget,
   "eagle3": _eagle3,
-  "eagle3_serve": _eagle3_serve,
+  "eagle3_serve": _eagle3_serve,  # 5.
   **{name: _ablation for name in ABLATIONS},
   **{name: _promote for name in PROMOTIONS},
   **{name: _sweep for name in SWEEPS},

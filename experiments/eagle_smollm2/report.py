@@ -17,7 +17,8 @@ from specjax.drafters.eagle import objective as eagle_objective
 from specjax.measure import sweep
 
 CONTINUED_RUNS = ("tasks", "volume", "requests", "broad", "more", "wide", *SCALE_RUNS, LONG_RUN)
-TRAINED = ("eagle1", *CONTINUED_RUNS, "ttt_300")  # runs with a results/<run>/train.json
+# runs with a results/<run>/train.json
+TRAINED = ("eagle1", *CONTINUED_RUNS, "ttt_300", "eagle3_serve", "eagle3_requests")
 SWEEP_TITLES = {
   "sweep_b1": "Greedy, batch 1",
   "sweep_b4": "Greedy, batch 4",
@@ -34,6 +35,8 @@ SWEEP_TITLES = {
   "sweep_lookup": "With prompt lookup's 4-token guess as one more branch, temperature 0 and 1",
   "sweep_scale_t1": "The most-data drafters (768 request replies; 300 and 900 steps) at "
   "temperature 1, chat prompts (sampled children, verified with their q)",
+  "sweep_eagle3_serve": "The served drafter: the published EAGLE-3 on :requests' rows and "
+  "budget (drafter_eagle3) beside :requests' drafter (specjax's architecture)",
 }
 ABLATION_TITLES = {
   "sweep_inputs": "Inputs: feature + shifted token vs token only vs feature only",

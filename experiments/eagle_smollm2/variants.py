@@ -179,13 +179,12 @@ def scale_t1_variants() -> dict:
 
 def eagle3_serve_variants() -> dict:
   """The committed :requests drafter (specjax's EAGLE architecture) and the published EAGLE-3
-  of :promote_eagle3, each as a 4-chain, an 8-node tree and the 16-node tree with the lookup
-  branch (README's budget)."""
+  of :promote_eagle3, each as an 8-node tree and as the 16-node tree with the lookup branch
+  (README's budget)."""
   out = {}
   for name, path in (("requests", REQUESTS_DRAFTER), ("eagle3", EAGLE3_DRAFTER)):
     e = functools.partial(eagle_variant, path)
-    out |= {f"{name}_chain_4": e(1, 4, 4), f"{name}_tree_2x5_8": e(2, 5, 8),
-            f"{name}_tree_4x6_16_lookup4": e(4, 6, 16, lookup=4)}  # fmt: skip
+    out |= {f"{name}_tree_2x5_8": e(2, 5, 8), f"{name}_tree_4x6_16_lookup4": e(4, 6, 16, lookup=4)}
   return out
 
 
