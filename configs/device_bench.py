@@ -6,7 +6,7 @@ drafter, batch 1 and 4, and the verify-cost curve, written to one JSON for the c
     bash scripts/device_bench.sh tiny            # random tiny models: the script's own test
 
 Weights and caches are bfloat16 on GPU/TPU and float32 on a CPU (``dtype = auto``). The Medusa
-heads, the EAGLE drafter and the DFlash block drafter are the ones committed under
+heads, the EAGLE drafter and the DFlash and P-EAGLE block drafters are the ones committed under
 experiments/ (trained on this target).
 """
 
@@ -17,6 +17,7 @@ from configs import demo, tiny
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
 EAGLE_DRAFTER = "experiments/eagle_smollm2/drafter"
 DFLASH_DRAFTER = "experiments/block_smollm2/drafter"
+PEAGLE_DRAFTER = "experiments/block_smollm2/drafter_peagle"
 
 
 def get_config(arg: str = "full"):
@@ -40,8 +41,9 @@ def get_config(arg: str = "full"):
   c.drafter.eagle.path = EAGLE_DRAFTER
   c.drafter.eagle.update(top_k=4, depth=5, total=16)
   c.drafter.dflash.path = DFLASH_DRAFTER  # a 7-chain from blocks of 8 (experiments/block_smollm2)
+  c.drafter.peagle.path = PEAGLE_DRAFTER  # an 8-chain, one forward (experiments/block_smollm2)
   c.device_bench = config_dict.ConfigDict()
-  c.device_bench.drafters = ("prompt_lookup", "draft_model", "medusa", "eagle", "dflash")
+  c.device_bench.drafters = ("prompt_lookup", "draft_model", "medusa", "eagle", "dflash", "peagle")
   c.device_bench.batch_sizes = (1, 4)
   c.device_bench.verify_sizes = (1, 2, 4, 8, 16, 32, 64)
   if arg == "quick":

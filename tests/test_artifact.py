@@ -5,6 +5,8 @@ import json
 import re
 from types import SimpleNamespace
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import train_tiny
@@ -127,13 +129,13 @@ def _run_dir(tmp_path, saved, kind="eagle", **record):
   return run
 
 
-def _promote(run, to):
+def _promote(run, to, dtype=""):
   from specjax.tasks import promote
 
   c = train_tiny.get_config()
   c.task = "promote"
   c.promote = promote.default_config()
-  c.promote.update(run=str(run), to=str(to))
+  c.promote.update(run=str(run), to=str(to), dtype=dtype)
   return promote.run(c)
 
 
@@ -156,6 +158,26 @@ def test_promote_copies_the_drafter_with_its_provenance(tmp_path, saved):
   )
   _promote(run, to)
   assert '"note": 2' in (to / "eagle.json").read_text()
+
+
+def test_promote_in_bfloat16_halves_the_weights_and_loads_them_as_float32(tmp_path, saved):
+  """``promote.dtype = bfloat16``: the float32 tensors stored in bfloat16 (about half the
+  bytes), the drafter's own digest and the manifest's updated; read back as float32 holding
+  the rounded values, and it decodes from there."""
+  from safetensors.numpy import load_file
+
+  run, to = _run_dir(tmp_path, saved), tmp_path / "bf16"
+  manifest = _promote(run, to, dtype="bfloat16")
+  src, dst = saved["eagle"] / FILES["eagle"], to / FILES["eagle"]
+  assert dst.stat().st_size < 0.6 * src.stat().st_size and manifest["dtype"] == "bfloat16"
+  on_disk, before = load_file(str(dst)), load_file(str(src))
+  floats = [k for k, v in before.items() if v.dtype == np.float32]
+  assert floats and all(on_disk[k].dtype == jnp.bfloat16 for k in floats)
+  back = artifact.read_tensors(to, FILES["eagle"])
+  for k in floats:
+    np.testing.assert_array_equal(back[k], before[k].astype(jnp.bfloat16).astype(np.float32))
+  assert manifest["sha256"][FILES["eagle"]] == artifact.sha256(dst)
+  _check("eagle", to)  # its own digest checks out
 
 
 @pytest.mark.parametrize("case", ["unfinished", "damaged", "foreign_to", "other_kind"])

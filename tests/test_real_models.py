@@ -146,3 +146,36 @@ def test_eagle_drafter_equals_autoregressive_and_keeps_its_tau(smol):
   c = eagle_config.get_config("sweep_b1")
   c.drafter.eagle.path = str(EAGLE_DRAFTER)
   _committed_drafter_equals_ar(smol, c, EAGLE_TAU_B4)
+
+
+EAGLE3_DRAFTER = Path(__file__).parents[1] / "experiments" / "eagle_smollm2" / "drafter_eagle3"
+EAGLE3_TAU_B4 = 1.9714285714285715  # greedy tau of the committed EAGLE-3 and the same tree on
+# the fixture's prompts (retraining or re-promoting it changes it: re-measure)
+
+
+def _eagle3_config():
+  from experiments.eagle_smollm2 import config as eagle_config
+
+  c = eagle_config.get_config("sweep_b1")
+  c.drafter.eagle.path = str(EAGLE3_DRAFTER)
+  return c
+
+
+def test_the_served_eagle3_drafter_equals_autoregressive_and_keeps_its_tau(smol):
+  """The committed EAGLE-3 of the published architecture (experiments/eagle_smollm2's
+  ``:promote_eagle3``: what SGLang and vLLM serve) with an EAGLE-2 tree."""
+  _committed_drafter_equals_ar(smol, _eagle3_config(), EAGLE3_TAU_B4)
+
+
+def test_the_served_eagle3_drafter_reads_back_in_the_engines_own_loaders(smol, tmp_path):
+  """Its exports (SGLang's layout, that layout through speculators' converter, and
+  speculators' for vLLM with the verifier named) give specjax's logits in each engine's own
+  loader (1e-4, float32): the helper of tests/test_interop_eagle.py, on the real target."""
+  pytest.importorskip("speculators", reason="bash scripts/install_oracles.sh installs it")
+  from test_interop_eagle import eagle3_exports_match_their_references
+
+  cfg, params, tok = smol
+  target = build.Model(cfg, params, tok)
+  drafter, dparams = build.drafter(_eagle3_config(), target)
+  assert drafter.cfg.architecture == "eagle3"
+  eagle3_exports_match_their_references(tmp_path, target, drafter.cfg, dparams)

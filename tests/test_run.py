@@ -532,8 +532,10 @@ EXPERIMENT_VARIANTS = {
     *("sweep_b1", "sweep_b4"),
     "sweep_t1",
     *eagle_smollm2.ABLATIONS,
+    *("eagle3_serve", "sweep_eagle3_serve"),
   ],
-  "cost_model": [None, "qwen", "smollm2_eagle"],
+  "block_smollm2": [None, "sweep_requests", "sweep_peagle"],
+  "cost_model": [None, "qwen", "smollm2_eagle", "smollm2_blocks"],
   "temperature_sweep": [None],
   "summary": ["smollm2", "qwen"],
 }

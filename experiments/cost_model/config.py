@@ -3,6 +3,7 @@
     python -m specjax.run --config=experiments/cost_model/config.py        # SmolLM2, ~55 min
     python -m specjax.run --config=experiments/cost_model/config.py:qwen   # Qwen pair, 14 min quiet
     python -m specjax.run --config=experiments/cost_model/config.py:smollm2_eagle   # ~45 min
+    python -m specjax.run --config=experiments/cost_model/config.py:smollm2_blocks
     python -m specjax.report experiments/cost_model                        # README
 
 task=cost_model: AR and every drafter below decode the four prompt categories of
@@ -17,8 +18,9 @@ saved tree, the trained EAGLE drafter as 4- and 6-token chains and as EAGLE-2 dy
 (2 x 5 with 8 nodes, 4 x 6 with 16). ``qwen``: Qwen2.5-Coder-1.5B with the 0.5B as a draft
 (K = 2, 4, 6) and prompt lookup on the pair config's four code prompts. ``smollm2_eagle``:
 the EAGLE drafter replayed at the tree budgets of ``EAGLE_BUDGETS`` (the grid that
-``drafter.eagle.total = "auto"`` reads), three of them also decoded. Writes
-``results/{smollm2,qwen,smollm2_eagle}/cost_model.json`` and ``sweep.json``.
+``drafter.eagle.total = "auto"`` reads), three of them also decoded. ``smollm2_blocks``: the
+block drafters (DFlash, P-EAGLE) as chains and trees, the served EAGLE-3 and prompt lookup.
+Writes ``results/<arg>/cost_model.json`` and ``sweep.json``.
 """
 
 import functools
@@ -81,18 +83,35 @@ def eagle_variants() -> dict:
   }
 
 
+def block_variants() -> dict:
+  """The block drafters of experiments/block_smollm2 (DFlash's 7-chain and 14-node tree,
+  P-EAGLE's 8-chain and 16-node tree) and the served EAGLE-3's 16-node tree, beside prompt
+  lookup: do the simulator and the cost model predict a block drafter as they do EAGLE?"""
+  from experiments.block_smollm2 import config as block
+
+  return {
+    "lookup_k4": variants()["lookup_k4"],
+    "dflash_chain_7": block.dflash_variant(block.DRAFTER),
+    "dflash_tree_14": block.dflash_variant(block.DRAFTER, block.CATERPILLAR),
+    "peagle_chain_8": block.peagle_variant(block.PEAGLE_DRAFTER),
+    "peagle_tree_16": block.peagle_variant(block.PEAGLE_DRAFTER, block.CATERPILLAR_8),
+    "eagle3_tree_4x6_16": eagle_smollm2.eagle_variant(eagle_smollm2.EAGLE3_DRAFTER, 4, 6, 16),
+  }
+
+
 # name: the sweep's variants and the EAGLE-2 budgets (top_k, depth, total) it replays, the grid
 # that drafter.eagle.total = "auto" reads.
 RUNS = {
   "smollm2": (variants, eagle.SWEPT_BUDGETS),
   "qwen": (qwen_variants, eagle.SWEPT_BUDGETS),
   "smollm2_eagle": (eagle_variants, EAGLE_BUDGETS),
+  "smollm2_blocks": (block_variants, ()),
 }
 
 
 def get_config(arg: str = "smollm2"):
   if arg not in RUNS:
-    raise ValueError(f"config argument {arg!r} is unknown; use smollm2, qwen or smollm2_eagle.")
+    raise ValueError(f"config argument {arg!r} is unknown; use {', '.join(RUNS)}.")
   pick, budgets = RUNS[arg]
   c = qwen_coder_pair.get_config() if arg == "qwen" else demo.base()
   c.task = "cost_model"

@@ -201,7 +201,25 @@ def check_tensors(path: Path, digest: str | None, field: str) -> None:
 
 
 def read_tensors(directory, tensors_file: str) -> dict[str, np.ndarray]:
-  return load_file(str(Path(directory) / tensors_file))
+  """The saved tensors; floating ones stored narrower (a drafter promoted in bfloat16) come
+  back as float32, which ``build.drafter`` casts to the run's dtype."""
+  out = load_file(str(Path(directory) / tensors_file))
+  wide = lambda x: x.astype(np.float32) if _narrow_float(x) else x  # noqa: E731
+  return {k: wide(v) for k, v in out.items()}
+
+
+def _narrow_float(x: np.ndarray) -> bool:
+  return x.dtype in (np.float16, jnp.bfloat16)
+
+
+def narrowed(directory, tensors_file: str, dtype=jnp.bfloat16) -> str:
+  """Rewrites ``tensors_file`` with its float32 tensors as ``dtype`` (others unchanged); returns
+  its new SHA-256."""
+  path = Path(directory) / tensors_file
+  tensors = load_file(str(path))
+  cast = {k: v.astype(dtype) if v.dtype == np.float32 else v for k, v in tensors.items()}
+  save_file({k: np.ascontiguousarray(v) for k, v in cast.items()}, str(path))
+  return sha256(path)
 
 
 def check_target(meta: dict, dim: int, vocab_size: int, target, field: str, what: str) -> None:

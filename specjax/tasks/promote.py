@@ -12,7 +12,9 @@ recorded when they were saved, and ``promote.to`` is absent, empty or a drafter 
 (a directory holding anything else is never replaced). Written whole or not at all, with
 ``manifest.json``: the run it came from, its objective, data, steps and training time, the
 held-out τ and target calls its training run measured before and after (``train.json``'s
-``decode``), each file's SHA-256, and when.
+``decode``), each file's SHA-256, and when. ``promote.dtype = "bfloat16"`` stores the float32
+weights in bfloat16 (half the size; loading reads them back as float32, and a run in either
+dtype casts them as it casts any drafter), the saved drafter's own SHA-256 updated.
 """
 
 import datetime
@@ -33,6 +35,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.run = ""  # a workdir task=train wrote (it holds draft_final/ and train.json)
   c.to = ""  # the directory to write (an existing drafter there is replaced)
+  c.dtype = ""  # "" = the weights as saved; "bfloat16": stored in bfloat16 (half the bytes)
   return c
 
 
@@ -58,6 +61,8 @@ def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
   meta = artifact.read_json(draft / f"{kind}.json", f"{FIELD}.run")
   for name, digest in (meta.get("sha256") or {}).items():
     artifact.check_tensors(draft / name, digest, f"{FIELD}.run")
+  if p.get("dtype", "") not in ("", "bfloat16"):
+    raise ValueError(f"{FIELD}.dtype={p.dtype!r} is unknown; choose '' (as saved) or 'bfloat16'.")
   if not p.to:
     raise ValueError(f"{FIELD}.to is empty: name the directory the drafter is decoded from.")
   to = Path(p.to)
@@ -69,6 +74,15 @@ def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
         "a new directory, or the one the drafter was promoted to before."
       )
   return draft, kind, artifact.read_json(record, f"{FIELD}.run")
+
+
+def _narrow(directory: Path, kind: str) -> None:
+  """The drafter's weights files (those its meta file records a SHA-256 for) in bfloat16, the
+  meta file's digests updated."""
+  meta_path = directory / f"{kind}.json"
+  meta = json.loads(meta_path.read_text())
+  meta["sha256"] = {name: artifact.narrowed(directory, name) for name in meta.get("sha256", {})}
+  meta_path.write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def _kind(directory: Path, field: str, strict: bool = True) -> str | None:
@@ -101,6 +115,10 @@ def run(config: ml_collections.ConfigDict) -> dict:
     for f in draft.iterdir():
       if f.is_file():
         shutil.copy2(f, tmp / f.name)
+    if p.get("dtype"):
+      _narrow(tmp, kind)
+      manifest["dtype"] = p.dtype
+      manifest["sha256"] = {f.name: artifact.sha256(f) for f in sorted(tmp.iterdir())}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
   tau = (manifest["held_out"] or {}).get("final", {}).get("tau")
   print(f"promoted {draft} -> {p.to} ({kind}" + (f", held-out τ {tau:.3f})" if tau else ")"))
