@@ -37,7 +37,8 @@ def _training(results_dir) -> list[str]:
     return []
   return ["Training (`accept_len`: the greedy block chain's expected accepted length on the "
           "batch; demo τ: greedy decoding of the three demo prompts as a chain over the block, "
-          "7 for DFlash, 8 for P-EAGLE; P-EAGLE's init: the EAGLE-3 it starts from, mask_hidden fresh):", "",
+          "7 for DFlash, 8 for P-EAGLE; P-EAGLE's init: the EAGLE-3 it starts from, "
+          "mask_hidden fresh):", "",
           results_lib.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
 
@@ -147,8 +148,10 @@ def report(results_dir):
   out = _training(results_dir) + _curve(results_dir) + _step_cost(results_dir)
   if figure(results_dir):
     out += ["![training curve and tau per category](results/figure.png)", ""]
-  for name, what in (("sweep_requests", "DFlash beside EAGLE `:requests` and prompt lookup"),
-                     ("sweep_peagle", "P-EAGLE beside the served EAGLE-3 and prompt lookup")):
+  for name, what in (
+    ("sweep_requests", "DFlash beside EAGLE `:requests` and prompt lookup"),
+    ("sweep_peagle", "P-EAGLE beside the served EAGLE-3 and prompt lookup"),
+  ):
     path = results_dir / name / "sweep.json"
     if path.exists():
       record = json.loads(path.read_text())

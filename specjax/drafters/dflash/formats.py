@@ -14,7 +14,8 @@ model and written from it.
 The embedding and the head are the verifier's: specjax reads the target's, and writes them into
 an export (``embed_tokens.weight`` [V, F], ``lm_head.weight`` [V', F]) so that speculators'
 ``from_pretrained`` builds the drafter from its own file. A reduced draft vocabulary adds
-``d2t`` [V'] (target id = draft id + d2t) and ``t2d`` [V]; its ``lm_head`` is the verifier's rows. An auxiliary layer id a names the hidden state fed *into* target layer a,
+``d2t`` [V'] (target id = draft id + d2t) and ``t2d`` [V]; its ``lm_head`` is the verifier's
+rows. An auxiliary layer id a names the hidden state fed *into* target layer a,
 specjax's feature a - 1. Read here: the anchor not sampled (``sample_from_anchor: false``,
 DFlash's own); anything else is one error before the target loads.
 """
