@@ -536,7 +536,11 @@ EXPORT_READERS = {  # reader -> (format, architecture, reader, a config field th
 VERIFIER = "verifier"  # the verifier's HF directory, beside the exports
 
 
-@pytest.mark.parametrize("reader", EXPORT_READERS)
+@pytest.mark.parametrize(
+  "reader",
+  [pytest.param(r, marks=pytest.mark.slow) if r == "speculators_converter" else r
+   for r in EXPORT_READERS],
+)  # fmt: skip
 def test_an_export_is_read_by_its_engines_own_loader(tmp_path, reader):
   """Each export, as written, read by the reference code of the engine it is for, with no help:
   it gives specjax's logits (1e-4, float32); without the embedding, or without a config field

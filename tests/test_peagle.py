@@ -177,6 +177,7 @@ def test_an_export_is_read_by_speculators_own_loader(target, tmp_path):
   np.testing.assert_array_equal(np.asarray(back_params["vocab_ids"]), IDS)
 
 
+@pytest.mark.slow  # the quick tier decodes DFlash's twin case through the same static tree
 @pytest.mark.parametrize("tree", [None, Tree.from_spec((2, 1))], ids=["chain", "tree"])
 def test_greedy_equals_ar_and_the_simulator_replays_it(target, tree):
   """Blocks of 3 (a chain of 3, or a 2 x 1 tree), random weights: greedy output is AR's on
