@@ -31,6 +31,7 @@ from specjax.drafters.eagle.layouts import load
 from specjax.drafters.eagle.model import (
   FIELD,
   EagleConfig,
+  check_shapes,
   fuse,
   inputs,
   layer,
@@ -95,16 +96,7 @@ class Eagle(DrafterBase):
   def check_params(self, params) -> None:
     """The drafter's weights fit its shapes (``load`` / ``init_params`` give such params)."""
     want = {"embed": (self.cfg.target.vocab_size, self.cfg.target.dim)} | param_shapes(self.cfg)
-    got = params if isinstance(params, dict) else {}
-    for name, shape in want.items():
-      head, _, tail = name.partition(".")
-      have = got.get(head)
-      if tail:
-        have = have.get(tail) if isinstance(have, dict) else None
-      if have is None or tuple(np.shape(have)) != shape:
-        have = "missing" if have is None else tuple(np.shape(have))
-        key = f"[{head!r}][{tail!r}]" if tail else f"[{head!r}]"
-        raise ValueError(f"EAGLE drafter_params{key} is {have}, expected {shape}.")
+    check_shapes(params, want, "EAGLE")
 
   def draft_calls_per_step(self) -> int:
     return self.depth

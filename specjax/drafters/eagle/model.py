@@ -170,6 +170,21 @@ def param_shapes(cfg: EagleConfig) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
+def check_shapes(params, want: dict, what: str) -> None:
+  """``params`` (nested one level: ``layer.wq`` is ``params["layer"]["wq"]``) hold every
+  tensor of ``want`` (flat name -> shape): one error naming the first that does not fit."""
+  got = params if isinstance(params, dict) else {}
+  for name, shape in want.items():
+    head, _, tail = name.partition(".")
+    have = got.get(head)
+    if tail:
+      have = have.get(tail) if isinstance(have, dict) else None
+    if have is None or tuple(np.shape(have)) != shape:
+      have = "missing" if have is None else tuple(np.shape(have))
+      key = f"[{head!r}][{tail!r}]" if tail else f"[{head!r}]"
+      raise ValueError(f"{what} drafter_params{key} is {have}, expected {shape}.")
+
+
 # --- the drafter's computation, shared by decoding and training --------------------------------
 
 

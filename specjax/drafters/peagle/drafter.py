@@ -23,6 +23,7 @@ from specjax.drafters.base import (
   sampled_candidates,
   verify_forward,
 )
+from specjax.drafters.eagle import model as eagle_model
 from specjax.drafters.peagle import layouts, model
 from specjax.drafters.peagle.model import FIELD, PEagleConfig
 from specjax.drafters.prompt_lookup import PromptLookup
@@ -117,16 +118,7 @@ class PEagle(static_tree.OnStaticTree, DrafterBase):
 
   def check_params(self, params) -> None:
     want = {"embed": (self.cfg.target.vocab_size, self.cfg.target.dim)}
-    want |= model.param_shapes(self.cfg)
-    got = params if isinstance(params, dict) else {}
-    for name, shape in want.items():
-      head, _, tail = name.partition(".")
-      have = got.get(head)
-      if tail:
-        have = have.get(tail) if isinstance(have, dict) else None
-      if have is None or tuple(np.shape(have)) != shape:
-        have = "missing" if have is None else tuple(np.shape(have))
-        raise ValueError(f"P-EAGLE drafter_params[{name!r}] is {have}, expected {shape}.")
+    eagle_model.check_shapes(params, want | model.param_shapes(self.cfg), "P-EAGLE")
 
   # -- decoding --
 
