@@ -304,20 +304,50 @@ def lookup_first(drafter, params):
   return LookupFirst(**fields), params
 
 
+def unconditioned_q(drafter, params):
+  """Wrong: a DSpark tree whose children are drawn under their parent's token (the Markov
+  bias), handed to the verifier with the q of the unbiased depth distribution: the tokens are
+  not drawn from the q they are verified with."""
+  from specjax.drafters import static_tree
+  from specjax.drafters.dflash import model as dflash_model
+
+  @dataclasses.dataclass(frozen=True)
+  class UnconditionedQ(type(drafter)):
+    def _draft(self, params, h_BxKxF, newest_B, sampled, ctx):
+      drawn = super()._draft(params, h_BxKxF, newest_B, sampled, ctx)
+      if drawn.probs is None:
+        return drawn
+      logits = dflash_model.head(params, h_BxKxF[:, self.cfg.first_slot :])
+      told = static_tree.draft(self.tree, logits, True, ctx, params.get("vocab_ids"),
+                               self.cfg.target.vocab_size)  # fmt: skip
+      return drawn.replace(probs=told.probs)
+
+  fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
+  return UnconditionedQ(**fields), params
+
+
 def dflash_drafter(
   target, tree, block_size: int = 3, sampled: bool = True, seed: int = 0, lookup: int = 0,
-  feature_layers: tuple = (0,), vocab_ids=None,
+  feature_layers: tuple = (0,), vocab_ids=None, markov_rank: int = 0,
+  markov_head: str = "vanilla", sample_from_anchor: bool = False,
 ):  # fmt: skip
   """A DFlash drafter with random weights over ``target`` ((cfg, params)), drafting ``tree``
   from blocks of ``block_size`` (``vocab_ids``: a reduced draft vocabulary), and its params
-  (the target's embedding and head rows included)."""
+  (the target's embedding and head rows included). ``markov_rank`` > 0: DSpark's Markov head
+  of that rank and kind, its W2 random (trained heads start at zero) so that a node's token
+  moves its children's distribution."""
   from specjax.drafters import dflash
 
   cfg, params = target
   v = 0 if vocab_ids is None else len(vocab_ids)
   dcfg = dflash.DFlashConfig(cfg, feature_layers, num_layers=1, block_size=block_size,
-                             vocab_size=v)  # fmt: skip
+                             vocab_size=v, sample_from_anchor=sample_from_anchor,
+                             markov_rank=markov_rank, markov_head=markov_head)  # fmt: skip
   dparams = dflash.model.init_params(dcfg, jax.random.key(seed))
+  if markov_rank:
+    shape = dparams["markov_w2"].shape
+    dparams["markov_w1"] = jax.random.normal(jax.random.key(seed + 1), dparams["markov_w1"].shape)
+    dparams["markov_w2"] = jax.random.normal(jax.random.key(seed + 2), shape) / np.sqrt(shape[1])
   if vocab_ids is not None:
     dparams["vocab_ids"] = jnp.asarray(vocab_ids, jnp.int32)
   branch = PromptLookup(lookup, abstain=False) if lookup else None

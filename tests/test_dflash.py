@@ -210,8 +210,8 @@ def test_sampled_q_follows_the_runs_temperature(broken):
 
 
 def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path):
-  """No draft vocabulary, an anchor that is sampled, another hidden size: one error each,
-  before the target loads (headers only); a dropped tensor: one error naming it."""
+  """No draft vocabulary, another model type, another hidden size, an unknown DSpark head: one
+  error each, before the target loads (headers only); a dropped tensor: one error naming it."""
   cfg = dmodel.DFlashConfig(target.cfg, (1,), num_layers=1, block_size=3)
   params = dmodel.decode_params(dmodel.init_params(cfg, jax.random.key(0)), target.params,
                                 target.cfg)  # fmt: skip
@@ -219,7 +219,7 @@ def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path)
   config = json.loads((tmp_path / "x" / "config.json").read_text())
   for change, message in (
     ({"draft_vocab_size": 0}, "is not in \\[1, 64\\]"),
-    ({"sample_from_anchor": True}, "samples from the anchor"),
+    ({"speculators_model_type": "mtp"}, "not a speculators DFlash or DSpark"),
     ({"aux_hidden_state_layer_ids": [0]}, "must name target layers"),
   ):
     # fmt: skip
@@ -230,6 +230,10 @@ def test_a_speculators_directory_of_another_shape_is_one_error(target, tmp_path)
   other = config | {"transformer_layer_config": layer}
   (tmp_path / "x" / "config.json").write_text(json.dumps(other))
   with pytest.raises(ValueError, match="trained for another target"):
+    formats.config_for(formats.peek(tmp_path / "x"), target.cfg, "path")
+  dspark = config | {"speculators_model_type": "dspark", "markov_head_type": "lstm"}
+  (tmp_path / "x" / "config.json").write_text(json.dumps(dspark))
+  with pytest.raises(ValueError, match="markov_head='lstm' is unknown"):
     formats.config_for(formats.peek(tmp_path / "x"), target.cfg, "path")
   # One tensor dropped from the weights: one error naming it, before any is used.
   (tmp_path / "x" / "config.json").write_text(json.dumps(config))

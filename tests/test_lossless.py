@@ -148,6 +148,14 @@ STATEFUL = {
   "dflash_reduced_vocab": lambda d: testing.dflash_drafter(
     V5_TARGET, MEDUSA_TREE, 3, vocab_ids=(0, 2, 4)
   ),  # fmt: skip
+  # DSpark: DFlash whose anchor position drafts too, with a Markov head: a node's children draw
+  # under its token (q per parent), the rnn kind carrying a state down each path.
+  "dspark_sampled_tree": lambda d: testing.dflash_drafter(
+    V5_TARGET, MEDUSA_TREE, 2, markov_rank=4, sample_from_anchor=True
+  ),  # fmt: skip
+  "dspark_rnn_chain": lambda d: testing.dflash_drafter(
+    V5_TARGET, trees.Tree.chain(3), 3, markov_rank=4, markov_head="rnn", sample_from_anchor=True
+  ),  # fmt: skip
   # P-EAGLE: the EAGLE-3 layer drafts every depth in one forward (the newest pair, then masked
   # rows); its cache of committed pairs is carried across steps.
   "peagle_sampled_chain": lambda d: testing.peagle_drafter(V5_TARGET, trees.Tree.chain(2), 2),
@@ -282,6 +290,11 @@ BROKEN_ACROSS_STEPS = {
   "peagle_chain_resample_from_target": (
     STATEFUL["peagle_sampled_chain"],
     testing.resample_from_target,
+  ),
+  # DSpark's children verified with their depth's q, not their parent's (the bias dropped).
+  "dspark_unconditioned_q": (
+    lambda d: testing.unconditioned_q(*STATEFUL["dspark_sampled_tree"](d)),
+    None,
   ),
   # The lookup guess tried before the sampled children: their q loses its token.
   "eagle_lookup_first": (

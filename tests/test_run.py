@@ -534,7 +534,7 @@ EXPERIMENT_VARIANTS = {
     *eagle_smollm2.ABLATIONS,
     *("eagle3_serve", "sweep_eagle3_serve"),
   ],
-  "block_smollm2": [None, "sweep_requests", "sweep_peagle"],
+  "block_smollm2": [None, "sweep_requests", "sweep_peagle", "dspark", "sweep_dspark"],
   "cost_model": [None, "qwen", "smollm2_eagle", "smollm2_blocks"],
   "temperature_sweep": [None],
   "summary": ["smollm2", "qwen"],

@@ -43,6 +43,7 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
 """
 
 from configs import demo, train_tiny
+from configs import specbench as specbench_config
 from experiments import held_out
 from specjax.tasks import promote
 from specjax.train import objectives
@@ -58,6 +59,8 @@ EAGLE3_RUN = "eagle_smollm2:eagle3_serve"  # the published EAGLE-3 after EAGLE's
 EAGLE3_SERVED = "experiments/eagle_smollm2/drafter_eagle3"  # ... continued as :requests
 PEAGLE_DRAFTER = f"{HERE}/drafter_peagle"  # 5.'s drafter, promoted (:promote_peagle)
 PEAGLE_DEPTHS = 8  # P-EAGLE's tokens per forward
+DSPARK_DRAFTER = f"{HERE}/drafter_dspark"  # 8.'s drafter, promoted (:promote_dspark)
+DSPARK_RANK = 64  # the Markov head's W1 reads the 49,152-token vocabulary: 3.1 M weights
 FEATURES = "data/features/block_smollm2"  # float16 features of the training rows, once
 FEATURE_LAYERS = (2, 14, 27)  # low, middle, high of SmolLM2's 30 layers (EAGLE-3's)
 MASK_ID = 16  # <empty_output>: never in chat replies
@@ -108,6 +111,13 @@ def _peagle(c, name: str):
                 feature_cache=f"{FEATURES}_requests")  # fmt: skip
   c.train.steps = 300
   c.optim.update(learning_rate=1e-3, decay_steps=280)
+
+
+def _dspark(c, name: str):
+  """8.: DSpark, 1.'s DFlash continued as :requests with a Markov head (rank 64, W2 from zero:
+  it starts as 1.'s drafter) and the confidence head: the same 1000 + 300 steps."""
+  _requests(c, name)
+  c.objective.dflash.update(markov_rank=DSPARK_RANK, markov_head="vanilla", confidence=True)
 
 
 # A static tree over the block's 7 depths: the top-1 chain, and at every depth the second
@@ -165,7 +175,8 @@ def peagle_sweep_variants() -> dict:
 
 
 PROMOTIONS = {"promote": (f"{WORKDIR}_requests", DRAFTER),
-              "promote_peagle": (f"{WORKDIR}_peagle", PEAGLE_DRAFTER)}  # fmt: skip
+              "promote_peagle": (f"{WORKDIR}_peagle", PEAGLE_DRAFTER),
+              "promote_dspark": (f"{WORKDIR}_dspark", DSPARK_DRAFTER)}  # fmt: skip
 
 
 def _promote(c, name: str):
@@ -175,10 +186,47 @@ def _promote(c, name: str):
   c.promote = promote.default_config()
   run, to = PROMOTIONS[name]
   # P-EAGLE trains its own head (39 MB in float32): committed in bfloat16.
-  c.promote.update(run=run, to=to, dtype="bfloat16" if name == "promote_peagle" else "")
+  c.promote.update(run=run, to=to, dtype="" if name == "promote" else "bfloat16")
 
 
-SWEEPS = {"sweep_requests": sweep_variants, "sweep_peagle": peagle_sweep_variants}
+def dspark_sweep_variants() -> dict:
+  """8.'s DSpark as a 7-chain and as the 14-node tree with the lookup branch (a node's
+  children drawn under its token), beside 2.'s DFlash the same ways (the same process)."""
+  return {
+    "dspark_chain_7": dflash_variant(DSPARK_DRAFTER),
+    "dspark_tree_14": dflash_variant(DSPARK_DRAFTER, CATERPILLAR),
+    "dspark_tree_14_lookup4": dflash_variant(DSPARK_DRAFTER, CATERPILLAR, lookup=4),
+    "dflash_chain_7": dflash_variant(DRAFTER),
+    "dflash_tree_14_lookup4": dflash_variant(DRAFTER, CATERPILLAR, lookup=4),
+  }
+
+
+SWEEPS = {"sweep_requests": sweep_variants, "sweep_peagle": peagle_sweep_variants,
+          "sweep_dspark": dspark_sweep_variants}  # fmt: skip
+
+
+def specbench_variants() -> dict:
+  """7.'s methods: each block drafter as its chain and as its tree with the lookup branch, the
+  served EAGLE-3's tree with the lookup branch, and prompt lookup."""
+  dflash, peagle = sweep_variants(), peagle_sweep_variants()
+  return {
+    "dflash_chain_7": dflash["dflash_chain_7"],
+    "dflash_tree_14_l4": dflash["dflash_tree_14_lookup4"],
+    "peagle_chain_8": peagle["peagle_chain_8"],
+    "peagle_tree_16_l4": peagle["peagle_tree_16_lookup4"],
+    "eagle3_16_l4": peagle["eagle3_16_l4"],
+    "lookup_k4": peagle["lookup_k4"],
+  }
+
+
+def _specbench():
+  """7.: Spec-Bench's 65-question subset in bfloat16 (this CPU's faster dtype: an AR step
+  0.72 of float32's, results/step_cost.json), every method beside one AR run."""
+  c = specbench_config.get_config()
+  c.output_dir = f"{RESULTS}/specbench_bf16"
+  c.dtype = "bfloat16"
+  c.specbench.variants = specbench_variants()
+  return c
 
 
 def _sweep(c, name: str):
@@ -188,17 +236,21 @@ def _sweep(c, name: str):
 
 VARIANTS = {
   "requests": _requests, "promote": _promote, "sweep_requests": _sweep, "peagle": _peagle,
-  "promote_peagle": _promote, "sweep_peagle": _sweep,
+  "promote_peagle": _promote, "sweep_peagle": _sweep, "dspark": _dspark,
+  "promote_dspark": _promote, "sweep_dspark": _sweep,
 }  # fmt: skip
 
 
 def get_config(arg: str | None = None):
+  if arg == "specbench":
+    return _specbench()
   c = _training()
   if not arg:
     return c
   if arg not in VARIANTS:
     raise ValueError(
-      f"unknown variant {arg!r} of block_smollm2/config.py; choose {', '.join(VARIANTS)}."
+      f"unknown variant {arg!r} of block_smollm2/config.py; choose "
+      f"{', '.join(VARIANTS)}, specbench."
     )
   VARIANTS[arg](c, arg)
   return c

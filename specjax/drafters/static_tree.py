@@ -154,8 +154,57 @@ def draft(
   _, top_BxIxC = jax.lax.top_k(scores_BxIxW, k)
   parent_row_N = np.asarray([row_of[p] for p in parent_N])
   tokens_BxN = to_target(top_BxIxC[:, parent_row_N, rank_N])
-  q_BxNxW = q_BxDxW[:, depth_N]
-  if vocab_ids is not None and q_BxNxW.shape[-1] < vocab_size:  # zero outside the draft vocab
-    q_BxNxV = jnp.zeros(tokens_BxN.shape + (vocab_size,), q_BxNxW.dtype)
-    q_BxNxW = q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
+  q_BxNxW = _over_vocab(q_BxDxW[:, depth_N], vocab_ids, vocab_size)
+  return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents(tree, b))
+
+
+def _over_vocab(q_BxNxW, vocab_ids, vocab_size: int):
+  """q over the target's vocabulary: zero outside a reduced draft vocabulary ``vocab_ids``."""
+  if vocab_ids is None or q_BxNxW.shape[-1] >= vocab_size:
+    return q_BxNxW
+  q_BxNxV = jnp.zeros(q_BxNxW.shape[:2] + (vocab_size,), q_BxNxW.dtype)
+  return q_BxNxV.at[:, :, vocab_ids].set(q_BxNxW)
+
+
+def draft_by_parent(tree: Tree, children_logits, root_B, state_BxS, sampled: bool, ctx,
+                    vocab_ids=None, vocab_size: int = 0) -> Draft:  # fmt: skip
+  """``draft`` where a node's children draw from a distribution that depends on the node
+  (DSpark's Markov head: its token biases the next position's logits), level by level:
+  ``children_logits(level, tokens [B, I], states [B, I, S]) -> (logits [B, I, W], states)``
+  gives the children's logits of the I nodes at ``level`` that have children, from their
+  tokens (target ids; the root's is ``root_B``) and the states their parents left (the root's
+  ``state_BxS``); a child inherits its parent's returned state. Sampled: children are drawn
+  without replacement from their parent's q (Gumbel-top-k, fresh noise per parent), and that
+  q is each child's, so the tree verifier's recursive rejection stays exact."""
+  b = root_B.shape[0]
+  parent_N, rank_N = np.asarray(tree.parents), np.asarray(ranks(tree))
+  depth = np.asarray(tree.depth)
+  k = width(tree)
+  to_target = (lambda ids: ids) if vocab_ids is None else (lambda ids: vocab_ids[ids])
+  tokens, states, q = {0: root_B}, {0: state_BxS}, {}
+  greedy = sampling.is_greedy(ctx.sampling) if sampled else True
+  for level in range(tree.max_depth):
+    inner = sorted({int(p) for p in parent_N if depth[p] == level})
+    logits_BxIxW, st_BxIxS = children_logits(
+      level, jnp.stack([tokens[n] for n in inner], 1), jnp.stack([states[n] for n in inner], 1)
+    )
+    if sampled:
+      q_BxIxW = sampling.probs(logits_BxIxW, ctx.sampling)
+    if greedy is True:
+      scores = logits_BxIxW
+    else:
+      gumbel = jax.random.gumbel(jax.random.fold_in(ctx.key, level), q_BxIxW.shape)
+      scores = jnp.where(greedy, logits_BxIxW, jnp.log(q_BxIxW) + gumbel)
+    _, top_BxIxC = jax.lax.top_k(scores, k)
+    for i, n in enumerate(inner):
+      for c in np.flatnonzero(parent_N == n) + 1:  # node c's parent is parent_N[c - 1]
+        tokens[c] = to_target(top_BxIxC[:, i, rank_N[c - 1]])
+        states[c] = st_BxIxS[:, i]
+        if sampled:
+          q[c] = q_BxIxW[:, i]
+  nodes = range(1, tree.num_nodes + 1)
+  tokens_BxN = jnp.stack([tokens[c] for c in nodes], 1)
+  if not sampled:
+    return Draft(tokens=tokens_BxN, parents=parents(tree, b))
+  q_BxNxW = _over_vocab(jnp.stack([q[c] for c in nodes], 1), vocab_ids, vocab_size)
   return Draft(tokens=tokens_BxN, probs=q_BxNxW, parents=parents(tree, b))

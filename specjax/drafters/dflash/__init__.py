@@ -14,6 +14,13 @@ fill a chain (each depth's top or sampled token) or a static tree of ranked cand
 at any temperature, the q of a sampled node being its depth's distribution under the run's
 temperature, top-k and top-p. A lookup branch may follow the tree, as for Medusa and EAGLE.
 
+DSpark (speculators' ``dspark``) is this with options of ``DFlashConfig``: the anchor's own
+position drafting too (``sample_from_anchor``), a low-rank Markov logit bias from the token
+before each position (``markov_rank``, ``markov_head``: a node's children then draw from a q
+that depends on the node's token, drawn level by level and verified with that q), and a
+confidence head predicting each position's acceptance probability (trained; not read in
+decoding).
+
 The context is a per-row KV cache of the draft layers beside the target's: the prompt's
 features at ``init``; each verdict's features (the root's and the accepted nodes') join it as
 the next block begins (its one forward writes them, then reads).

@@ -63,7 +63,8 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
   def __post_init__(self):
     if self.tree.num_nodes == 0 or self.tree.max_depth > self.cfg.num_draft:
       raise ValueError(
-        f"{FIELD}: the tree needs 1 to {self.cfg.num_draft} levels (block_size - 1), got "
+        f"{FIELD}: the tree needs 1 to {self.cfg.num_draft} levels (the block's drafted "
+        f"positions), got "
         f"{self.tree.max_depth}."
       )
     prompt_lookup.check_branch(self.lookup, FIELD)
@@ -88,7 +89,7 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
   def check(cls, c, config):
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
-    num_draft = layouts.peek_block_size(c) - 1
+    num_draft = layouts.peek_num_draft(c)
     tree = parse_tree(c, num_draft)
     if c.lookup:
       tree = tree.with_branch(c.lookup)
@@ -114,7 +115,7 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
   def check_params(self, params) -> None:
     want = model.param_shapes(self.cfg)
     got = params if isinstance(params, dict) else {}
-    for name in ("fc", "hidden_norm", "norm"):
+    for name in ("fc", "hidden_norm", "norm", *model.head_shapes(self.cfg)):
       if tuple(np.shape(got.get(name))) != want[name]:
         raise ValueError(f"DFlash drafter_params[{name!r}] is not {want[name]}.")
     if len(got.get("layers", ())) != self.cfg.num_layers or "embed" not in got:
@@ -147,11 +148,28 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
                                 state.anchor)  # fmt: skip
     newest_B = gather_rows(ctx.tokens, ctx.lengths[:, None])[:, 0]
     block = ctx.lengths[:, None] + jnp.arange(self.cfg.block_size)[None]
-    logits = model.block_logits(params, self.cfg, cache.replace(lengths=ctx.lengths),
-                                model.block_tokens(self.cfg, newest_B), block)[:, 1:]  # fmt: skip
-    draft = static_tree.draft(self.tree, logits, self.sampled, ctx, params.get("vocab_ids"),
-                              self.cfg.target.vocab_size)  # fmt: skip
+    h = model.block_hidden(params, self.cfg, cache.replace(lengths=ctx.lengths),
+                           model.block_tokens(self.cfg, newest_B), block)  # fmt: skip
+    draft = self._draft(params, h, newest_B, self.sampled, ctx)
     return self._finish(draft, ctx), state.replace(cache=cache, anchor=ctx.lengths)
+
+  def _draft(self, params, h_BxKxF, newest_B, sampled, ctx):
+    """The tree from a block's hidden states: each depth's logits (the head on its position),
+    and with a Markov head, biased under each node by the node's token (a draw per level)."""
+    cfg = self.cfg
+    h_BxDxF = h_BxKxF[:, cfg.first_slot :]
+    logits_BxDxW = model.head(params, h_BxDxF)
+    ids, v = params.get("vocab_ids"), cfg.target.vocab_size
+    if not cfg.markov_rank:
+      return static_tree.draft(self.tree, logits_BxDxW, sampled, ctx, ids, v)
+
+    def children(level, tokens_BxI, state_BxIxR):
+      h_BxIxF = jnp.broadcast_to(h_BxDxF[:, level, None], (*tokens_BxI.shape, h_BxDxF.shape[-1]))
+      bias, _, state = model.markov_step(params, cfg, tokens_BxI, h_BxIxF, state_BxIxR)
+      return logits_BxDxW[:, level, None] + bias, state
+
+    state = model.markov_state(cfg, newest_B.shape)
+    return static_tree.draft_by_parent(self.tree, children, newest_B, state, sampled, ctx, ids, v)
 
   def commit(self, state: DFlashState, verdict: Verdict, ctx):
     """The target's features of the root and the accepted nodes, for the next block (slots
@@ -177,9 +195,8 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
     before r (what decoding's context holds there), its tree's top-ranked candidates; a lookup
     branch's guess after them."""
     _, feats = llama.logits_of(target.params, target.cfg, x_1xS, self.cfg.feature_layers)
-    logits = model.anchored_logits(params, self.cfg, x_1xS, jnp.concatenate(feats, -1), roots_R)
-    ids = params.get("vocab_ids")
-    tokens = static_tree.draft(self.tree, logits[:, 1:], False, None, ids).tokens
+    h = model.anchored_hidden(params, self.cfg, x_1xS, jnp.concatenate(feats, -1), roots_R)
+    tokens = self._draft(params, h, x_1xS[0, roots_R], False, None).tokens
     return self.replayed(tokens, target, x_1xS, roots_R, row_len)
 
 

@@ -16,8 +16,14 @@ an export (``embed_tokens.weight`` [V, F], ``lm_head.weight`` [V', F]) so that s
 ``from_pretrained`` builds the drafter from its own file. A reduced draft vocabulary adds
 ``d2t`` [V'] (target id = draft id + d2t) and ``t2d`` [V]; its ``lm_head`` is the verifier's
 rows. An auxiliary layer id a names the hidden state fed *into* target layer a,
-specjax's feature a - 1. Read here: the anchor not sampled (``sample_from_anchor: false``,
-DFlash's own); anything else is one error before the target loads.
+specjax's feature a - 1.
+
+DSpark (``speculators_model_type: dspark``) is the same layout with ``sample_from_anchor``,
+``markov_rank``, ``markov_head_type``, ``enable_confidence_head`` and
+``confidence_head_with_markov`` in config.json, and its heads' tensors:
+``markov_head.markov_w1.weight`` [V, r], ``markov_head.markov_w2.weight`` [V', r],
+``markov_head.gate_proj.{weight,bias}`` (gated), ``markov_head.joint_proj.{weight,bias}``
+(rnn), ``confidence_head.proj.{weight,bias}``. A drafter with any of these writes ``dspark``.
 """
 
 import json
@@ -29,13 +35,28 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specjax.drafters import artifact
-from specjax.drafters.dflash.model import FIELD, DFlashConfig, decode_params, flat, unflat
+from specjax.drafters.dflash.model import (
+  FIELD,
+  DFlashConfig,
+  decode_params,
+  flat,
+  head_shapes,
+  unflat,
+)
 from specjax.models import llama, schema
 from specjax.models.config import ModelConfig
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 WRITES = (CONFIG, WEIGHTS)
 FORMATS = ("specjax", "speculators")
+TYPES = ("dflash", "dspark")  # speculators_model_type
+HEAD_NAMES = {  # specjax name -> speculators tensor of DSpark's heads
+  "markov_w1": "markov_head.markov_w1.weight", "markov_w2": "markov_head.markov_w2.weight",
+  "markov_gate_w": "markov_head.gate_proj.weight", "markov_gate_b": "markov_head.gate_proj.bias",
+  "markov_joint_w": "markov_head.joint_proj.weight",
+  "markov_joint_b": "markov_head.joint_proj.bias",
+  "confidence_w": "confidence_head.proj.weight", "confidence_b": "confidence_head.proj.bias",
+}  # fmt: skip
 
 
 def _layer_names(layer: ModelConfig) -> dict[str, tuple]:
@@ -49,23 +70,18 @@ def is_speculators(directory) -> bool:
   if not path.is_file():
     return False
   config = artifact.read_json(path, f"{FIELD}.path")
-  return config.get("speculators_model_type") == "dflash"
+  return config.get("speculators_model_type") in TYPES
 
 
 def peek(directory, field: str = f"{FIELD}.path") -> dict:
   """The speculators config, checked for what specjax reads (no tensor is read)."""
   config = artifact.read_json(Path(directory) / CONFIG, field)
-  if config.get("speculators_model_type") != "dflash":
+  if config.get("speculators_model_type") not in TYPES:
     raise ValueError(
-      f"{field}={str(directory)!r}: config.json is not a speculators DFlash drafter "
+      f"{field}={str(directory)!r}: config.json is not a speculators DFlash or DSpark drafter "
       f"(speculators_model_type {config.get('speculators_model_type')!r})."
     )
   layer = config.get("transformer_layer_config") or {}
-  if config.get("sample_from_anchor"):
-    raise ValueError(
-      f"{field}={str(directory)!r} samples from the anchor (sample_from_anchor: true, DSpark's "
-      "convention): specjax's DFlash drafts the positions after the anchor only."
-    )
   draft_vocab = config.get("draft_vocab_size", layer.get("vocab_size", 1))
   if not 1 <= draft_vocab <= layer.get("vocab_size", 0):
     raise ValueError(
@@ -102,11 +118,20 @@ def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfi
       f"the target ({target_cfg.num_layers} layers) does not have."
     )
   draft_vocab = config.get("draft_vocab_size", target_cfg.vocab_size)
-  return DFlashConfig(
-    target_cfg, features, layer["num_hidden_layers"], config.get("block_size", 8),
-    config.get("mask_token_id") or 0, ffn if ffn != target_cfg.ffn_dim else 0,
-    draft_vocab if draft_vocab < target_cfg.vocab_size else 0,
-  )  # fmt: skip
+  dspark = config["speculators_model_type"] == "dspark"  # speculators' defaults where unsaid
+  try:
+    return DFlashConfig(
+      target_cfg, features, layer["num_hidden_layers"], config.get("block_size", 8),
+      config.get("mask_token_id") or 0, ffn if ffn != target_cfg.ffn_dim else 0,
+      draft_vocab if draft_vocab < target_cfg.vocab_size else 0,
+      sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
+      markov_rank=int(config.get("markov_rank", 256)) if dspark else 0,
+      markov_head=config.get("markov_head_type", "vanilla"),
+      confidence=bool(config.get("enable_confidence_head", True)) and dspark,
+      confidence_with_markov=bool(config.get("confidence_head_with_markov", True)),
+    )  # fmt: skip
+  except ValueError as e:
+    raise ValueError(f"{field}: {e}") from None
 
 
 def load(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashConfig, dict, dict]:
@@ -120,6 +145,7 @@ def load(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashConfig,
     raise ValueError(f"{field}={str(directory)!r} holds no {WEIGHTS}.")
   if cfg.vocab_size:
     names["d2t"] = ("vocab_ids",)
+  names |= {HEAD_NAMES[k]: (k,) for k in head_shapes(cfg)}
   with safe_open(str(path), "np") as f:
     held = set(f.keys())
     missing = sorted(set(names) - held)
@@ -131,9 +157,11 @@ def load(directory, target, field: str = f"{FIELD}.path") -> tuple[DFlashConfig,
     if cfg.vocab_size else {}
   )  # fmt: skip
   params = unflat(tensors, cfg.num_layers)
-  want = {"fc": (cfg.target.dim, cfg.target.dim * len(cfg.feature_layers))}
-  if tuple(params["fc"].shape) != want["fc"]:
-    raise ValueError(f"{field}: fc.weight is {tuple(params['fc'].shape)}, expected {want['fc']}.")
+  want = {"fc": (cfg.target.dim, cfg.target.dim * len(cfg.feature_layers))} | head_shapes(cfg)
+  for k, shape in want.items():
+    if tuple(params[k].shape) != shape:
+      name = HEAD_NAMES.get(k, f"{k}.weight")
+      raise ValueError(f"{field}: {name} is {tuple(params[k].shape)}, expected {shape}.")
   for i, (got, want_i) in enumerate(zip(params["layers"], llama.param_shapes(cfg.layer)["layers"],
                                         strict=True)):  # fmt: skip
     for k, v in want_i.items():
@@ -157,20 +185,24 @@ def export(cfg: DFlashConfig, params: dict, out_dir, dtype: str = "float32", ver
     "rope_theta": t.rope_theta, "vocab_size": t.vocab_size, "max_position_embeddings": 4096,
     "attention_bias": False, "tie_word_embeddings": False,
   }  # fmt: skip
+  dspark = bool(cfg.markov_rank or cfg.confidence or cfg.sample_from_anchor)
+  kind, arch = ("dspark", "DSparkSpeculator") if dspark else ("dflash", "DFlashSpeculator")
   config = {
-    "speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"],
+    "speculators_model_type": kind, "architectures": [arch],
     "transformer_layer_config": layer, "draft_vocab_size": cfg.vocab_size or t.vocab_size,
     "block_size": cfg.block_size, "target_hidden_size": t.dim,
     "aux_hidden_state_layer_ids": [f + 1 for f in cfg.feature_layers],
-    "mask_token_id": cfg.mask_id, "sliding_window_non_causal": False, "sample_from_anchor": False,
+    "mask_token_id": cfg.mask_id, "sliding_window_non_causal": False,
+    "sample_from_anchor": cfg.sample_from_anchor,
     "speculators_config": {
-      "algorithm": "dflash", "default_proposal_method": "greedy",
+      "algorithm": kind, "default_proposal_method": "greedy",
       "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.num_draft}],
       "verifier": {"name_or_path": verifier or None, "architectures": ["LlamaForCausalLM"]},
     },
   }  # fmt: skip
   names = {_flat_name(path): n for n, path in _layer_names(cfg.layer).items()}
   names |= {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "norm": "norm.weight"}
+  names |= HEAD_NAMES
   trained = {k: v for k, v in flat(params).items() if k != "vocab_ids"}
   tensors = {names[k]: np.asarray(jnp.asarray(v).astype(dtype)) for k, v in trained.items()}
   cast = lambda x: np.asarray(jnp.asarray(x).astype(dtype))  # noqa: E731
@@ -180,6 +212,10 @@ def export(cfg: DFlashConfig, params: dict, out_dir, dtype: str = "float32", ver
     t2d = np.zeros((t.vocab_size,), bool)
     t2d[ids] = True
     tensors |= {"d2t": ids - np.arange(len(ids)), "t2d": t2d}
+  if dspark:
+    config |= {"markov_rank": cfg.markov_rank, "markov_head_type": cfg.markov_head,
+               "enable_confidence_head": cfg.confidence,
+               "confidence_head_with_markov": cfg.confidence_with_markov}  # fmt: skip
   with artifact.atomic_directory(out_dir, WRITES) as tmp:
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt"})  # fmt: skip

@@ -45,13 +45,17 @@ def load(directory, target, fmt: str = "auto", field: str = f"{FIELD}.path"):
   return formats.load(directory, target, field)
 
 
-def peek_block_size(c) -> int:
-  """The block size of ``config.drafter.dflash``, before anything loads (its files' headers)."""
+def peek_num_draft(c) -> int:
+  """The positions a block of ``config.drafter.dflash`` drafts, before anything loads (its
+  files' headers): B - 1, or B where the anchor's position drafts too (DSpark)."""
   if not c.path:
-    return c.block_size
+    return c.block_size - 1
   if detect(c.path, c.format) == "specjax":
-    return read_meta(c.path)["dflash"]["block_size"]
-  return formats.peek(c.path).get("block_size", 8)
+    meta = read_meta(c.path)["dflash"]
+    return meta["block_size"] - (0 if meta.get("sample_from_anchor") else 1)
+  config = formats.peek(c.path)
+  anchor = config.get("sample_from_anchor", config["speculators_model_type"] == "dspark")
+  return config.get("block_size", 8) - (0 if anchor else 1)
 
 
 def load_or_init(c, target) -> tuple[DFlashConfig, dict]:

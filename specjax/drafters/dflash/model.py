@@ -16,6 +16,10 @@ from specjax.models.config import ModelConfig
 
 FIELD = "config.drafter.dflash"
 TRAINED = ("fc", "hidden_norm", "layers", "norm")  # what training changes and a save stores
+# DSpark's heads (``markov_rank`` > 0, ``confidence``), trained and saved beside them.
+HEADS = ("markov_w1", "markov_w2", "markov_gate_w", "markov_gate_b", "markov_joint_w",
+         "markov_joint_b", "confidence_w", "confidence_b")  # fmt: skip
+MARKOV_HEADS = ("vanilla", "gated", "rnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +33,12 @@ class DFlashConfig:
   mask_id: int = 0  # the token fed at the masked positions (its embedding is the target's)
   ffn_dim: int = 0  # the draft layers' MLP width (0 = the target's)
   vocab_size: int = 0  # V': the draft vocabulary (the target's head rows it scores); 0 = all
+  # DSpark (speculators' ``dspark``): the anchor's own position drafts too (B tokens a block)
+  sample_from_anchor: bool = False
+  markov_rank: int = 0  # r of the Markov logit bias W2 W1[previous token]; 0 = none (DFlash)
+  markov_head: str = "vanilla"  # vanilla | gated (hidden-gated) | rnn (a state over the block)
+  confidence: bool = False  # a per-position acceptance-probability head
+  confidence_with_markov: bool = True  # its input: the hidden state and W1[previous token]
 
   def __post_init__(self):
     llama.check_features(self.target, self.feature_layers)
@@ -38,7 +48,8 @@ class DFlashConfig:
         f"got {list(self.feature_layers)}."
       )
     sizes = (("num_layers", self.num_layers, 1), ("block_size", self.block_size, 2),
-             ("ffn_dim", self.ffn_dim, 0), ("vocab_size", self.vocab_size, 0))  # fmt: skip
+             ("ffn_dim", self.ffn_dim, 0), ("vocab_size", self.vocab_size, 0),
+             ("markov_rank", self.markov_rank, 0))  # fmt: skip
     for name, value, low in sizes:
       if isinstance(value, bool) or int(value) != value or value < low:
         raise ValueError(f"{FIELD}.{name} must be an integer >= {low}, got {value!r}.")
@@ -52,6 +63,16 @@ class DFlashConfig:
         f"{FIELD}.mask_id={self.mask_id} is not a token of the target's vocabulary "
         f"(0..{self.target.vocab_size - 1})."
       )
+    if self.markov_head not in MARKOV_HEADS:
+      raise ValueError(
+        f"{FIELD}.markov_head={self.markov_head!r} is unknown; choose {', '.join(MARKOV_HEADS)}."
+      )
+    if self.confidence and self.confidence_with_markov and not self.markov_rank:
+      raise ValueError(
+        f"{FIELD}: the confidence head reads the Markov head's embedding "
+        "(confidence_with_markov) but markov_rank is 0: set a rank or confidence_with_markov "
+        "= False."
+      )
 
   @property
   def layer(self) -> ModelConfig:
@@ -63,9 +84,19 @@ class DFlashConfig:
     )  # fmt: skip
 
   @property
+  def first_slot(self) -> int:
+    """The block position drafting depth 1: the anchor's own (``sample_from_anchor``: DSpark's
+    convention, position k drafts the token at L + k + 1) or the one after it (DFlash's)."""
+    return 0 if self.sample_from_anchor else 1
+
+  @property
   def num_draft(self) -> int:
-    """Draft tokens per block: every position after the anchor."""
-    return self.block_size - 1
+    """Draft tokens per block: every position after the anchor (and the anchor's own)."""
+    return self.block_size - self.first_slot
+
+  @property
+  def confidence_dim(self) -> int:
+    return self.target.dim + (self.markov_rank if self.confidence_with_markov else 0)
 
   def asdict(self) -> dict:
     return dataclasses.asdict(self) | {"feature_layers": list(self.feature_layers)}
@@ -85,7 +116,27 @@ def init_params(cfg: DFlashConfig, key: jax.Array) -> dict:
   n = f * len(cfg.feature_layers)
   fc = jax.random.normal(k_fc, (f, n)) / np.sqrt(n)
   layers = llama.init_params(cfg.layer, k_layers)["layers"]
-  return {"fc": fc, "hidden_norm": jnp.ones((f,)), "layers": layers, "norm": jnp.ones((f,))}
+  heads = {k: 0.02 * jax.random.normal(jax.random.fold_in(key, i), shape)
+           for i, (k, shape) in enumerate(head_shapes(cfg).items())}  # fmt: skip
+  # Biases and W2 start at zero: the Markov bias adds nothing until trained (a DFlash start).
+  heads |= {k: jnp.zeros_like(v) for k, v in heads.items() if k.endswith("_b") or k == "markov_w2"}
+  return {"fc": fc, "hidden_norm": jnp.ones((f,)), "layers": layers, "norm": jnp.ones((f,))} | heads
+
+
+def head_shapes(cfg: DFlashConfig) -> dict:
+  """DSpark's heads' weights (torch's ``[out, in]``; ``markov_w1`` an embedding ``[V, r]``)."""
+  f, r = cfg.target.dim, cfg.markov_rank
+  out = {}
+  if r:
+    out |= {"markov_w1": (cfg.target.vocab_size, r),
+            "markov_w2": (cfg.vocab_size or cfg.target.vocab_size, r)}  # fmt: skip
+    if cfg.markov_head == "gated":
+      out |= {"markov_gate_w": (r, f + r), "markov_gate_b": (r,)}
+    if cfg.markov_head == "rnn":
+      out |= {"markov_joint_w": (3 * r, 2 * r + f), "markov_joint_b": (3 * r,)}
+  if cfg.confidence:
+    out |= {"confidence_w": (1, cfg.confidence_dim), "confidence_b": (1,)}
+  return out
 
 
 def param_shapes(cfg: DFlashConfig) -> dict:
@@ -94,7 +145,7 @@ def param_shapes(cfg: DFlashConfig) -> dict:
   layers = [{k: tuple(v.shape) for k, v in layer.items()}
             for layer in llama.param_shapes(cfg.layer)["layers"]]  # fmt: skip
   return {"fc": (f, f * len(cfg.feature_layers)), "hidden_norm": (f,), "layers": layers,
-          "norm": (f,)}  # fmt: skip
+          "norm": (f,)} | head_shapes(cfg)  # fmt: skip
 
 
 def frozen_params(target_params, target_cfg: ModelConfig, vocab_ids=None) -> dict:
@@ -138,17 +189,91 @@ def write_context(cache: KVCache, params, cfg: DFlashConfig, features, positions
   return llama.write_kv(cache, llama.NewKV(k, v), at_B)
 
 
-def block_logits(params, cfg: DFlashConfig, cache: KVCache, tokens_BxK, positions_BxK):
-  """Logits ``[B, K, V]`` of a block: its tokens (the anchor, then ``mask_id``s) attend to each
-  other (non-causally) and to the context slots ``[0, cache.lengths)``, through every draft
-  layer; then the final norm and the target's head."""
+def block_hidden(params, cfg: DFlashConfig, cache: KVCache, tokens_BxK, positions_BxK):
+  """The normed hidden states ``[B, K, F]`` of a block: its tokens (the anchor, then
+  ``mask_id``s) attend to each other (non-causally) and to the context slots ``[0,
+  cache.lengths)``, through every draft layer; then the final norm."""
   k = tokens_BxK.shape[1]
   x = params["embed"][tokens_BxK].astype(jnp.float32)
   attn = llama.attention_inputs(cache.lengths, jnp.ones((k, k), bool), cache.num_slots, write=False)
   for p, k_i, v_i in zip(params["layers"], cache.k, cache.v, strict=True):
     x, _, _ = llama.block(p, cfg.layer, x, positions_BxK, k_i, v_i, attn)
-  h = llama.rms_norm(x, params["norm"], cfg.target.norm_eps)
-  return llama.linear(h, params["head"]).astype(jnp.float32)
+  return llama.rms_norm(x, params["norm"], cfg.target.norm_eps)
+
+
+def head(params, h_xF: jax.Array) -> jax.Array:
+  """The target's head rows (the draft vocabulary) on hidden states: float32 logits."""
+  return llama.linear(h_xF, params["head"]).astype(jnp.float32)
+
+
+def block_logits(params, cfg: DFlashConfig, cache: KVCache, tokens_BxK, positions_BxK):
+  """Logits ``[B, K, V]`` of a block (``block_hidden``, then the target's head), without a
+  Markov bias."""
+  return head(params, block_hidden(params, cfg, cache, tokens_BxK, positions_BxK))
+
+
+# --- DSpark's heads -----------------------------------------------------------------------------
+
+
+def markov_state(cfg: DFlashConfig, shape: tuple) -> jax.Array:
+  """The rnn head's state before a block's first position (zeros; unused by the others)."""
+  return jnp.zeros((*shape, cfg.markov_rank), jnp.float32)
+
+
+def markov_step(params, cfg: DFlashConfig, prev_x, hidden_xF, state_xR):
+  """``(bias [..., V'], embedding [..., r], state)`` of one block position: its logit bias from
+  the token before it (``prev_x``, a target id), the position's hidden state and (rnn) the
+  state the block's earlier positions left: vanilla ``W2 e``, gated ``W2 (sigmoid(G [h, e]) *
+  e)``, rnn ``W2 tanh(o)`` with the state updated by a gate and a candidate (speculators'
+  ``MarkovHead``)."""
+  e = params["markov_w1"][prev_x].astype(jnp.float32)
+  if cfg.markov_head == "vanilla":
+    return head_w2(params, e), e, state_xR
+  h = hidden_xF.astype(jnp.float32)
+  if cfg.markov_head == "gated":
+    gate = jax.nn.sigmoid(affine(params, "markov_gate", jnp.concatenate([h, e], -1)))
+    return head_w2(params, gate * e), e, state_xR
+  z = affine(params, "markov_joint", jnp.concatenate([state_xR, e, h], -1))
+  gate_raw, cand_raw, out_raw = jnp.split(z, 3, axis=-1)
+  gate = jax.nn.sigmoid(gate_raw)
+  state = gate * state_xR + (1.0 - gate) * jnp.tanh(cand_raw)
+  return head_w2(params, jnp.tanh(out_raw)), e, state
+
+
+def head_w2(params, x_xR):
+  return llama.linear(x_xR, params["markov_w2"]).astype(jnp.float32)
+
+
+def affine(params, name: str, x):
+  return llama.linear(x, params[f"{name}_w"]).astype(jnp.float32) + params[f"{name}_b"]
+
+
+def confidence_logit(params, cfg: DFlashConfig, hidden_xF, embedding_xR):
+  """The confidence head's logit ``[...]`` (sigmoid: the predicted acceptance probability)."""
+  x = hidden_xF.astype(jnp.float32)
+  if cfg.confidence_with_markov:
+    x = jnp.concatenate([x, embedding_xR], -1)
+  return affine(params, "confidence", x)[..., 0]
+
+
+def teacher_forced(params, cfg: DFlashConfig, hidden_AxKxF, prev_AxK):
+  """``(Markov bias [A, K, V'] or None, confidence logits [A, K] or None)`` of blocks whose
+  position k's previous token is ``prev[:, k]`` (training and the reference comparison)."""
+  if not (cfg.markov_rank or cfg.confidence):
+    return None, None
+  biases, embeddings = [], []
+  state = markov_state(cfg, prev_AxK.shape[:1])
+  for k in range(prev_AxK.shape[1]):
+    if cfg.markov_rank:
+      bias, e, state = markov_step(params, cfg, prev_AxK[:, k], hidden_AxKxF[:, k], state)
+      biases.append(bias)
+      embeddings.append(e)
+  bias = jnp.stack(biases, 1) if biases else None
+  conf = None
+  if cfg.confidence:
+    e = jnp.stack(embeddings, 1) if embeddings else None
+    conf = confidence_logit(params, cfg, hidden_AxKxF, e)
+  return bias, conf
 
 
 def block_tokens(cfg: DFlashConfig, anchor_B: jax.Array) -> jax.Array:
@@ -157,16 +282,41 @@ def block_tokens(cfg: DFlashConfig, anchor_B: jax.Array) -> jax.Array:
   return jnp.concatenate([anchor_B[:, None].astype(jnp.int32), masks], axis=1)
 
 
-def anchored_logits(params, cfg: DFlashConfig, tokens_1xT, features_1xTxnF, anchors_A):
-  """``[A, block_size, V]``: a block at each anchor position of one text, its context the
-  text's features before the anchor (training, and the reference comparison)."""
+def previous_tokens(cfg: DFlashConfig, tokens_BxT, anchors_BxA) -> jax.Array:
+  """``[B, A, K]``: the token before each block position's drafted one, teacher-forced (the
+  Markov head's input): the token at anchor + k (DSpark: position k drafts anchor + k + 1), or
+  at anchor + k - 1, the anchor's own at k = 0 (DFlash's convention)."""
+  t = tokens_BxT.shape[1]
+  k_K = jnp.arange(cfg.block_size) - cfg.first_slot
+  at = jnp.clip(anchors_BxA[..., None] + jnp.maximum(k_K, 0), 0, t - 1)
+  return jnp.take_along_axis(tokens_BxT[:, None, :], at, axis=2)
+
+
+def anchored_hidden(params, cfg: DFlashConfig, tokens_1xT, features_1xTxnF, anchors_A):
+  """``[A, block_size, F]``: the hidden states of a block at each anchor position of one text,
+  its context the text's features before the anchor (replay, training's reference)."""
   t = tokens_1xT.shape[1]
   k, v = context_kv(params, cfg, features_1xTxnF, jnp.arange(t)[None])
   a = anchors_A.shape[0]
   tile = lambda x: jnp.broadcast_to(x, (a, *x.shape[1:]))  # noqa: E731
   cache = KVCache(k=tuple(map(tile, k)), v=tuple(map(tile, v)), lengths=anchors_A.astype(jnp.int32))
   positions = anchors_A[:, None] + jnp.arange(cfg.block_size)[None]
-  return block_logits(params, cfg, cache, block_tokens(cfg, tokens_1xT[0, anchors_A]), positions)
+  return block_hidden(params, cfg, cache, block_tokens(cfg, tokens_1xT[0, anchors_A]), positions)
+
+
+def anchored_outputs(params, cfg: DFlashConfig, tokens_1xT, features_1xTxnF, anchors_A):
+  """``(logits [A, block_size, V'], confidence logits [A, block_size] or None)``: a block at
+  each anchor position of one text, its context the text's features before the anchor, the
+  Markov bias (if any) from the text's own tokens (the reference comparison)."""
+  h = anchored_hidden(params, cfg, tokens_1xT, features_1xTxnF, anchors_A)
+  logits = head(params, h)
+  bias, conf = teacher_forced(params, cfg, h, previous_tokens(cfg, tokens_1xT, anchors_A[None])[0])
+  return (logits if bias is None else logits + bias), conf
+
+
+def anchored_logits(params, cfg: DFlashConfig, tokens_1xT, features_1xTxnF, anchors_A):
+  """``[A, block_size, V']``: ``anchored_outputs``' logits."""
+  return anchored_outputs(params, cfg, tokens_1xT, features_1xTxnF, anchors_A)[0]
 
 
 # --- saving and loading in specjax's layout -----------------------------------------------------
@@ -178,7 +328,7 @@ FORMAT = 1
 def flat(params: dict) -> dict:
   """The trained tensors by name (``layers.{i}.{name}``), and ``vocab_ids`` where the draft
   vocabulary is reduced: what a save stores."""
-  out = {k: params[k] for k in ("fc", "hidden_norm", "norm", "vocab_ids") if k in params}
+  out = {k: params[k] for k in ("fc", "hidden_norm", "norm", "vocab_ids", *HEADS) if k in params}
   for i, layer in enumerate(params["layers"]):
     out |= {f"layers.{i}.{k}": v for k, v in layer.items()}
   return out

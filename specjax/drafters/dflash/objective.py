@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from specjax import losses, parallel
 from specjax.drafters import anchored, artifact, prompt_lookup
@@ -36,6 +37,12 @@ from specjax.typing import Params
 FIELD = "config.objective.dflash"
 
 
+def _backbone(cfg: DFlashConfig) -> DFlashConfig:
+  """``cfg`` without DSpark's heads: what ``init_from`` must share."""
+  return dataclasses.replace(cfg, markov_rank=0, confidence=False, sample_from_anchor=False,
+                             markov_head="vanilla", confidence_with_markov=True)  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class DFlashBlocks:
   """DFlash layers on the frozen target's fused features, trained on anchored blocks."""
@@ -47,6 +54,7 @@ class DFlashBlocks:
   gamma: float = 4.0  # position d weighs exp(-(d - 1) / gamma)
   token_loss: str = "kl"
   init_from: str = ""
+  confidence_weight: float = 1.0
   name: str = "dflash"
   rules: parallel.Rules = ()
   frozen_rules: parallel.Rules = llama.RULES
@@ -68,6 +76,15 @@ class DFlashBlocks:
     c.gamma = 4.0  # position weight exp(-(d - 1) / gamma) (the paper: 7 for B = 16, 4 for 8)
     c.loss = "kl"  # the token loss (specjax.losses.TOKEN_LOSSES)
     c.init_from = ""  # a trained DFlash drafter (its dflash.json directory) to continue from
+    # DSpark (speculators' dspark): position k drafts the token at anchor + k + 1 (B a block);
+    # a low-rank Markov logit bias from the token before each position (0 = none); a head
+    # predicting each position's acceptance probability, trained to 1 - TV(q, p) by a binary
+    # cross-entropy weighted confidence_weight. init_from may be a DFlash without these heads.
+    c.sample_from_anchor = False
+    c.markov_rank = 0
+    c.markov_head = "vanilla"  # vanilla | gated | rnn
+    c.confidence = False
+    c.confidence_weight = 1.0
     return c
 
   @classmethod
@@ -77,24 +94,30 @@ class DFlashBlocks:
       raise ValueError(f"{FIELD}.anchors must be an integer >= 1, got {c.anchors!r}.")
     if not c.gamma > 0:
       raise ValueError(f"{FIELD}.gamma must be > 0, got {c.gamma}.")
+    if not c.confidence_weight >= 0:
+      raise ValueError(f"{FIELD}.confidence_weight must be >= 0, got {c.confidence_weight}.")
     if c.init_from:
       model.read_meta(c.init_from, f"{FIELD}.init_from")
 
   @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "DFlashBlocks":
     try:
-      cfg = DFlashConfig(target, tuple(c.feature_layers), c.num_layers, c.block_size, c.mask_id,
-                         c.ffn_dim, c.vocab_size)  # fmt: skip
+      cfg = DFlashConfig(
+        target, tuple(c.feature_layers), c.num_layers, c.block_size, c.mask_id, c.ffn_dim,
+        c.vocab_size, bool(c.sample_from_anchor), c.markov_rank, c.markov_head,
+        bool(c.confidence), confidence_with_markov=bool(c.markov_rank),
+      )  # fmt: skip
     except ValueError as e:
       raise ValueError(f"{FIELD}: {e}") from None
     if c.init_from:
       saved = DFlashConfig.fromdict(model.read_meta(c.init_from, f"{FIELD}.init_from")["dflash"])
-      if dataclasses.replace(saved, target=target) != cfg:
+      if _backbone(dataclasses.replace(saved, target=target)) != _backbone(cfg):
         raise ValueError(
           f"{FIELD}.init_from={c.init_from!r} is a drafter of another shape ({saved.asdict()}): "
           "set the objective's fields to its own."
         )
-    return cls(target, cfg, None, c.anchors, c.gamma, c.loss, c.init_from)
+    return cls(target, cfg, None, c.anchors, c.gamma, c.loss, c.init_from,
+               confidence_weight=c.confidence_weight)  # fmt: skip
 
   def describe(self) -> str:
     shapes = model.param_shapes(self.dflash)
@@ -107,10 +130,12 @@ class DFlashBlocks:
     )
 
   def init(self, key: jax.Array, frozen: Params) -> Params:
-    if self.init_from:
-      cfg, params, _ = model.load_trained(self.init_from)
-      return {k: params[k] for k in model.TRAINED}
-    return model.init_params(self.dflash, key)
+    fresh = model.init_params(self.dflash, key)
+    if not self.init_from:
+      return fresh
+    _, params, _ = model.load_trained(self.init_from)
+    # The backbone from init_from; DSpark's heads from it where it has them, fresh otherwise.
+    return {k: params[k] if k in params else fresh[k] for k in fresh}
 
   def model_params(self, params: Params, frozen: Params) -> Params:
     return dict(params) | model.frozen_params(frozen, self.target_cfg, self.vocab_ids)
@@ -138,18 +163,39 @@ class DFlashBlocks:
     cache = KVCache(k=tuple(map(rows, ks)), v=tuple(map(rows, vs)), lengths=anchor_R)
     block_R = anchor_R[:, None] + jnp.arange(k)[None]
     first_R = jnp.take_along_axis(tokens_BxT, anchor_BxA, axis=1).reshape(-1)
-    out_RxKxV = model.block_logits(p, self.dflash, cache, model.block_tokens(self.dflash, first_R),
-                                   block_R)[:, 1:]  # fmt: skip
+    d, s = self.dflash.num_draft, self.dflash.first_slot  # depth d is block position d - 1 + s
+    h_RxDxF = model.block_hidden(p, self.dflash, cache, model.block_tokens(self.dflash, first_R),
+                                 block_R)[:, s:]  # fmt: skip
+    out_RxDxV = model.head(p, h_RxDxF)
+    prev_RxD = model.previous_tokens(self.dflash, tokens_BxT, anchor_BxA).reshape(b * a, k)[:, s:]
+    bias, conf_RxD = model.teacher_forced(p, self.dflash, h_RxDxF, prev_RxD)
+    if bias is not None:
+      out_RxDxV = out_RxDxV + bias
     # Labels: the target's distribution of the token at anchor + d (its head at those positions
     # only, over the draft vocabulary's rows).
     row_R = jnp.repeat(jnp.arange(b), a)
+    drafted_RxD = anchor_R[:, None] + 1 + jnp.arange(d)[None]
     target_RxDxV, counted_RxD = anchored.labels(final_BxTxF, p["head"], mask_BxT, row_R,
-                                                block_R[:, 1:], used_R)  # fmt: skip
-    per_RxD = losses.token_loss(self.token_loss, jax.nn.softmax(target_RxDxV, -1),
-                                jax.nn.log_softmax(out_RxKxV, -1))  # fmt: skip
-    decay_D = jnp.exp(-jnp.arange(k - 1) / self.gamma)
-    loss = jnp.sum(per_RxD * counted_RxD * decay_D) / (jnp.sum(counted_RxD) + 1e-6)
-    return loss, anchored.metrics(out_RxKxV, target_RxDxV, counted_RxD, used_R)
+                                                drafted_RxD, used_R)  # fmt: skip
+    p_RxDxV = jax.nn.softmax(target_RxDxV, -1)
+    per_RxD = losses.token_loss(self.token_loss, p_RxDxV, jax.nn.log_softmax(out_RxDxV, -1))
+    decay_D = jnp.exp(-jnp.arange(d) / self.gamma)
+    weight_RxD = counted_RxD * decay_D
+    loss = jnp.sum(per_RxD * weight_RxD) / (jnp.sum(counted_RxD) + 1e-6)
+    metrics = anchored.metrics(out_RxDxV, target_RxDxV, counted_RxD, used_R)
+    if conf_RxD is not None:  # trained to the acceptance probability sum min(q, p) = 1 - TV
+      accept_RxD = jax.lax.stop_gradient(
+        jnp.sum(jnp.minimum(jax.nn.softmax(out_RxDxV, -1), p_RxDxV), -1)
+      )
+      bce_RxD = optax.sigmoid_binary_cross_entropy(conf_RxD, accept_RxD)
+      loss += self.confidence_weight * jnp.sum(bce_RxD * weight_RxD) / (jnp.sum(counted_RxD) + 1e-6)
+      n = jnp.sum(counted_RxD) + 1e-6
+      error_RxD = jnp.abs(jax.nn.sigmoid(conf_RxD) - accept_RxD)
+      metrics |= {
+        "accept_rate": jnp.sum(accept_RxD * counted_RxD) / n,
+        "confidence_error": jnp.sum(error_RxD * counted_RxD) / n,
+      }
+    return loss, metrics
 
   def signature(self) -> dict[str, Any]:
     return {
@@ -159,6 +205,7 @@ class DFlashBlocks:
       "gamma": self.gamma,
       "loss": self.token_loss,
       "init_from": self.init_from,
+      "confidence_weight": self.confidence_weight,
     }
 
   def drafter(self, config: ml_collections.ConfigDict) -> DFlash:
