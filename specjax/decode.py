@@ -102,9 +102,10 @@ def generate(
   ``forward_rows`` > 0 runs every target forward after the prefill (AR steps, verifies,
   one-token steps of abstaining drafters) at that many rows, filler after the step's tokens:
   at least the drafter's rows per step (``num_nodes + num_extra + 1``). Runs that share it
-  round alike, so a chain's greedy output equals AR's (at the same ``forward_rows``) bit for
-  bit in bfloat16, where one-row and several-row products sum in different orders. Trees
-  round apart where a node's ancestors are not consecutive rows (``loop.target_forward``).
+  round alike, so greedy output equals AR's (at the same ``forward_rows``) bit for bit in
+  bfloat16, where one-row and several-row products sum in different orders: a chain's, and a
+  tree's, whose nodes each read their ancestors at consecutive places of the attention sum
+  as AR does (``loop.target_forward``, ``llama.path_ordered``).
   """
   args, st = _arguments(
     target_params, target_cfg, prompts, drafter, drafter_params, max_new_tokens, max_len,

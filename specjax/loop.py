@@ -192,8 +192,9 @@ def target_forward(tparams, st: Static, tokens_BxT, positions_BxT, cache: KVCach
   is an AR step's or one of a verify's T: XLA's CPU kernels give a row the same result at any
   place among a fixed number of rows, not across row counts or sums split otherwise
   (experiments/verify_cost/row_invariance.py). A tree node's ancestors sit at the slots of
-  their rows, not at consecutive ones as in AR, so its sum runs in another order and may
-  round apart."""
+  their rows, not at consecutive ones as in AR: each row reads the cache in its own order
+  (``llama.path_ordered``: the prefix, then its ancestors and itself, then the rest), so its
+  sum runs over the same values in the same places as AR's at that position."""
   t, p = tokens_BxT.shape[1], st.forward_rows
   cfg, features = st.target_cfg, st.drafter.feature_layers
   if p == 0:
@@ -206,7 +207,15 @@ def target_forward(tparams, st: Static, tokens_BxT, positions_BxT, cache: KVCach
   mask_P = jnp.zeros((*mask.shape[:-2], p, p), bool).at[..., :t, :t].set(mask)
   mask_P = mask_P.at[..., t:, t:].set(jnp.eye(fill, dtype=bool))
   logits, feats, written = llama.forward(
-    tparams, cfg, tokens_BxP, positions_BxP, cache, mask_P, features, window=cache.num_slots
+    tparams,
+    cfg,
+    tokens_BxP,
+    positions_BxP,
+    cache,
+    mask_P,
+    features,
+    window=cache.num_slots,
+    path_order=True,
   )
   slots_Bx1xTx1 = (cache.lengths[:, None] + jnp.arange(t))[:, None, :, None]
   take = lambda x: indexing.take_along(x, slots_Bx1xTx1, axis=2)  # noqa: E731

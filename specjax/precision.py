@@ -20,8 +20,9 @@ bfloat16 again, so the two drift apart by a rounding here and there. Greedy spec
 then differs from bfloat16 AR's at near-ties: on 10 of 12 prompt/drafter pairs of 64 tokens
 here (experiments/verify_cost). Sampling stays exact for the verify forward's distribution.
 ``forward_rows`` (``decode.generate``) runs every forward at one shape, and then a chain's
-bfloat16 greedy text equals AR's at the same ``forward_rows`` token for token (trees: most
-texts), at the cost of AR steps as wide as a verify. Hence ``measure`` is opt-in, never the default.
+bfloat16 greedy text equals AR's at the same ``forward_rows`` token for token, chains and
+trees (each tree node reads its ancestors in AR's order), at the cost of AR steps as wide as
+a verify. Hence ``measure`` is opt-in, never the default.
 
 The choice and the ratios are printed, and kept per machine and model shape in
 ``$SPECJAX_CACHE/dtype.json`` (default ``~/.cache/specjax``), so later runs on the machine start

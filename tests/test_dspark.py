@@ -168,6 +168,7 @@ def test_a_markov_tree_decodes_greedy_ar_and_the_simulator_replays_it(target, he
   assert np.abs(np.asarray(bias(1) - bias(2))).max() > 0.1
 
 
+@pytest.mark.slow
 def test_training_moves_the_heads_and_the_confidence_follows_acceptance(tmp_path):
   """The objective with a Markov head (W2 from zero) and the confidence head: 60 steps on
   configs/train_tiny.py's random target lower the loss, make the bias non-zero, and bring the

@@ -117,9 +117,9 @@ def test_tree_is_the_top_k_expansion_of_a_plain_forward(small_target):
   "slots, vocab_ids, architecture, features",
   [
     (32, None, "specjax", ("final",)),
-    (512, None, "specjax", ("final",)),
-    (32, tuple(range(1, 64, 2)), "specjax", ("final",)),
-    (32, None, "eagle1", ("final",)),
+    pytest.param(512, None, "specjax", ("final",), marks=pytest.mark.slow),
+    pytest.param(32, tuple(range(1, 64, 2)), "specjax", ("final",), marks=pytest.mark.slow),
+    pytest.param(32, None, "eagle1", ("final",), marks=pytest.mark.slow),
     (512, tuple(range(1, 64, 2)), "eagle3", (0, 1, 2)),
   ],
   ids=["one_window", "windowed_cache", "reduced_vocab", "eagle1", "eagle3_reduced_vocab"],
@@ -464,7 +464,7 @@ BAD = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("loss", ["tv", "lk"])
+@pytest.mark.parametrize("loss", [pytest.param("tv", marks=pytest.mark.slow), "lk"])
 def test_the_token_term_is_the_named_loss(tmp_path, loss):
   """objective.eagle.loss picks the token term: with ``tv`` it is 1 - the acceptance of one
   drafted token, computed here from the drafter's and the target's distributions (soft_ce's

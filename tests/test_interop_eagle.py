@@ -616,7 +616,9 @@ def _ar():
   return generate(t.params, t.cfg, PROMPTS, max_new_tokens=24, max_len=48, eos_id=[5])
 
 
-@pytest.mark.parametrize("layout", ["eagle", "safeailab_eagle3", "speculators"])
+@pytest.mark.parametrize(
+  "layout", ["eagle", "safeailab_eagle3", pytest.param("speculators", marks=pytest.mark.slow)]
+)
 def test_greedy_decoding_with_an_imported_drafter_equals_autoregressive(tmp_path, layout):
   """Batch 4, ragged prompts, a stop id, an EAGLE-2 tree: the tokens are AR's (SafeAILab's
   EAGLE-1 and EAGLE-3 layouts, speculators' EAGLE-3)."""

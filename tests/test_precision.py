@@ -1,5 +1,6 @@
 """dtype = "measure": float32 or bfloat16 by timing this machine, once per machine and model."""
 
+import dataclasses
 import json
 import re
 
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs import tiny as tiny_config
-from specjax import build, decode, loop, precision, verify
+from specjax import build, decode, loop, precision, testing, verify
+from specjax.drafters.base import Draft, TokensOnly
 from specjax.models import llama, tiny
 
 
@@ -151,3 +153,61 @@ def test_one_forward_shape_makes_bfloat16_speculative_rows_equal_ar_bit_for_bit(
                     max_new_tokens=4, max_len=40, forward_rows=3)  # fmt: skip
   with pytest.raises(ValueError, match="forward_rows must be an integer >= 0"):
     decode.generate(bf16, cfg, prompts, max_new_tokens=4, max_len=40, forward_rows=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondBranch(TokensOnly):
+  """Knows each row's AR text (``table``) and drafts it as the root's second child's chain,
+  with a wrong token as the first child: every accepted path skips slot L + 1, so a node's
+  ancestors sit at slots L, L + 2, L + 3, ... in the verify (consecutive in AR)."""
+
+  table: tuple = ()
+  depth: int = 3
+  name: str = "second_branch"
+
+  @property
+  def num_draft(self) -> int:
+    return self.depth
+
+  @property
+  def num_nodes(self) -> int:
+    return self.depth + 1
+
+  def propose(self, params, state, ctx):
+    text = jnp.asarray(self.table, jnp.int32)
+    at = jnp.clip(ctx.lengths[:, None] + 1 + jnp.arange(self.depth)[None], 0, text.shape[1] - 1)
+    true = jnp.take_along_axis(text, at, axis=1)
+    tokens = jnp.concatenate([(true[:, :1] + 1) % ctx.vocab_size, true], axis=1)
+    parents = (0, 0, *range(2, self.depth + 1))
+    return Draft(tokens=tokens, parents=jnp.broadcast_to(jnp.asarray(parents), tokens.shape)), state
+
+
+@pytest.mark.slow
+def test_one_forward_shape_makes_a_tree_nodes_bfloat16_rows_equal_ar_bit_for_bit():
+  """A tree whose accepted path is the root's second child's chain (its ancestors at slots L,
+  L + 2, ...): with ``forward_rows`` each node's attention reads its ancestors at consecutive
+  places, as AR does (``llama.path_ordered``), and every committed token's final hidden state
+  is AR's bits. Before, the verify read the ancestors where they sat, and on this model (150-
+  token prompts) one position in 69 rounded apart; without ``forward_rows`` they differ too
+  (asserted: the check has teeth)."""
+  jax.clear_caches()
+  cfg, params = tiny.random_model(
+    seed=0, vocab_size=64, dim=256, num_layers=1, residual_scale=0.2, logit_std=3.0
+  )
+  bf16 = llama.cast(params, jnp.bfloat16)
+  prompts = [list(np.random.default_rng(0).integers(0, 64, 150)) for _ in range(3)]
+  equal = {}
+  for rows in (0, 8):
+    kw = dict(max_new_tokens=24, max_len=256, forward_rows=rows)
+    ar = testing.Recording(decode.AUTOREGRESSIVE, ("final",))
+    want = decode.generate(bf16, cfg, prompts, drafter=ar, **kw).tokens
+    table = tuple(tuple(p) + tuple(w) + (0,) * (256 - len(p) - len(w))
+                  for p, w in zip(prompts, want, strict=True))  # fmt: skip
+    rec = testing.Recording(SecondBranch(table=table), ("final",))
+    out = decode.generate(bf16, cfg, prompts, drafter=rec, **kw)
+    assert out.tokens == want and out.metrics["tau"] > 3, (rows, out.metrics["tau"])
+    a, b = _features_by_position(ar), _features_by_position(rec)
+    assert set(b) <= set(a) and len(b) > 60
+    equal[rows] = sum(np.array_equal(a[k], b[k]) for k in b) / len(b)
+    jax.clear_caches()
+  assert equal[8] == 1.0 and equal[0] < 1.0, equal

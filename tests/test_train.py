@@ -525,6 +525,7 @@ def test_train_cli_distils_a_better_draft(tmp_path):
     assert (cfg.num_layers, cfg.dim) == (1, 64)
 
 
+@pytest.mark.slow
 def test_tau_on_the_curve_is_the_decoded_tau(tmp_path):
   """evaluate.tau_every: the simulator's greedy τ of the draft being trained is on the curve at
   step 0, every tau_every steps and the end (metrics.jsonl and TensorBoard), and at the end it

@@ -13,6 +13,14 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
     python -m specjax.run --config=experiments/block_smollm2/config.py:peagle         # 5.
     python -m specjax.run --config=experiments/block_smollm2/config.py:promote_peagle
     python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_peagle   # 6.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:specbench \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl  # 7.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:dspark         # 8.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:promote_dspark
+    python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_dspark
+    for v in block4 block4_requests block16 block16_requests; do                      # 9.
+      python -m specjax.run --config=experiments/block_smollm2/config.py:$v; done
+    python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_blocks
     python -m specjax.report experiments/block_smollm2                                # README
 
 1. DFlash (``objective.name = dflash``): one draft layer over SmolLM2's layers 2, 14 and 27
@@ -40,6 +48,16 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
    second candidate) and that tree with the lookup branch, beside the served EAGLE-3
    (``experiments/eagle_smollm2/drafter_eagle3``, its EAGLE-2 tree with the lookup branch) and
    prompt lookup, in one process.
+7. ``:specbench``: Spec-Bench's 65-question subset (first turns, 256 new tokens, greedy) in
+   bfloat16, this CPU's faster dtype: both block drafters as chains and as trees with the
+   lookup branch, the served EAGLE-3 and prompt lookup, each beside one AR run per question.
+   The question file is Spec-Bench's (github.com/hemingkx/Spec-Bench).
+8. ``:dspark``: DSpark, 1.'s DFlash continued as 2. (300 steps on :requests' rows) with a
+   rank-64 Markov head (W2 from zero) and the confidence head; ``:sweep_dspark`` decodes it
+   beside 2.'s DFlash (chain, tree, tree with the lookup branch).
+9. ``:block4``/``:block16`` then ``:block4_requests``/``:block16_requests``: 1. and 2. at
+   blocks of 4 and 16 (the same rows and steps); ``:sweep_blocks`` decodes the three block
+   sizes as chains, with 2.'s tree and P-EAGLE's, at temperatures 0 and 1.
 """
 
 from configs import demo, train_tiny
@@ -118,6 +136,32 @@ def _dspark(c, name: str):
   it starts as 1.'s drafter) and the confidence head: the same 1000 + 300 steps."""
   _requests(c, name)
   c.objective.dflash.update(markov_rank=DSPARK_RANK, markov_head="vanilla", confidence=True)
+
+
+BLOCK_SIZES = (4, 16)  # 9.: beside 1. and 2.'s 8
+
+
+def _block_size(c, name: str):
+  """9.: 1. (``:block4``, ``:block16``) and then 2. (``:block4_requests``, ...) at another
+  block size, the same steps and rows; position weight gamma 7 at 16 (the paper's)."""
+  b = int(name.removeprefix("block").removesuffix("_requests"))
+  if name.endswith("_requests"):
+    _requests(c, name)
+    c.objective.dflash.init_from = f"{WORKDIR}_block{b}/draft_final"
+  else:
+    c.workdir, c.record_to = f"{WORKDIR}_{name}", f"{RESULTS}/{name}"
+  c.objective.dflash.update(block_size=b, gamma=7.0 if b >= 16 else 4.0)
+
+
+def blocks_sweep_variants() -> dict:
+  """9.'s drafters beside 2.'s as chains over their blocks (3, 7, 15 drafted tokens), 2.'s
+  tree with the lookup branch and P-EAGLE's, at temperatures 0 and 1 (``:sweep_blocks``)."""
+  out = {"dflash_chain_7": dflash_variant(DRAFTER)}
+  for b in BLOCK_SIZES:
+    out[f"dflash_b{b}_chain_{b - 1}"] = dflash_variant(f"{WORKDIR}_block{b}_requests/draft_final")
+  out["dflash_tree_14_lookup4"] = dflash_variant(DRAFTER, CATERPILLAR, lookup=4)
+  out["peagle_tree_16_lookup4"] = peagle_variant(PEAGLE_DRAFTER, CATERPILLAR_8, lookup=4)
+  return out
 
 
 # A static tree over the block's 7 depths: the top-1 chain, and at every depth the second
@@ -202,7 +246,7 @@ def dspark_sweep_variants() -> dict:
 
 
 SWEEPS = {"sweep_requests": sweep_variants, "sweep_peagle": peagle_sweep_variants,
-          "sweep_dspark": dspark_sweep_variants}  # fmt: skip
+          "sweep_dspark": dspark_sweep_variants, "sweep_blocks": blocks_sweep_variants}  # fmt: skip
 
 
 def specbench_variants() -> dict:
@@ -231,13 +275,15 @@ def _specbench():
 
 def _sweep(c, name: str):
   categories = {**held_out.CATEGORIES, "chat_new": held_out.CHAT_NEW}
-  held_out.sweep_on(c, f"{RESULTS}/{name}", categories, SWEEPS[name]())
+  temperatures = (0.0, 1.0) if name == "sweep_blocks" else ()
+  held_out.sweep_on(c, f"{RESULTS}/{name}", categories, SWEEPS[name](), temperatures=temperatures)
 
 
 VARIANTS = {
   "requests": _requests, "promote": _promote, "sweep_requests": _sweep, "peagle": _peagle,
   "promote_peagle": _promote, "sweep_peagle": _sweep, "dspark": _dspark,
-  "promote_dspark": _promote, "sweep_dspark": _sweep,
+  "promote_dspark": _promote, "sweep_dspark": _sweep, "sweep_blocks": _sweep,
+  **{f"block{b}{s}": _block_size for b in BLOCK_SIZES for s in ("", "_requests")},
 }  # fmt: skip
 
 

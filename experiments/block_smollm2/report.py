@@ -15,7 +15,9 @@ from specjax.measure import sweep
 def _training(results_dir) -> list[str]:
   """Each training run's last logged step and evaluation, and its decode on the demo prompts."""
   rows = []
-  for run in ("train", "requests", "peagle", "dspark"):
+  runs = ("train", "requests", "peagle", "dspark", "block4", "block4_requests", "block16",
+          "block16_requests")  # fmt: skip
+  for run in runs:
     path = results_dir / run / "train.json"
     if not path.exists():
       continue
@@ -85,14 +87,16 @@ def _break_even(record) -> list[str]:
   the τ it would need to break even at the cost it has here), and acceptance by depth."""
   runs = [r for r in record["runs"] if r["variant"] != "ar"]
   rows = []
-  for v in dict.fromkeys(r["variant"] for r in runs):
-    mine = [r for r in runs if r["variant"] == v]
+  temps = sorted({r.get("temperature", 0.0) for r in runs})
+  for v, temp in [(v, t) for t in temps for v in dict.fromkeys(r["variant"] for r in runs)]:
+    mine = [r for r in runs if r["variant"] == v and r.get("temperature", 0.0) == temp]
     attempts = np.sum([r["position_attempts"] for r in mine], axis=0)
     accepted = np.sum([[a * n for a, n in zip(r["alpha"], r["position_attempts"], strict=True)]
                        for r in mine], axis=0)  # fmt: skip
     alpha = [f"{a / n:.2f}" if n else "-" for a, n in zip(accepted, attempts, strict=True)][:4]
     rows.append({
       "variant": v,
+      **({"temperature": temp} if len(temps) > 1 else {}),
       "tau": round(float(np.mean([r["tau"] for r in mine])), 3),
       "speedup": round(float(np.mean([r["speedup"] for r in mine])), 3),
       "step_in_ar_steps": round(float(np.mean([r["tau"] / r["speedup"] for r in mine])), 2),
@@ -152,6 +156,7 @@ def report(results_dir):
     ("sweep_requests", "DFlash beside EAGLE `:requests` and prompt lookup"),
     ("sweep_peagle", "P-EAGLE beside the served EAGLE-3 and prompt lookup"),
     ("sweep_dspark", "DSpark (DFlash with the Markov head) beside 2.'s DFlash"),
+    ("sweep_blocks", "DFlash at blocks of 4, 8 and 16, and the trees, at T = 0 and 1"),
   ):
     path = results_dir / name / "sweep.json"
     if path.exists():
@@ -169,6 +174,8 @@ def _specbench(directory) -> list[str]:
   if not path.exists():
     return []
   record = json.loads(path.read_text())
+  if "columns" not in record:  # a run still under way
+    return []
   cols, m = record["columns"], record["machine"]
   keys = [k for k in cols if k != "overall"]
   differ = {}

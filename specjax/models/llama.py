@@ -211,6 +211,26 @@ class AttentionInputs:
   # Static: True = each layer writes the new K/V into its cache, then reads prefix and new
   # tokens from the cache; False = the cache is only read (prefix) and the new K/V is kept apart.
   write: bool = struct.field(pytree_node=False, default=True)
+  # Optional [B, T, S]: the slot each new token reads at each place of its attention sum
+  # (``path_ordered``), where a tree node's ancestors are read as if consecutive, as in AR.
+  order: jax.Array | None = None
+
+
+def path_ordered(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) -> jax.Array:
+  """``[B, T, S]``: for each new token, the cache slots in the order its attention sum reads
+  them: the prefix ``[0, L)``, then the new tokens it sees (its ancestors and itself, in slot
+  order: a tree numbers ancestors first) at places L, L + 1, ..., then the rest (unseen). A
+  tree node then sums over the same values at the same places as an AR step at its position,
+  whose prefix holds that path at consecutive slots (``loop.target_forward``)."""
+  b, t = mask_BxTxT.shape[0], mask_BxTxT.shape[-1]
+  idx_T = jnp.arange(t)
+  seen_new_BxTxT = jnp.argsort(jnp.where(mask_BxTxT, idx_T, t + idx_T), axis=-1)
+  rel_S = jnp.arange(num_slots)[None, None, :] - lengths_B[:, None, None]
+  is_new = (rel_S >= 0) & (rel_S < t)
+  new_slot = lengths_B[:, None, None] + indexing.take_along(
+    seen_new_BxTxT, jnp.broadcast_to(jnp.clip(rel_S, 0, t - 1), (b, t, num_slots)), axis=2
+  )
+  return jnp.where(is_new, new_slot, jnp.arange(num_slots)[None, None, :])
 
 
 def window_sizes(num_slots: int) -> tuple[int, ...]:
@@ -253,6 +273,25 @@ def visibility(lengths_B: jax.Array, mask_BxTxT: jax.Array, num_slots: int) -> j
     axis=2,
   )
   return (rel_BxS < 0)[:, None, :] | (is_new_BxS[:, None, :] & new_BxTxS)
+
+
+def _attend_path_ordered(cfg, q_BxGxRTxDh, k_cache, v_cache, lengths_B, mask_BxTxT, order):
+  """``_attend_written`` over the whole cache with each new token reading the slots in its
+  own ``order`` (``path_ordered``): the places it sees are the first L + (ancestors and
+  itself), so the sum runs as an AR step's does."""
+  b, g, rt, dh = q_BxGxRTxDh.shape
+  t, s = order.shape[1], order.shape[2]
+  q_BxGxRxTxDh = q_BxGxRTxDh.reshape(b, g, rt // t, t, dh)
+  rows = lambda c: jnp.take_along_axis(c[:, :, None], order[:, None, :, :, None], axis=3)  # noqa: E731
+  k_BxGxTxSxDh, v_BxGxTxSxDh = rows(k_cache[:, :, :s]), rows(v_cache[:, :, :s])
+  scale = 1.0 / jnp.sqrt(dh).astype(q_BxGxRTxDh.dtype)
+  scores = jnp.einsum("bgrtd,bgtsd->bgrts", q_BxGxRxTxDh, k_BxGxTxSxDh) * scale
+  seen_BxTx1 = lengths_B[:, None, None] + jnp.sum(mask_BxTxT, -1)[..., None]
+  seen_Bx1x1xTxS = (jnp.arange(s)[None, None, :] < seen_BxTx1)[:, None, None]
+  scores = jnp.where(seen_Bx1x1xTxS, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(q_BxGxRTxDh.dtype)
+  out = jnp.einsum("bgrts,bgtsd->bgrtd", weights, v_BxGxTxSxDh)
+  return out.reshape(b, g, rt, dh)
 
 
 def _attend_written(cfg, size, q_BxGxRTxDh, k_cache, v_cache, lengths_B, mask_BxTxT):
@@ -346,6 +385,8 @@ def attention(
     v_cache = write_rows(v_cache, v_BxGxTxDh, attn.lengths, axis=1)
     args = (q_BxGxRTxDh, k_cache, v_cache, attn.lengths, attn.mask)
     branches = [lambda *a, w=w: _attend_written(cfg, w, *a) for w in attn.windows]
+    if attn.order is not None:
+      branches = [lambda *a: _attend_path_ordered(cfg, *a, attn.order)]
   else:
     if kv_before is not None:
       k_BxGxTxDh = jnp.concatenate([kv_before[0], k_BxGxTxDh], axis=2)
@@ -494,11 +535,15 @@ def forward(
   mask: jax.Array,
   features: tuple = (),
   window: int | None = None,
+  path_order: bool = False,
 ) -> tuple[jax.Array, tuple[jax.Array, ...], KVCache]:
   """Runs the T new tokens of every row, writing their K/V into the cache layer by layer
   before reading it: ``(logits [B,T,V], features, cache)``. Arguments as ``forward_kv``;
-  ``window``, when given, must also hold the new tokens' slots."""
+  ``window``, when given, must also hold the new tokens' slots. ``path_order``: each new
+  token reads the whole cache in its own order (``path_ordered``)."""
   attn = attention_inputs(cache.lengths, mask, cache.num_slots, window)
+  if path_order:
+    attn = attn.replace(order=path_ordered(cache.lengths, attn.mask, cache.num_slots))
   layer_kv = zip(cache.k, cache.v, strict=True)  # written, in place, by each block
   logits, feats, new = _layers(params, cfg, tokens_BxT, positions_BxT, layer_kv, attn, features)
   return logits, feats, cache.replace(k=new.k, v=new.v)
