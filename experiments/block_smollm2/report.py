@@ -15,8 +15,7 @@ from specjax.measure import sweep
 def _training(results_dir) -> list[str]:
   """Each training run's last logged step and evaluation, and its decode on the demo prompts."""
   rows = []
-  runs = ("train", "requests", "peagle", "dspark", "block4", "block4_requests", "block16",
-          "block16_requests")  # fmt: skip
+  runs = ("train", "requests", "peagle", "dspark", "block16", "block16_requests")
   for run in runs:
     path = results_dir / run / "train.json"
     if not path.exists():
@@ -156,7 +155,7 @@ def report(results_dir):
     ("sweep_requests", "DFlash beside EAGLE `:requests` and prompt lookup"),
     ("sweep_peagle", "P-EAGLE beside the served EAGLE-3 and prompt lookup"),
     ("sweep_dspark", "DSpark (DFlash with the Markov head) beside 2.'s DFlash"),
-    ("sweep_blocks", "DFlash at blocks of 4, 8 and 16, and the trees, at T = 0 and 1"),
+    ("sweep_blocks", "DFlash chains of 3, 7 and 15 (blocks of 8 and 16), at T = 0 and 1"),
   ):
     path = results_dir / name / "sweep.json"
     if path.exists():
@@ -177,6 +176,8 @@ def _specbench(directory) -> list[str]:
   if "columns" not in record:  # a run still under way
     return []
   cols, m = record["columns"], record["machine"]
+  cpu = m.get("cpu", {})
+  cpu = f"{cpu['model']} ({' '.join(cpu['flags'])})" if cpu else m["device"]
   keys = [k for k in cols if k != "overall"]
   differ = {}
   for d in record.get("greedy_differences", []):
@@ -200,8 +201,11 @@ def _specbench(directory) -> list[str]:
   ar = cols["overall"]["vanilla"].get("tokens_per_s")
   return [
     f"`:specbench` (7.): Spec-Bench's {record['questions']}-question subset, bfloat16, greedy, "
-    f"256 new tokens, batch 1, {m.get('cpu_model', m['device'])}"
-    + (f"; AR {ar:.1f} tokens/s" if ar else "") + ". A greedy answer that leaves AR's does so "
+    f"256 new tokens, batch 1, {cpu}"
+    + (f"; AR {ar:.1f} tokens/s" if ar else "") + " (the run shared the two cores with this "
+    "experiment's training and sweeps: AR and each method alternate per question, so a "
+    "ratio is of neighbours, but the absolute rates are low). A greedy answer that leaves "
+    "AR's does so "
     "at a near-tie of bfloat16 logits (a verify's rows and an AR step round differently; "
     "issue: exact bfloat16 greedy); it is recorded and the run goes on:", "",
     results_lib.markdown_table(rows, tuple(rows[0])), "",

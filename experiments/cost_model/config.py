@@ -85,14 +85,16 @@ def eagle_variants() -> dict:
 
 def block_variants() -> dict:
   """The block drafters of experiments/block_smollm2 (DFlash's 7-chain and 14-node tree,
-  P-EAGLE's 8-chain and 16-node tree) and the served EAGLE-3's 16-node tree, beside prompt
-  lookup: do the simulator and the cost model predict a block drafter as they do EAGLE?"""
+  DSpark's tree, whose children draw under their parent's token, P-EAGLE's 8-chain and
+  16-node tree) and the served EAGLE-3's 16-node tree, beside prompt lookup: do the simulator
+  and the cost model predict a block drafter as they do EAGLE?"""
   from experiments.block_smollm2 import config as block
 
   return {
     "lookup_k4": variants()["lookup_k4"],
     "dflash_chain_7": block.dflash_variant(block.DRAFTER),
     "dflash_tree_14": block.dflash_variant(block.DRAFTER, block.CATERPILLAR),
+    "dspark_tree_14": block.dflash_variant(block.DSPARK_DRAFTER, block.CATERPILLAR),
     "peagle_chain_8": block.peagle_variant(block.PEAGLE_DRAFTER),
     "peagle_tree_16": block.peagle_variant(block.PEAGLE_DRAFTER, block.CATERPILLAR_8),
     "eagle3_tree_4x6_16": eagle_smollm2.eagle_variant(eagle_smollm2.EAGLE3_DRAFTER, 4, 6, 16),
