@@ -101,7 +101,8 @@ def _break_even(record) -> list[str]:
       "step_in_ar_steps": round(float(np.mean([r["tau"] / r["speedup"] for r in mine])), 2),
       "alpha_by_depth_1_4": " ".join(alpha),
     })  # fmt: skip
-  return ["Per variant, means over the five categories; a step's cost in AR steps is τ / "
+  n = len({r["category"] for r in runs})
+  return [f"Per variant, means over the {n} categories; a step's cost in AR steps is τ / "
           "speedup, the τ at which it would break even:", "",
           results_lib.markdown_table(rows, tuple(rows[0])), ""]  # fmt: skip
 
