@@ -67,8 +67,14 @@ def _speculators(target, aux, block, layers=2, mask=5, seed=0):
   )  # fmt: skip
   torch.manual_seed(seed)
   m = DFlashDraftModel(config).eval()
+  return fill_like_the_verifier(m, target, seed)
+
+
+def fill_like_the_verifier(m, target, seed: int):
+  """``m`` (a speculators block drafter) with random weights (norms near 1) and the target's
+  embedding and head where speculators' ``load_verifier_weights`` puts them."""
   g = torch.Generator().manual_seed(seed)
-  head = target.params["embed"] if t.tie_embeddings else target.params["lm_head"]
+  head = target.params["embed"] if target.cfg.tie_embeddings else target.params["lm_head"]
   with torch.no_grad():
     for name, p in m.named_parameters():
       if name.startswith(("embed_tokens", "lm_head", "verifier")):

@@ -11,6 +11,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_dflash import fill_like_the_verifier
 
 from specjax import simulate, testing
 from specjax.decode import generate
@@ -64,21 +65,7 @@ def _speculators(target, head: str, block: int = 4, seed: int = 0):
   )  # fmt: skip
   torch.manual_seed(seed)
   m = DSparkDraftModel(config).eval()
-  g = torch.Generator().manual_seed(seed)
-  out_head = target.params["embed"] if t.tie_embeddings else target.params["lm_head"]
-  with torch.no_grad():
-    for name, p in m.named_parameters():
-      if name.startswith(("embed_tokens", "lm_head", "verifier")):
-        continue
-      if name.endswith("norm.weight") or "layernorm" in name:
-        p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-      else:
-        p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
-    m.embed_tokens.weight.copy_(torch.from_numpy(np.asarray(target.params["embed"])))
-    m.lm_head.weight.copy_(torch.from_numpy(np.asarray(out_head)))
-    m.verifier_lm_head.weight.copy_(torch.from_numpy(np.asarray(out_head)))
-    m.verifier_norm.weight.fill_(1.0)
-  return m
+  return fill_like_the_verifier(m, target, seed)
 
 
 def _reference(m, tokens_1xT, feats_1xTxnF):
@@ -120,7 +107,8 @@ def _inputs(target, cfg, t=20, seed=1):
 @pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
 def test_speculators_dspark_matches_its_reference_and_reads_the_export(target, tmp_path, head):
   """Every anchor's Markov-corrected block logits and confidence logits within 1e-4; the
-  previous tokens taken with DFlash's convention (one position earlier) do not match;
+  previous tokens taken with DFlash's convention (one position earlier) do not match; the
+  file without the Markov head's W2 is one error naming it;
   specjax's export, read by speculators' ``from_pretrained``, gives the same again."""
   from speculators.models.dspark import DSparkDraftModel
 
@@ -137,6 +125,15 @@ def test_speculators_dspark_matches_its_reference_and_reads_the_export(target, t
   shifted = cfg.__class__(**(vars(cfg) | {"sample_from_anchor": False}))
   off, _ = dmodel.anchored_outputs(params, shifted, tokens, feats, jnp.asarray(anchors))
   assert np.abs(np.asarray(off) - ref_logits).max() > 1e-2
+
+  # The Markov head's W2 dropped from the reference's file: one error naming it.
+  from safetensors.numpy import load_file, save_file
+
+  tensors = load_file(str(tmp_path / "ref" / "model.safetensors"))
+  del tensors["markov_head.markov_w2.weight"]
+  save_file(tensors, str(tmp_path / "ref" / "model.safetensors"))
+  with pytest.raises(ValueError, match="lacks.*markov_w2"):
+    dflash.load(tmp_path / "ref", target)
 
   formats.export(cfg, params, tmp_path / "ours")
   back = DSparkDraftModel.from_pretrained(str(tmp_path / "ours")).eval()
