@@ -261,18 +261,19 @@ def teacher_forced(params, cfg: DFlashConfig, hidden_AxKxF, prev_AxK):
   position k's previous token is ``prev[:, k]`` (training and the reference comparison)."""
   if not (cfg.markov_rank or cfg.confidence):
     return None, None
-  biases, embeddings = [], []
-  state = markov_state(cfg, prev_AxK.shape[:1])
-  for k in range(prev_AxK.shape[1]):
-    if cfg.markov_rank:
-      bias, e, state = markov_step(params, cfg, prev_AxK[:, k], hidden_AxKxF[:, k], state)
-      biases.append(bias)
+  bias = e_AxKxR = None
+  if cfg.markov_rank and cfg.markov_head != "rnn":  # no state: every position at once
+    state = markov_state(cfg, prev_AxK.shape)
+    bias, e_AxKxR, _ = markov_step(params, cfg, prev_AxK, hidden_AxKxF, state)
+  elif cfg.markov_rank:  # the state runs down the block
+    biases, embeddings = [], []
+    state = markov_state(cfg, prev_AxK.shape[:1])
+    for k in range(prev_AxK.shape[1]):
+      b, e, state = markov_step(params, cfg, prev_AxK[:, k], hidden_AxKxF[:, k], state)
+      biases.append(b)
       embeddings.append(e)
-  bias = jnp.stack(biases, 1) if biases else None
-  conf = None
-  if cfg.confidence:
-    e = jnp.stack(embeddings, 1) if embeddings else None
-    conf = confidence_logit(params, cfg, hidden_AxKxF, e)
+    bias, e_AxKxR = jnp.stack(biases, 1), jnp.stack(embeddings, 1)
+  conf = confidence_logit(params, cfg, hidden_AxKxF, e_AxKxR) if cfg.confidence else None
   return bias, conf
 
 
