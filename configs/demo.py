@@ -16,9 +16,10 @@ few seconds). Fix them with ``--config.drafter.prompt_lookup.num_draft=4`` (and
 ``min_ngram``), or swap the drafter with ``--config.drafter.name=draft_model`` (the target's
 first ``drafter.draft_model.num_layers`` layers).
 
-Weights are float32 on a CPU (``dtype = auto``). ``--config.dtype=measure`` takes bfloat16 where
-this machine verifies faster in it (specjax/precision.py): 1.17x here, but its greedy text can
-differ from bfloat16 AR's (experiments/verify_cost), which this run checks and reports.
+Weights are float32 or bfloat16, whichever this CPU runs the target faster in for this kind of
+run (``dtype = auto``, timed once per machine: specjax/precision.py); in bfloat16 every forward
+runs at the drafter's rows so that greedy text equals AR's, and the benchmark times one-row AR
+and the other dtype's AR beside it, its speedup over the fastest.
 """
 
 from pathlib import Path

@@ -5,7 +5,8 @@ drafter, batch 1 and 4, and the verify-cost curve, written to one JSON for the c
     bash scripts/device_bench.sh quick           # a minute-scale check (this CPU: ~4 min)
     bash scripts/device_bench.sh tiny            # random tiny models: the script's own test
 
-Weights and caches are bfloat16 on GPU/TPU and float32 on a CPU (``dtype = auto``). The Medusa
+Weights and caches are bfloat16 on GPU/TPU; on a CPU, whichever dtype it runs the target
+faster in (``dtype = auto``: specjax/precision.py). The Medusa
 heads, the EAGLE drafter and the DFlash and P-EAGLE block drafters are the ones committed under
 experiments/ (trained on this target).
 """

@@ -63,8 +63,9 @@ def get_config():
   c.top_p = 1.0  # 1 = off
   c.seed = 0  # sampling and prompt seed
   # > 0: every target forward after the prefill at this many rows, so that a token rounds alike
-  # as an AR step or among a chain's verify rows (bfloat16 greedy = AR's; decode.generate)
-  c.forward_rows = 0
+  # as an AR step or among a verify's rows (bfloat16 greedy = AR's; decode.generate). auto: the
+  # drafter's rows per step for a greedy speculative run in bfloat16 on a CPU, else 0.
+  c.forward_rows = config_dict.FieldReference("auto", field_type=object)
 
   # Decoding on several devices (specjax/placement.py): rows over data, weights and KV heads
   # over tensor; -1 = the devices the other axis leaves. 1 x 1 = one device.
@@ -72,7 +73,9 @@ def get_config():
   c.mesh.data = 1
   c.mesh.fsdp = 1  # decoding keeps it at 1 (weights are split over tensor only)
   c.mesh.tensor = 1
-  c.dtype = "auto"  # weights and caches: auto = bfloat16 on GPU/TPU, float32 on CPU
+  # weights and caches: auto = bfloat16 on GPU/TPU; on a CPU the dtype its forwards run faster
+  # in, timed once per machine and model (specjax/precision.py; $SPECJAX_CPU_DTYPE pins it)
+  c.dtype = "auto"
   c.device_memory_gib = 0.0  # per-device limit; 0 = the device's own (a CPU: host / devices)
   c.distributed = config_dict.ConfigDict()  # several processes, as in configs/train_tiny.py
   c.distributed.coordinator_address = ""

@@ -68,9 +68,9 @@ def check(config: ml_collections.ConfigDict) -> None:
   sampling.validate(config.temperature, config.top_k, config.top_p)
   if config.batch_size < 1:
     raise ValueError(f"config.batch_size must be >= 1, got {config.batch_size}.")
-  rows = config.get("forward_rows", 0)
-  if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
-    raise ValueError(f"config.forward_rows must be an integer >= 0 (0: off), got {rows!r}.")
+  rows = config.get("forward_rows", "auto")
+  if rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
+    raise ValueError(f"config.forward_rows must be auto or an integer >= 0 (0: off), got {rows!r}.")
   for i, p in enumerate(config.get("prompts", ())):
     if isinstance(p, str):
       try:
@@ -238,16 +238,35 @@ DTYPES = ("auto", "measure", "float32", "bfloat16")
 
 def dtype(config: ml_collections.ConfigDict) -> str:
   """``config.dtype`` of weights and caches. ``auto`` is bfloat16 on an accelerator (half the
-  bytes every step reads) and float32 on a CPU, where every committed result and test was
-  measured. ``measure`` is bfloat16 on an accelerator too; on a CPU it is whichever dtype
-  this machine runs the target's forward faster in, timed once per machine and model
-  (``specjax/precision.py``): bfloat16 pays on some CPUs and not on others."""
+  bytes every step reads); on a CPU it is whichever dtype this machine runs the target's forward
+  faster in, timed once per machine and model (``specjax/precision.py``): bfloat16 pays on some
+  CPUs and not on others. ``measure`` is ``auto``'s former name."""
+  return dtype_choice(config)["dtype"]
+
+
+def dtype_choice(config: ml_collections.ConfigDict) -> dict:
+  """``{"dtype", "how", "ratios"}`` (``precision.choice``): the dtype and why; benchmarks
+  record it."""
   name = source.choice(config.get("dtype", "auto"), DTYPES, "dtype")
-  if name == "measure":
-    return precision.choose(header_config(config.target), config.drafter.name != "none")
-  if name == "auto":
-    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
-  return name
+  if name in ("auto", "measure"):
+    speculative, greedy = config.drafter.name != "none", config.temperature == 0
+    return precision.choice(header_config(config.target), speculative, greedy)
+  return {"dtype": name, "how": "config.dtype", "ratios": {}}
+
+
+def forward_rows(config: ml_collections.ConfigDict, drafter=None, temperature=None) -> int:
+  """``config.forward_rows`` as ``generate`` takes it. ``auto``: a greedy speculative run in
+  bfloat16 on a CPU runs every target forward at the drafter's rows per step (root, nodes,
+  extras), so its text equals AR's at those rows bit for bit (``decode.generate``); else 0
+  (each forward its own rows: float32, sampling, AR alone, accelerators). ``temperature``:
+  the run's, when not ``config.temperature`` (a sweep's job)."""
+  rows = config.get("forward_rows", "auto")
+  if rows != "auto":
+    return rows
+  greedy = (config.temperature if temperature is None else temperature) == 0
+  if drafter is None or drafter.name == "none" or not greedy or jax.default_backend() != "cpu":
+    return 0
+  return drafter.num_nodes + drafter.num_extra + 1 if dtype(config) == "bfloat16" else 0
 
 
 def target(config: ml_collections.ConfigDict, mesh=None) -> Model:
@@ -299,8 +318,9 @@ def verifier(config: ml_collections.ConfigDict):
   return verify.verify
 
 
-def request(config: ml_collections.ConfigDict, model: Model) -> Request:
-  """Prompts: text through the tokenizer (and chat template), or token-id lists."""
+def request(config: ml_collections.ConfigDict, model: Model, drafter=None) -> Request:
+  """Prompts: text through the tokenizer (and chat template), or token-id lists; the forward
+  rows for ``drafter``'s speculative run (``forward_rows``; AR's when it is None)."""
   texts = None
   if model.tokenizer is not None:
     tok = model.tokenizer
@@ -332,5 +352,5 @@ def request(config: ml_collections.ConfigDict, model: Model) -> Request:
     seed=config.seed,
     eos_id=stop,
     batch_size=config.batch_size,
-    forward_rows=config.get("forward_rows", 0),
+    forward_rows=forward_rows(config, drafter),
   )

@@ -1,4 +1,5 @@
-"""dtype = "measure": float32 or bfloat16 by timing this machine, once per machine and model."""
+"""dtype = "auto" on a CPU: float32 or bfloat16 by timing this machine, once per machine and
+model; in bfloat16 a greedy speculative run's forwards at one shape (forward_rows = auto)."""
 
 import dataclasses
 import json
@@ -13,23 +14,29 @@ from configs import tiny as tiny_config
 from specjax import build, decode, loop, precision, testing, verify
 from specjax.drafters.base import Draft, TokensOnly
 from specjax.models import llama, tiny
+from specjax.tasks import benchmark
 
 
 def test_the_rule_needs_a_margin_and_guards_one_token():
-  wins = {1: 1.0, 2: 0.6, 8: 0.8}  # verify forwards 20-40% cheaper, one token the same
+  wins = {"1": 1.0, "2": 0.6, "8": 0.8, "8_one_shape": 1.0}  # verify forwards 20-40% cheaper
   assert precision.decide(wins, speculative=True) == "bfloat16"
   assert precision.decide(wins, speculative=False) == "float32"  # AR alone gains nothing
-  assert precision.decide(wins | {1: 1.2}, speculative=True) == "float32"  # AR steps 20% slower
-  assert precision.decide({1: 0.8, 2: 0.95, 8: 0.92}, speculative=True) == "float32"  # < margin
-  assert precision.decide({1: 0.8, 2: 0.95, 8: 0.92}, speculative=False) == "bfloat16"
+  assert precision.decide(wins | {"1": 1.2}, speculative=True) == "float32"  # AR steps slower
+  # greedy: the verify runs at one shape, here no faster than float32's: float32
+  assert precision.decide(wins, speculative=True, greedy=True) == "float32"
+  assert precision.decide(wins | {"8_one_shape": 0.8}, True, greedy=True) == "bfloat16"
+  small = {"1": 0.8, "2": 0.95, "8": 0.92, "8_one_shape": 0.95}
+  assert precision.decide(small, speculative=True) == "float32"  # within the margin
+  assert precision.decide(small, speculative=False) == "bfloat16"
 
 
 @pytest.fixture
 def measuring(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  monkeypatch.delenv(precision.PIN, raising=False)  # the suite pins float32 (conftest.py)
   monkeypatch.setattr(precision, "_CHOSEN", {})  # a fresh process
   c = tiny_config.get_config()
-  c.dtype = "measure"
+  assert c.dtype == "auto"  # the default measures
   return c, tmp_path / "dtype.json"
 
 
@@ -41,31 +48,81 @@ def test_measured_once_then_read_from_the_cache(measuring, monkeypatch, capsys):
   c, path = measuring
   first = build.dtype(c)
   said = capsys.readouterr().out
-  assert f"dtype measure: {first} for a speculative run" in said and "T=8:" in said
+  assert f"dtype auto: {first} for a greedy speculative run" in said and "T=8 at one shape:" in said
   (entry,) = json.loads(path.read_text()).values()
-  assert sorted(map(int, entry)) == list(precision.SIZES) and all(r > 0 for r in entry.values())
+  assert set(entry) == {"1", "2", "8", "8_one_shape"} and all(r > 0 for r in entry.values())
 
   monkeypatch.setattr(precision, "_CHOSEN", {})
   monkeypatch.setattr(precision, "ratios", lambda cfg: pytest.fail("timed again"))
   assert build.dtype(c) == first
   (key,) = json.loads(path.read_text())
-  path.write_text(json.dumps({key: {"1": 1.0, "2": 0.5, "8": 0.6}}))
+  path.write_text(json.dumps({key: {"1": 1.0, "2": 0.5, "8": 0.6, "8_one_shape": 0.7}}))
   monkeypatch.setattr(precision, "_CHOSEN", {})
   assert build.dtype(c) == "bfloat16"
   model = build.target(c)
   assert model.params["layers"][0]["wq"].dtype == jnp.bfloat16
   c.drafter.name = "none"  # AR alone: one token decides, and it is no faster here
   assert build.dtype(c) == "float32"
+  c.dtype = "measure"  # the choice's former name
+  assert build.dtype(c) == "float32"
+
+
+def test_the_pin_chooses_without_timing_and_a_bad_pin_is_one_error(measuring, monkeypatch):
+  c, path = measuring
+  monkeypatch.setattr(precision, "ratios", lambda cfg: pytest.fail("timed"))
+  monkeypatch.setenv(precision.PIN, "bfloat16")
+  assert build.dtype_choice(c) == {"dtype": "bfloat16", "how": f"pinned by ${precision.PIN}",
+                                   "ratios": {}}  # fmt: skip
+  c.dtype = "float32"  # the config's own choice wins over the pin
+  assert build.dtype_choice(c)["how"] == "config.dtype" and build.dtype(c) == "float32"
+  c.dtype = "auto"
+  monkeypatch.setenv(precision.PIN, "fp16")
+  with pytest.raises(ValueError, match=r"\$SPECJAX_CPU_DTYPE='fp16': set it to float32 or bf"):
+    build.dtype(c)
+  assert not path.exists()
+
+
+@pytest.mark.slow
+def test_auto_in_bfloat16_decodes_greedy_at_one_shape_beside_the_faster_ars(
+  measuring, monkeypatch, tmp_path
+):
+  """The defaults on a CPU whose measured ratios favour bfloat16: the benchmark decodes in
+  bfloat16 with every forward at the drafter's 5 rows (forward_rows = auto), its greedy text
+  equal to AR's at those rows; AR at one row and AR in float32 run beside it, the speedup is
+  over the fastest of the three, and the record says how the dtype was chosen. Explicit
+  forward_rows = 0 turns it off (and then no one-row AR is needed)."""
+  c, path = measuring
+  path.write_text(json.dumps({precision.key(build.header_config(c.target)):
+                              {"1": 0.9, "2": 0.5, "8": 0.6, "8_one_shape": 0.7}}))  # fmt: skip
+  c.update(max_new_tokens=24, max_len=64, output_dir=str(tmp_path / "bench"))
+  c.benchmark.repeats = 1
+  record = benchmark.run(c)
+  s, modes = record["summary"], record["modes"]
+  assert s["dtype"]["dtype"] == "bfloat16" and s["dtype"]["how"].startswith("measured")
+  assert s["dtype"]["ratios"] == {"1": 0.9, "2": 0.5, "8": 0.6, "8_one_shape": 0.7}
+  assert s["forward_rows"] == c.drafter.draft_model.num_draft + 1
+  assert s["greedy_outputs_identical"] is True
+  assert {"ar", "ar_one_row", "ar_float32", "speculative"} <= set(modes)
+  fastest = max(("ar", "ar_one_row", "ar_float32"), key=lambda m: modes[m]["tokens_per_s"])
+  assert s["baseline"] == fastest and modes[fastest]["speedup"] == 1.0
+  assert s["speedup"] == pytest.approx(
+    modes["speculative"]["tokens_per_s"] / modes[fastest]["tokens_per_s"]
+  )
+  assert "greedy_equal_to_one_row_ar" in s
+  c.forward_rows = 0
+  assert build.forward_rows(c, build.drafter(c, build.target(c))[0]) == 0
+  c.forward_rows, c.temperature = "auto", 0.7  # sampling is exact at any rows: none added
+  assert build.forward_rows(c, build.drafter(c, build.target(c))[0]) == 0
 
 
 def test_another_model_shape_is_timed_anew(measuring, monkeypatch):
   c, path = measuring
-  slow = {"1": 2.0, "2": 2.0, "8": 2.0}  # bfloat16 twice float32's time
+  slow = dict.fromkeys(precision.CELLS, 2.0)  # bfloat16 twice float32's time
   path.write_text(json.dumps({precision.key(build.header_config(c.target)): slow}))
   assert build.dtype(c) == "float32"
   timed = []
   monkeypatch.setattr(
-    precision, "ratios", lambda cfg: timed.append(cfg.dim) or {1: 0.5, 2: 0.5, 8: 0.5}
+    precision, "ratios", lambda cfg: timed.append(cfg.dim) or dict.fromkeys(precision.CELLS, 0.5)
   )
   c.target.dim = 2 * c.target.dim
   assert build.dtype(c) == "bfloat16" and timed == [c.target.dim]
@@ -211,3 +268,34 @@ def test_one_forward_shape_makes_a_tree_nodes_bfloat16_rows_equal_ar_bit_for_bit
     equal[rows] = sum(np.array_equal(a[k], b[k]) for k in b) / len(b)
     jax.clear_caches()
   assert equal[8] == 1.0 and equal[0] < 1.0, equal
+
+
+@pytest.mark.slow
+def test_a_bfloat16_sweep_checks_each_drafter_against_ar_at_its_rows(monkeypatch, tmp_path):
+  """A greedy sweep in bfloat16 (pinned) decodes each drafter at its own rows per step and
+  compares it with AR at those rows (one AR run per row count, ``ar_rows_<P>``); plain ``ar``
+  runs at one row and stays the speed baseline."""
+  from ml_collections import config_dict
+
+  from specjax.measure import sweep
+
+  monkeypatch.setenv(precision.PIN, "bfloat16")
+  monkeypatch.setattr(precision, "_CHOSEN", {})
+  c = tiny_config.get_config()
+  c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  c.update(max_new_tokens=12, max_len=40, batch_size=2, output_dir=str(tmp_path))
+  c.benchmark.repeats = 1
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes, c.sweep.verify_sizes = (2,), ()
+  c.sweep.categories = {"repeats": ((1, 2, 3, 1, 2, 3),)}
+  c.sweep.variants = {
+    "lookup_2": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 2}},
+    "lookup_4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
+  }
+  record = sweep.run(c)
+  runs = {r["variant"]: r for r in record["runs"]}
+  assert record["dtype"]["dtype"] == "bfloat16"
+  assert set(runs) == {"ar", "ar_rows_3", "ar_rows_5", "lookup_2", "lookup_4"}
+  assert runs["lookup_2"]["forward_rows"] == 3 and runs["lookup_4"]["forward_rows"] == 5
+  assert runs["lookup_2"]["identical"] and runs["lookup_4"]["identical"]
+  assert runs["ar"]["speedup"] == 1.0

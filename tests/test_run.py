@@ -330,7 +330,10 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"max_new_tokens": 0}, r"config.max_new_tokens must be an integer >= 1 .*got 0"),
     ({"max_new_tokens": -3}, r"config.max_new_tokens must be an integer >= 1 .*got -3"),
     ({"max_len": 0}, r"config.max_len must be an integer >= 1 .*got 0"),
-    ({"forward_rows": -2}, r"config.forward_rows must be an integer >= 0 \(0: off\), got -2"),
+    (
+      {"forward_rows": -2},
+      r"config.forward_rows must be auto or an integer >= 0 \(0: off\), got -2",
+    ),
     ({"max_len": 8}, r"> max_len 8: raise max_len .*\(config.max_len, config.max_new_tokens"),
     ({"prompts": ((1, 2), ())}, r"config.prompts\[1\] is empty"),
     ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),

@@ -208,17 +208,21 @@ def _second_answer_token_flipped(generate):
   return wrapped
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_greedy_difference_is_reported_in_bfloat16_and_stops_a_float32_run(
-  config, monkeypatch, dtype
+@pytest.mark.parametrize(
+  "dtype, rows", [("bfloat16", 0), ("float32", "auto"), ("bfloat16", "auto")]
+)
+def test_a_greedy_difference_is_reported_where_rounding_may_part_and_stops_an_exact_run(
+  config, monkeypatch, dtype, rows
 ):
-  """In bfloat16 (rounding) a drafted greedy answer that leaves AR's is recorded, with the
-  turn, the token and the target's logit gap there, and the run answers every question; in
-  float32 it is a bug, and the run stops on it."""
-  config.dtype = dtype
+  """In bfloat16 with each forward at its own rows (``forward_rows = 0``: rounding may part
+  them) a drafted greedy answer that leaves AR's is recorded, with the turn, the token and the
+  target's logit gap there, and the run answers every question; in float32, and in bfloat16 at
+  the default forward_rows (every forward at the drafter's rows, compared with AR at those
+  rows), it is a bug, and the run stops on it."""
+  config.dtype, config.forward_rows = dtype, rows
   config.specbench.categories = ("translation",)
   monkeypatch.setattr(specbench, "generate", _second_answer_token_flipped(specbench.generate))
-  if dtype == "float32":
+  if rows == "auto":
     with pytest.raises(RuntimeError, match="question 201, turn 1: .* at new token 1 "):
       specbench.run(config)
     return

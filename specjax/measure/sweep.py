@@ -248,6 +248,7 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
   }
   ar_rows = {}
   record = {"config": config.to_dict(), "machine": machine(), "runs": []}
+  record["dtype"] = build.dtype_choice(config)  # how the run's dtype was chosen
   earlier, kept_jobs = (kept["record"], kept["jobs"]) if kept else ({}, {})
   if kept_jobs:  # the machines the kept jobs ran on, newest first
     machines = [earlier.get("machine"), *earlier.get("kept", {}).get("machines", [])]
@@ -267,9 +268,19 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
     req = _request(config, target, temperature, batch_size, category)
     kw = req.generate_kwargs()
     modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
+    # Each drafter at its forward rows (build.forward_rows: auto is its rows per step in
+    # bfloat16 greedy on a CPU), checked against AR at the same rows; "ar" stays the speed
+    # baseline.
+    reference = {}
     for name, (d, dp) in drafters.items():
-      modes[name] = lambda b, d=d, dp=dp, v=verifiers[name], kw=kw: generate(
-        target.params, target.cfg, b, drafter=d, drafter_params=dp, verifier=v, **kw
+      vc = variant_config(config, dict(config.sweep.variants.get(name, {})))
+      rows = build.forward_rows(vc, d, temperature)
+      vkw = kw | {"forward_rows": rows}
+      reference[name] = "ar" if rows == kw["forward_rows"] else f"ar_rows_{rows}"
+      if reference[name] not in modes:
+        modes[reference[name]] = lambda b, vkw=vkw: generate(target.params, target.cfg, b, **vkw)
+      modes[name] = lambda b, d=d, dp=dp, v=verifiers[name], vkw=vkw: generate(
+        target.params, target.cfg, b, drafter=d, drafter_params=dp, verifier=v, **vkw
       )
     if config.sweep.get("draft_ar"):  # the draft model alone, as AR: its cost ratio c
       d, dp = drafters[config.sweep.draft_ar]
@@ -296,8 +307,11 @@ def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[d
     ar = record["runs"][-len(modes)]
     for run_ in record["runs"][-len(modes) :]:
       run_["speedup"] = run_["tokens_per_s"] / ar["tokens_per_s"]
-      if req.temperature == 0 and run_["variant"] != "draft_ar":
-        run_["identical"] = texts[run_["variant"]] == texts["ar"]
+      if req.temperature == 0 and run_["variant"] in {"ar", *reference}:
+        same_rows = reference.get(run_["variant"], "ar")
+        run_["identical"] = texts[run_["variant"]] == texts[same_rows]
+        if same_rows != "ar":
+          run_["forward_rows"] = int(same_rows.rsplit("_", 1)[1])
     record["summary"] = _summary(record["runs"])
     results.write_json(f"{config.output_dir}/sweep.json", record)  # partial results survive
     # Each category pads its prompts differently, so no later job reuses these programs; with a

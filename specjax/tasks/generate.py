@@ -23,7 +23,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   profiling.check(config)
   target = build.target(config, build.mesh(config))  # an HF directory loads onto it
   drafter, dparams = build.drafter(config, target)
-  req = build.request(config, target)
+  req = build.request(config, target, drafter)
   batches = req.batches()
   mesh, tparams, dparams = build.placed(config, target, drafter, dparams)
   tqdm.write(

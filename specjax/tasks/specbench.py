@@ -313,7 +313,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   }
   files = {m: out_dir / "model_answer" / f"{model_id}.jsonl" for m, model_id in methods.items()}
   done = _resumed(config, record_path, files, questions)
-  record = {"config": config.to_dict(), "machine": machine(), "target": name, "question_file":
+  record = {"config": config.to_dict(), "machine": machine(), "dtype": build.dtype_choice(config),
+            "target": name, "question_file":
             config.specbench.question_file, "methods": {m: {"model_id": methods[m],
             "answer_file": str(files[m])} for m in methods}}  # fmt: skip
   results.write_json(record_path, record)  # the config the answer files are made with
@@ -388,30 +389,36 @@ def _decode(config, pending: list[dict], methods: dict, files: dict, total: int)
   kw = {"max_new_tokens": config.max_new_tokens, "max_len": config.max_len,
         "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
         "seed": config.seed, "eos_id": stop}  # fmt: skip
-  fns = {}
+  fns, rows = {}, {}
   for name, c in variants(config).items():
     drafter, dparams = build.drafter(c, target)
     mesh, tparams, dparams = build.placed(c, target, drafter, dparams)
     target = dataclasses.replace(target, params=tparams)  # placed once: the others reuse it
+    rows[name] = build.forward_rows(c, drafter)  # auto: bfloat16 greedy's exact rows
     fns[name] = functools.partial(generate, tparams, target.cfg, drafter=drafter,
                                   drafter_params=dparams, verifier=build.verifier(c), mesh=mesh,
-                                  **kw)  # fmt: skip
-  fns = {AR: functools.partial(generate, target.params, target.cfg, mesh=mesh, **kw)} | fns
+                                  forward_rows=rows[name], **kw)  # fmt: skip
+  ar = functools.partial(generate, target.params, target.cfg, mesh=mesh, **kw)
+  fns = {AR: functools.partial(ar, forward_rows=0)} | fns
+  # AR at a drafter's forward rows, where it has some: what its greedy answers must equal.
+  references = {r: functools.partial(ar, forward_rows=r) for r in set(rows.values()) if r}
   encoder = Encoder(target, target.cfg.vocab_size)
   files[AR].parent.mkdir(parents=True, exist_ok=True)
   bar = tqdm(pending, desc="specbench", unit="question", initial=total - len(pending), total=total)
   steps, tokens = {m: 0 for m in fns if m != AR}, {m: 0 for m in fns if m != AR}  # running τ
-  warmed = {m: set() for m in fns}
-  exact = build.dtype(config) == "float32"  # there a greedy difference is a bug
+  warmed = {m: set() for m in [*fns, *references]}
   for q in bar:
     lines, ids = {}, {}
+    for r, fn in references.items():
+      ids[r] = answer(q, fn, encoder, config, f"{AR}-{r}-rows", warmed[r])[1]
     for m, fn in fns.items():
       lines[m], ids[m] = answer(q, fn, encoder, config, methods[m], warmed[m])
       if m == AR or config.temperature != 0:
         continue
-      if exact:
-        _check_equal(q, ids[AR], ids[m], m)
-      elif found := difference(q, ids[AR], ids[m], m, encoder, target):
+      ref = ids[rows[m]] if rows[m] else ids[AR]
+      if rows[m] or build.dtype(config) == "float32":  # exact: a greedy difference is a bug
+        _check_equal(q, ref, ids[m], m)
+      elif found := difference(q, ref, ids[m], m, encoder, target):
         tqdm.write(_describe(found))
         _append(Path(config.output_dir) / DIFFERENCES, found)
     for m in methods:
