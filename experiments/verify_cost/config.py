@@ -17,6 +17,12 @@ bfloat16 AR's. The same EAGLE and lookup variants in float32 are experiments/eag
 runs the same with ``forward_rows = 21`` (the EAGLE variant's rows per step, the most of the
 three): every target forward after the prefill, AR's included, at 21 rows, so that each text
 can equal AR's bit for bit (results/bf16_one_shape).
+
+    python -m specjax.run --config=experiments/verify_cost/config.py:exact
+
+runs it at the default ``forward_rows = auto``: each drafter at its own rows per step, checked
+against AR at those rows (one AR run per row count), the speedup over one-row AR
+(results/bf16_exact).
 """
 
 from configs import demo
@@ -43,8 +49,8 @@ ONE_SHAPE_ROWS = 21  # eagle_tree_4x6_16_lookup4: root + 16 nodes + 4 lookup tok
 
 
 def get_config(arg: str | None = None):
-  if arg not in (None, "one_shape"):
-    raise ValueError(f"config argument {arg!r} is unknown: use none or one_shape.")
+  if arg not in (None, "one_shape", "exact"):
+    raise ValueError(f"config argument {arg!r} is unknown: use none, one_shape or exact.")
   c = demo.base()
   c.task = "sweep"
   c.dtype = "bfloat16"
@@ -56,6 +62,10 @@ def get_config(arg: str | None = None):
   c.sweep = sweep.default_config()
   c.sweep.categories = held_out.CATEGORIES
   c.sweep.variants = BF16_VARIANTS
+  c.forward_rows = 0  # each forward its own rows: AR steps of one row
+  if arg == "exact":  # the default: each drafter at its rows per step, against AR at those rows
+    c.forward_rows = "auto"
+    c.output_dir = "experiments/verify_cost/results/bf16_exact"
   if arg == "one_shape":
     c.forward_rows = ONE_SHAPE_ROWS
     c.output_dir = "experiments/verify_cost/results/bf16_one_shape"

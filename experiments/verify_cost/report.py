@@ -52,7 +52,7 @@ def report(results_dir):
     out.append(results.markdown_table(rows, tuple(rows[0])))
   results_dir = Path(results_dir)
   parts = _loop_cost(results_dir) + _drafter_cost(results_dir) + _eagle_levels(results_dir)
-  parts += _bf16_sweep(results_dir) + _bf16_one_shape(results_dir)
+  parts += _bf16_sweep(results_dir) + _bf16_one_shape(results_dir) + _bf16_exact(results_dir)
   return "\n".join(out + parts)
 
 
@@ -201,3 +201,39 @@ def _bf16_one_shape(results_dir: Path) -> list[str]:
     results.markdown_table([r for r in rows if r["variant"] == "ar"],
                            ("category", "variant", "tokens_per_s", "one_row_ar_tokens_per_s")),
   ]  # fmt: skip
+
+
+def _bf16_exact(results_dir: Path) -> list[str]:
+  """The bfloat16 sweep at the default ``forward_rows = auto`` (``:exact``): each drafter at
+  its rows per step against AR at those rows; the speedups over one-row AR."""
+  path = results_dir / "bf16_exact" / "sweep.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  drafts = [
+    {"category": r["category"], "variant": r["variant"], "forward_rows": r["forward_rows"],
+     "tau": round(r["tau"], 3), "speedup_over_one_row_ar": round(r["speedup"], 2),
+     "identical_to_ar_at_its_rows": r["identical"]}
+    for r in record["runs"] if "forward_rows" in r
+  ]  # fmt: skip
+  ars = {}
+  for r in record["runs"]:
+    if r["variant"].startswith("ar"):
+      ars.setdefault(r["variant"], []).append(r["tokens_per_s"])
+  speeds = [{"AR": v, "mean_tokens_per_s": round(sum(t) / len(t), 1)} for v, t in ars.items()]
+  same = sum(r["identical_to_ar_at_its_rows"] is True for r in drafts)
+  cpu = record["machine"]["cpu"]
+  return [
+    "",
+    "### bfloat16 at the default forward rows",
+    "",
+    "`results/bf16_exact/sweep.json` (`:exact`): the bfloat16 sweep at `forward_rows = auto`, "
+    "each drafter at its own rows per step, each text checked against AR at those rows (one AR "
+    f"run per row count); speedups over one-row AR, in the same run ({cpu['model']}, flags "
+    f"{', '.join(cpu['flags'])}). {same} of {len(drafts)} (category, drafter) texts equal AR's "
+    "token for token.",
+    "",
+    results.markdown_table(drafts, tuple(drafts[0])),
+    "",
+    results.markdown_table(speeds, ("AR", "mean_tokens_per_s")),
+  ]
