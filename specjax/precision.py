@@ -191,7 +191,7 @@ def choice(cfg: ModelConfig, speculative: bool, greedy: bool = False) -> dict:
   chosen = decide(got, speculative, greedy)
   label = {ONE_SHAPE: f"T={SIZES[-1]} at one shape"}
   shown = ", ".join(f"{label.get(c, f'T={c}')}: {r:.2f}" for c, r in got.items())
-  run = ("a greedy speculative run (every forward at one shape)" if greedy and speculative
+  run = ("a greedy speculative run (bfloat16's at one shape)" if greedy and speculative
          else "a speculative run" if speculative else "autoregression")  # fmt: skip
   print(f"dtype auto: {chosen} for {run} (bfloat16 / float32 forward time here, {shown}; "
         f"bfloat16 needs <= {MARGIN}; {how})", flush=True)  # fmt: skip

@@ -53,6 +53,7 @@ def report(results_dir):
   results_dir = Path(results_dir)
   parts = _loop_cost(results_dir) + _drafter_cost(results_dir) + _eagle_levels(results_dir)
   parts += _bf16_sweep(results_dir) + _bf16_one_shape(results_dir) + _bf16_exact(results_dir)
+  parts += _auto_default(results_dir)
   return "\n".join(out + parts)
 
 
@@ -236,4 +237,36 @@ def _bf16_exact(results_dir: Path) -> list[str]:
     results.markdown_table(drafts, tuple(drafts[0])),
     "",
     results.markdown_table(speeds, ("AR", "mean_tokens_per_s")),
+  ]
+
+
+def _auto_default(results_dir: Path) -> list[str]:
+  """README's demo and EAGLE commands at their defaults (``dtype = auto``), each benchmark's
+  ARs side by side (results/auto_default/<run>/benchmark.json)."""
+  rows, ratios, cpu = [], None, None
+  for run in ("demo", "eagle"):
+    path = results_dir / "auto_default" / run / "benchmark.json"
+    if not path.exists():
+      continue
+    record = json.loads(path.read_text())
+    s, modes = record["summary"], record["modes"]
+    ratios, cpu = s["dtype"]["ratios"], record["machine"]["cpu"]
+    rows.append({"command": run, "dtype": s["dtype"]["dtype"], "forward_rows": s["forward_rows"],
+                 **{f"{m} tok/s": round(v["tokens_per_s"], 1) for m, v in modes.items()},
+                 "tau": round(s["tau"], 3), "speedup": round(s["speedup"], 2),
+                 "over": s["baseline"], "greedy = AR": s["greedy_outputs_identical"]})  # fmt: skip
+  if not rows:
+    return []
+  shown = ", ".join(f"{k}: {v:.2f}" for k, v in ratios.items())
+  return [
+    "",
+    "### README's commands at their defaults",
+    "",
+    "`results/auto_default/{demo,eagle}/benchmark.json`: README's demo (prompt lookup, K auto) "
+    "and its EAGLE command (`drafter_requests`, 16-node tree + lookup branch) as written, "
+    f"`dtype = auto` ({cpu['model']}, flags {', '.join(cpu['flags'])}; measured bfloat16 / "
+    f"float32 forward times {shown}). AR in the run's dtype and AR in the other dtype run in "
+    "the same process; the speedup is over the faster.",
+    "",
+    results.markdown_table(rows, tuple(dict.fromkeys(k for r in rows for k in r))),
   ]
