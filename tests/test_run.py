@@ -538,6 +538,7 @@ EXPERIMENT_VARIANTS = {
     *("eagle3_serve", "sweep_eagle3_serve"),
   ],
   "block_smollm2": [None, "sweep_requests", "sweep_peagle", "dspark", "sweep_dspark"],
+  "acceptance_losses": ["soft_ce", "tv", "lk", "hass", "hass_r3"],
   "cost_model": [None, "qwen", "smollm2_eagle", "smollm2_blocks"],
   "temperature_sweep": [None],
   "summary": ["smollm2", "qwen"],
