@@ -538,7 +538,7 @@ VERIFIER = "verifier"  # the verifier's HF directory, beside the exports
 
 @pytest.mark.parametrize(
   "reader",
-  [pytest.param(r, marks=pytest.mark.slow) if r == "speculators_converter" else r
+  [pytest.param(r, marks=pytest.mark.slow) if r in ("speculators_converter", "sglang") else r
    for r in EXPORT_READERS],
 )  # fmt: skip
 def test_an_export_is_read_by_its_engines_own_loader(tmp_path, reader):

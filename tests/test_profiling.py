@@ -22,6 +22,7 @@ def test_a_decode_is_traced(tmp_path, capsys):
   assert "profile of one warmed decode of the first batch" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_train_steps_after_the_first_are_traced(tmp_path, capsys):
   c = train_tiny.get_config()
   c.workdir, c.profile, c.profile_steps = str(tmp_path / "w"), str(tmp_path / "p"), 2
