@@ -38,12 +38,10 @@ is bfloat16 without timing. ``dtype = "measure"`` is the same as ``auto`` (the n
 choice before it was the default).
 """
 
-import functools
 import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -115,34 +113,13 @@ def ratios(cfg: ModelConfig) -> dict[str, float]:
       got = llama_forward_seconds(p, cfg, SIZES, CONTEXT, REPEATS, SLOTS)["causal"]
       for t in SIZES:
         cells[d][str(t)].append(got[t])
-      if d == jnp.bfloat16:
-        cells[d][ONE_SHAPE].append(_one_shape_seconds(p, cfg, SIZES[-1]))
+      if d == jnp.bfloat16:  # the 8 rows as forward_rows runs them
+        wide = (SIZES[-1],)
+        got = llama_forward_seconds(p, cfg, wide, CONTEXT, REPEATS, SLOTS, ("one_shape",))
+        cells[d][ONE_SHAPE].append(got["one_shape"][SIZES[-1]])
   f32, bf16 = (cells[d] for d in params)
   f32[ONE_SHAPE] = f32[str(SIZES[-1])]
   return {c: statistics.median(bf16[c]) / statistics.median(f32[c]) for c in CELLS}
-
-
-def _one_shape_seconds(params, cfg: ModelConfig, rows: int) -> float:
-  """The median of ``REPEATS`` forwards over ``rows`` tokens as ``forward_rows`` runs them
-  (``loop.target_forward``: one attention sum over every slot, each row in path order)."""
-  cache = llama.init_cache(cfg, 1, SLOTS, llama.param_dtype(params))
-  cache = cache.replace(lengths=jnp.asarray([CONTEXT], jnp.int32))
-  tokens, mask = jnp.ones((1, rows), jnp.int32), llama.causal_mask(rows)
-  jax.block_until_ready(_one_shape(params, cache, tokens, mask, cfg=cfg))  # compile
-  times = []
-  for _ in range(REPEATS):
-    t0 = time.perf_counter()
-    jax.block_until_ready(_one_shape(params, cache, tokens, mask, cfg=cfg))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
-@functools.partial(jax.jit, static_argnames="cfg")
-def _one_shape(params, cache, tokens_1xT, mask, *, cfg: ModelConfig):
-  positions = CONTEXT + jnp.arange(tokens_1xT.shape[1])[None]
-  logits, _, _ = llama.forward(params, cfg, tokens_1xT, positions, cache, mask,
-                               window=cache.num_slots, path_order=True)  # fmt: skip
-  return logits
 
 
 _CHOSEN: dict[tuple, dict] = {}
