@@ -90,8 +90,9 @@ def _sweep(results_dir: Path) -> list[str]:
            for r in rows]  # fmt: skip
   means = sweep.mean_rows("sweep", record)
   return [
-    "Decoded (`:sweep`: greedy, batch 1, 64 tokens, each drafter beside AR in one process; "
-    f"{record['machine']['cpu']['model']}):",
+    "Decoded (`:sweep`: greedy, batch 1, 64 tokens, each drafter beside AR in one process, "
+    f"{record['dtype']['dtype']}; {record['machine']['cpu']['model']}, flags "
+    f"{', '.join(record['machine']['cpu']['flags'])}):",
     "",
     results.markdown_table(means, tuple(means[0])),
     "",
