@@ -288,7 +288,7 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
   if tune is not None and config.drafter[config.drafter.name][tune.field] == "auto":
     from specjax import costmodel  # times forwards on this machine
 
-    d = costmodel.auto(config, target, d, params)
+    d = costmodel.auto(config, target, d, params, forward_rows=lambda o: forward_rows(config, o))
   return d, params
 
 

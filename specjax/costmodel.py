@@ -16,7 +16,10 @@ Two kinds of profile:
   that forward (``target_tree``) is timed apart. For the target the cost of T tokens is the
   cheaper of one forward over T and T one-token forwards (a GEMM over T rows vs T
   matrix-vector products). Medusa and prompt lookup are timed as their whole ``propose``. The
-  overhead is one AR step measured in decoding minus one target forward.
+  overhead is one AR step measured in decoding minus one target forward. A run at
+  ``forward_rows`` (greedy bfloat16 on a CPU, so its text equals AR's at those rows) runs
+  every target forward of a speculative step at its rows in one shape, steps with nothing to
+  verify too: ``target_rows``, timed so; the speedup stays over one-row AR.
 - ``roofline`` (a named chip, no measurement): a forward over T tokens reads the weights and
   the KV cache once and does 2 x params x T flops, so it takes max(bytes / bandwidth,
   flops / peak). Chips: ``CHIPS``, from their vendors' data sheets (bf16 dense peak, HBM
@@ -66,14 +69,24 @@ class Profile:
   overhead: float
   source: str
 
-  def step_seconds(self, drafter) -> float:
-    return self.overhead + sum(self.cost(f.model, f.tokens) for f in step_work(drafter))
+  def step_seconds(self, drafter, rows: int = 0) -> float:
+    """One step with ``drafter`` (None: AR). ``rows`` > 0: every target forward runs at that
+    many rows in one shape (``forward_rows``), priced as ``target_rows``."""
 
-  def speedup(self, drafter, tau: float, abstained: float = 0.0) -> float:
-    """τ x (one AR step) / (the mean step with ``drafter``), where a fraction ``abstained`` of
-    the steps were one-token forwards (the drafter had nothing to propose)."""
+    def price(f: Forward) -> float:
+      if rows and f.model.startswith("target"):
+        return self.cost(ROWS_PART, rows)
+      return self.cost(f.model, f.tokens)
+
+    return self.overhead + sum(price(f) for f in step_work(drafter))
+
+  def speedup(self, drafter, tau: float, abstained: float = 0.0, rows: int = 0) -> float:
+    """τ x (one one-row AR step) / (the mean step with ``drafter``), where a fraction
+    ``abstained`` of the steps had nothing to verify: a one-token forward, or with ``rows``
+    the target's forward at those rows all the same."""
     ar = self.step_seconds(None)
-    return tau * ar / (abstained * ar + (1 - abstained) * self.step_seconds(drafter))
+    idle = self.overhead + self.cost(ROWS_PART, rows) if rows else ar
+    return tau * ar / (abstained * idle + (1 - abstained) * self.step_seconds(drafter, rows))
 
 
 # --- roofline ---------------------------------------------------------------------------------
@@ -104,6 +117,7 @@ def roofline(chip: str, sizes: dict[str, tuple[int, int]], context: int = 256) -
 
 
 TARGET_PARTS = {"causal": "target", "tree": "target_tree"}  # mask -> step_work's model name
+ROWS_PART = "target_rows"  # the target's forward at a run's ``forward_rows`` (one shape)
 
 
 def target_seconds(
@@ -116,6 +130,17 @@ def target_seconds(
   out = {TARGET_PARTS[m]: by_mask[m] for m in masks}
   out.setdefault("target", {1: by_mask[masks[0]][1]})
   return out
+
+
+def rows_seconds(target, rows, context: int, num_slots: int, repeats: int) -> dict:
+  """``{"target_rows": {R: s}}``: the target's forward at each of ``rows`` as ``forward_rows``
+  runs every forward of a speculative step (one attention sum over every slot, path order),
+  for ``Profile.speedup(..., rows=R)``; empty when no run forwards at fixed rows."""
+  if not rows:
+    return {}
+  got = llama_forward_seconds(target.params, target.cfg, sorted(rows), context, repeats,
+                              num_slots, ("one_shape",))  # fmt: skip
+  return {ROWS_PART: got["one_shape"]}
 
 
 def drafter_seconds(
@@ -149,7 +174,7 @@ def measured(name: str, target_parts: dict, drafter_parts: dict, overhead: float
     table = tables[model]
     xs = sorted(table)
     t = float(np.interp(tokens, xs, [table[x] for x in xs]))
-    return min(t, tokens * table[xs[0]]) if model.startswith("target") and xs[0] == 1 else t
+    return min(t, tokens * table[xs[0]]) if model in TARGET_PARTS.values() and xs[0] == 1 else t
 
   return Profile(name, cost, overhead, "timed on this machine (batch 1, jitted, median)")
 
@@ -161,14 +186,16 @@ def _context(config) -> int:
   return min(128, config.max_len // 2)
 
 
-def _machine_target(config, target, sizes, repeats: int, drafter) -> tuple[dict, float]:
+def _machine_target(config, target, sizes, repeats: int, drafter, rows=()) -> tuple[dict, float]:
   """The target's forwards over ``sizes`` tokens timed here (``target_seconds``), under the
-  one mask ``drafter`` verifies with, and the decode loop's per-step overhead beyond one
-  forward."""
+  one mask ``drafter`` verifies with, or with ``rows`` (``forward_rows`` of the options) at
+  those rows in one shape, beside the one-row AR step; and the decode loop's per-step
+  overhead beyond one forward."""
   context = _context(config)
-  slots = config.max_len + max(sizes)
+  slots = config.max_len + max([*sizes, *rows])
   masks = ("tree",) if verifies_tree(drafter) else ("causal",)
-  target_s = target_seconds(target, {1, *sizes}, context, slots, repeats, masks)
+  target_s = target_seconds(target, {1} if rows else {1, *sizes}, context, slots, repeats, masks)
+  target_s |= rows_seconds(target, rows, context, slots, repeats)
   step = ar_step_seconds(config, target, context)
   return target_s, max(step - target_s["target"][1], 0.0)
 
@@ -189,18 +216,23 @@ def ar_step_seconds(config, target, context: int) -> float:
   return (decode_seconds(2 * s) - decode_seconds(s)) / s
 
 
-def auto(config, target, drafter, dparams, repeats: int = 5):
+def auto(config, target, drafter, dparams, repeats: int = 5, forward_rows=lambda d: 0):
   """The drafter at the setting of its family's ``tune`` grid (read from ``auto_from``) whose
-  predicted speedup is best on this machine: τ from the offline replay there, step costs from
-  the target's and the drafter's forwards timed here. Prints the best three and the choice."""
+  predicted speedup over one-row AR is best on this machine: τ from the offline replay there,
+  step costs from the target's and the drafter's forwards timed here; ``forward_rows(d)``:
+  the rows every target forward of option ``d`` runs at (``build.forward_rows``; 0: its own),
+  timed so. Prints the best three and the choice."""
   tune = family.of(drafter).need("tune")
   head = f"{drafter.name} {tune.field}=auto"
   grid = tune.grid(config, target.cfg.name)
   options = [tune.apply(drafter, g) for g in grid]
   verify = sorted({f.tokens for d in options for f in step_work(d) if f.model.startswith("target")})
   sizes = tune.timed(verify)
-  print(f"{head}: timing {len(grid)} settings' forwards here (the target over {sizes} tokens) ...")
-  target_s, overhead = _machine_target(config, target, sizes, repeats, drafter)
+  rows = [forward_rows(d) for d in options]
+  shape = f"{sorted(set(rows))} rows in one shape" if any(rows) else f"{sizes} tokens"
+  print(f"{head}: timing {len(grid)} settings' forwards here (the target over {shape}) ...")
+  target_s, overhead = _machine_target(config, target, sizes, repeats, drafter,
+                                       sorted(set(rows) - {0}))  # fmt: skip
   groups = {}
   for d in options:
     groups.setdefault(tune.group(d), []).append(d)
@@ -210,8 +242,8 @@ def auto(config, target, drafter, dparams, repeats: int = 5):
                   overhead)
     for key, ds in groups.items()
   }  # fmt: skip
-  speed = [profiles[tune.group(d)].speedup(d, g["tau"], g.get("abstained", 0.0))
-           for d, g in zip(options, grid, strict=True)]  # fmt: skip
+  speed = [profiles[tune.group(d)].speedup(d, g["tau"], g.get("abstained", 0.0), r)
+           for d, g, r in zip(options, grid, rows, strict=True)]  # fmt: skip
   order = sorted(range(len(grid)), key=lambda i: (speed[i], tune.prefer(grid[i])), reverse=True)
   table = ", ".join(f"{tune.label(grid[i])}: τ {grid[i]['tau']:.2f} → {speed[i]:.2f}x"
                     for i in order[:3])  # fmt: skip

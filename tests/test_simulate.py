@@ -1,5 +1,6 @@
 """The τ simulator replays greedy decoding exactly; the cost model prices steps; the task runs."""
 
+import copy
 import json
 import types
 
@@ -208,6 +209,23 @@ def test_measured_profile_takes_the_cheaper_of_gemm_and_matvecs():
   assert prof.step_seconds(None) == 1.5
 
 
+def test_a_run_at_forward_rows_is_priced_at_its_rows_idle_steps_too():
+  """With ``forward_rows`` every target forward of a step, a step with nothing to verify too,
+  runs at the step's rows in one shape: priced from ``target_rows``, against one-row AR."""
+  prof = costmodel.measured(
+    "m", {"target": {1: 1.0, 5: 2.0}, "target_rows": {5: 3.0, 9: 4.0}}, {"lookup": {1: 0.5}}, 0.5
+  )  # fmt: skip
+  d = PromptLookup(4)  # verifies 5 tokens: the lookup, then the target over 5
+  assert prof.step_seconds(d) == 0.5 + 0.5 + 2.0
+  assert prof.step_seconds(d, rows=5) == 0.5 + 0.5 + 3.0
+  assert prof.cost("target_rows", 7) == 3.5  # interpolated, never the one-row forwards' sum
+  assert prof.speedup(d, 2.0) == pytest.approx(2.0 * 1.5 / 3.0)
+  assert prof.speedup(d, 2.0, rows=5) == pytest.approx(2.0 * 1.5 / 4.0)
+  # A quarter of the steps abstain: one-row AR steps, or at forward_rows the 5-row forward.
+  assert prof.speedup(d, 2.0, 0.25) == pytest.approx(3.0 / (0.25 * 1.5 + 0.75 * 3.0))
+  assert prof.speedup(d, 2.0, 0.25, rows=5) == pytest.approx(3.0 / (0.25 * 3.5 + 0.75 * 4.0))
+
+
 def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, monkeypatch):
   """``num_draft``/``total = "auto"`` time the target where they run: a chain's verify under the
   causal mask only, a tree's under the tree mask only (each mask is its own compiles)."""
@@ -223,6 +241,11 @@ def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, 
     assert timed.pop() == (mask,)
     assert sorted(parts[part]) == [1, 3, 5] and set(parts) <= {"target", part}
     assert parts["target"][1] > 0 and overhead >= 0  # the AR step's forward, either way
+  # At forward_rows: the one-row AR forward, and the options' rows in one shape, nothing else.
+  parts, _ = costmodel._machine_target(config, model, [3, 5], 1, PromptLookup(4), [5, 7])
+  assert timed[-2:] == [("causal",), ("one_shape",)]
+  assert set(parts) == {"target", "target_rows"} and sorted(parts["target"]) == [1]
+  assert sorted(parts["target_rows"]) == [5, 7]
 
 
 @pytest.mark.slow
@@ -265,6 +288,16 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
     if g["min_ngram"] == 1:
       assert g["tau"] == pytest.approx(lookup_row["tau_by_k"][str(g["num_draft"])])
   assert len({g["tau"] for g in grid}) > 3  # the settings differ: the check is not empty
+  assert [r["forward_rows"] for r in saved["rows"]] == [0, 0]  # float32: each forward its rows
+  assert not saved["target_rows_forward_ms"]
+
+  # Greedy in bfloat16 the sweep decodes each variant at its rows (forward_rows = auto): its
+  # steps, and every lookup cell's, are priced at those rows in one shape.
+  bf16 = copy.deepcopy(c)
+  bf16.update(dtype="bfloat16", output_dir=str(tmp_path / "bf16"))
+  rows = cost_model.run(bf16)
+  assert {r["variant"]: r["forward_rows"] for r in rows["rows"]} == {"lookup": 4, "draft": 3}
+  assert sorted(rows["target_rows_forward_ms"]) == [2, 3, 4, 5]  # the lookup grid's K + 1 too
 
   # The prediction redone over the same measured decoding (no timed decoding): same rows; a
   # sweep.json written before a drafter option existed decoded as its default does.
@@ -314,6 +347,20 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   d, _ = build.drafter(la, build.target(la))
   top = max(grid, key=lambda g: (g["tau"], -g["num_draft"], -g["min_ngram"]))
   assert (d.num_draft, d.min_ngram) == (top["num_draft"], top["min_ngram"])
+  # Greedy in bfloat16 on a CPU, every forward runs at the option's rows (forward_rows =
+  # auto): K is priced at K + 1 rows in one shape; past 2 rows they are dear here, so K = 1.
+  asked = []
+
+  def rows_dear(config, target, sizes, repeats, drafter, rows=()):
+    asked.append(list(rows))
+    return {"target": {1: 1.0}, "target_rows": {r: 1.0 + 10 * (r - 2) for r in rows}}, 0.0
+
+  monkeypatch.setattr(costmodel, "_machine_target", rows_dear)
+  bf16 = copy.deepcopy(la)
+  bf16.update(dtype="bfloat16", temperature=0.0)
+  d, _ = build.drafter(bf16, build.target(bf16))
+  assert asked == [[2, 3, 4, 5]] and d.num_draft == 1
+  assert "rows in one shape" in capsys.readouterr().out
   monkeypatch.undo()
   la.drafter.prompt_lookup.max_ngram = 4  # the grid replayed max_ngram = 3
   with pytest.raises(ValueError, match="replayed max_ngram=3"):

@@ -9,6 +9,8 @@ the training curve.
     python -m specjax.run --config=experiments/acceptance_losses/config.py:soft_ce   # 1.
     python -m specjax.run --config=experiments/acceptance_losses/config.py:tv        # ... each of
     python -m specjax.run --config=experiments/acceptance_losses/config.py:sweep     # 2.
+    python -m specjax.run --config=experiments/acceptance_losses/config.py:specbench \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl  # 3.
     python -m specjax.report experiments/acceptance_losses                           # README
 
 1. Each run (``RUNS``) starts from eagle_smollm2's ``:eagle3_serve`` (the published EAGLE-3:
@@ -26,8 +28,12 @@ the training curve.
    curve; at the end it is set beside a real decode of the same prompts (``tau_check``).
 2. ``:sweep`` decodes every trained drafter as that tree greedily on the curve's prompts by
    category (chat, new chat, code), beside AR, in one process.
+3. ``:specbench`` decodes them, and EAGLE ``:requests``' drafter, as that tree on Spec-Bench's
+   first two questions of each category (26 first turns, 128 new tokens, float32), each beside
+   AR (add ``--config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl``).
 """
 
+from configs import specbench as specbench_config
 from experiments import held_out
 from experiments.eagle_smollm2 import config as eagle_smollm2
 
@@ -81,11 +87,29 @@ def _sweep():
   return c
 
 
+def _specbench():
+  """3.: the swept drafters and EAGLE ``:requests``' (the bar) on Spec-Bench's first two
+  questions per category, each beside AR, float32 (greedy text equal to AR's)."""
+  c = specbench_config.get_config()
+  c.output_dir = f"{RESULTS}/specbench"
+  c.dtype = "float32"
+  c.specbench.per_category = 2  # 26 questions, first turns
+  c.max_new_tokens = 128
+  c.specbench.variants = {
+    f"{name}_16_l4": eagle_smollm2.eagle_variant(f"{WORKDIR}_{name}/draft_final", **TREE)
+    for name in SWEPT
+  } | {"requests_16_l4": eagle_smollm2.eagle_variant(eagle_smollm2.REQUESTS_DRAFTER, **TREE)}
+  return c
+
+
 def get_config(arg: str | None = None):
   if arg == "sweep":
     return _sweep()
+  if arg == "specbench":
+    return _specbench()
   if arg not in RUNS:
     raise ValueError(
-      f"unknown variant {arg!r} of acceptance_losses/config.py; choose {', '.join(RUNS)}, sweep."
+      f"unknown variant {arg!r} of acceptance_losses/config.py; choose {', '.join(RUNS)}, "
+      "sweep, specbench."
     )
   return _run(arg)

@@ -18,6 +18,14 @@ files (model_answer/, one per method; Spec-Bench's evaluation/speed.py reads the
 interrupted run resumes at the next question. The question file is Spec-Bench's
 (github.com/hemingkx/Spec-Bench; nothing of it ships here). The run takes about 37 minutes on
 this 2-core CPU.
+
+    python -m specjax.run --config=experiments/specbench_smollm2/config.py:bfloat16 \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl
+
+decodes the same three methods in bfloat16 at the default ``forward_rows = auto`` over the
+first two questions of each category (26, 128 new tokens): each method at its rows per step,
+its greedy answer checked against AR's at those rows (one AR run per row count and question),
+EAGLE's ``total = auto`` priced at those rows (results/bfloat16/). About an hour here.
 """
 
 from configs import specbench as specbench_config
@@ -38,9 +46,16 @@ VARIANTS = {  # name -> config.drafter overrides
 }
 
 
-def get_config():
+def get_config(arg: str = ""):
+  if arg not in ("", "bfloat16"):
+    raise ValueError(f"specbench_smollm2/config.py takes no argument or ':bfloat16', got {arg!r}.")
   c = specbench_config.get_config()
   c.output_dir = "experiments/specbench_smollm2/results"
   c.specbench.variants = VARIANTS
   c.specbench.per_category = 5  # Spec-Bench's 65-question subset
+  if arg == "bfloat16":  # the same methods in bfloat16 at forward_rows = auto: greedy = AR's
+    c.output_dir = "experiments/specbench_smollm2/results/bfloat16"
+    c.dtype = "bfloat16"
+    c.specbench.per_category = 2  # 26 questions: each method's AR at its rows is decoded too
+    c.max_new_tokens = 128
   return c

@@ -20,13 +20,16 @@ can equal AR's bit for bit (results/bf16_one_shape).
 
     python -m specjax.run --config=experiments/verify_cost/config.py:exact
 
-runs it at the default ``forward_rows = auto``: each drafter at its own rows per step, checked
-against AR at those rows (one AR run per row count), the speedup over one-row AR
-(results/bf16_exact).
+runs it at the default ``forward_rows = auto`` with every drafter family (the three above,
+Lookahead, a draft model of the target's first 8 layers, the served EAGLE-3, DFlash, DSpark and
+P-EAGLE from experiments/block_smollm2, each block drafter's tree with the lookup branch): each
+at its own rows per step, checked against AR at those rows (one AR run per row count), the
+speedup over one-row AR (results/bf16_exact). About 40 minutes here.
 """
 
 from configs import demo
 from experiments import held_out
+from experiments.block_smollm2 import config as block
 from specjax.measure import sweep
 
 MEDUSA_HEADS = "experiments/medusa_smollm2/heads"
@@ -43,6 +46,17 @@ BF16_VARIANTS = {  # name -> config.drafter overrides; the EAGLE and lookup name
   },
 }
 FLOAT32_SWEEP = "experiments/eagle_smollm2/results/sweep_lookup/sweep.json"
+EXACT_VARIANTS = BF16_VARIANTS | {  # :exact: every drafter family, its committed weights
+  "lookahead_5_3_3": {"name": "lookahead",
+                      "lookahead": {"window": 5, "ngram": 3, "num_candidates": 3}},
+  "draft_model_8l_k4": {"name": "draft_model", "draft_model": {"num_layers": 8, "num_draft": 4}},
+  "eagle3_16_l4": block.peagle_sweep_variants()["eagle3_16_l4"],
+  "dflash_tree_14_lookup4": block.dflash_variant(block.DRAFTER, block.CATERPILLAR, lookup=4),
+  "dspark_tree_14_lookup4": block.dflash_variant(block.DSPARK_DRAFTER, block.CATERPILLAR,
+                                                 lookup=4),
+  "peagle_tree_16_lookup4": block.peagle_variant(block.PEAGLE_DRAFTER, block.CATERPILLAR_8,
+                                                 lookup=4),
+}  # fmt: skip
 
 
 ONE_SHAPE_ROWS = 21  # eagle_tree_4x6_16_lookup4: root + 16 nodes + 4 lookup tokens
@@ -66,6 +80,7 @@ def get_config(arg: str | None = None):
   if arg == "exact":  # the default: each drafter at its rows per step, against AR at those rows
     c.forward_rows = "auto"
     c.output_dir = "experiments/verify_cost/results/bf16_exact"
+    c.sweep.variants = EXACT_VARIANTS
   if arg == "one_shape":
     c.forward_rows = ONE_SHAPE_ROWS
     c.output_dir = "experiments/verify_cost/results/bf16_one_shape"

@@ -155,7 +155,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
   sizes = sorted(sizes)
   slots = config.max_len + max(sizes)  # the decode's cache: its attention window
   repeats = cm.get("repeats", 15)  # timed rounds per forward (the median is kept)
+  # A variant run at forward_rows (greedy bfloat16 on a CPU): every target forward at its rows.
+  rows = {name: build.forward_rows(config, d) for name, (d, _) in drafters.items()}
+  every_rows = set(rows.values()) | {build.forward_rows(config, tune.apply(base, g))
+                                     for tune, base, _, grid in swept for g in grid}  # fmt: skip
+  slots = max(slots, config.max_len + max(every_rows, default=0))
   target_s = costmodel.target_seconds(target, sizes, cm.context, slots, repeats)
+  target_s |= costmodel.rows_seconds(target, every_rows - {0}, cm.context, slots, repeats)
   ar_step = _ar_step(record)
   overhead = max(ar_step - target_s["target"][1], 0.0)
   parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
@@ -178,7 +184,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
     }  # fmt: skip
     for d, g in zip(options, grid, strict=True):
       abstained = g.get("abstained", 0.0)
-      g["predicted_speedup"] = profiles[tune.group(d)].speedup(d, g["tau"], abstained)
+      n = build.forward_rows(config, d)
+      g["predicted_speedup"] = profiles[tune.group(d)].speedup(d, g["tau"], abstained, n)
       for chip, prof in chips.items():
         g[f"{chip}_speedup"] = prof.speedup(d, g["tau"], abstained)
 
@@ -186,11 +193,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
   cats = list(config.sweep.categories)
   for name, (d, _) in drafters.items():
     replays = {c: predicted[c, name] for c in cats}
-    price = lambda prof, r, d=d: prof.speedup(d, r.tau, r.abstained / r.calls)  # noqa: E731
+    # Here at the run's rows; a chip (bfloat16 on an accelerator) verifies at its own rows.
+    price = lambda prof, r, d=d, n=0: prof.speedup(d, r.tau, r.abstained / r.calls, n)  # noqa: E731
     tau = np.mean([runs[c, name]["tau"] for c in cats])
     tau_p = np.mean([r.tau for r in replays.values()])
     speed = np.mean([runs[c, name]["speedup"] for c in cats])
-    speed_p = np.mean([price(here[name], r) for r in replays.values()])
+    speed_p = np.mean([price(here[name], r, n=rows[name]) for r in replays.values()])
     row = {
       "variant": name,
       "tau": float(tau),
@@ -199,7 +207,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
       "speedup": float(speed),
       "predicted_speedup": float(speed_p),
       "speedup_error": float(speed_p / speed - 1),
-      "step_ms": 1e3 * here[name].step_seconds(d),
+      "step_ms": 1e3 * here[name].step_seconds(d, rows[name]),
+      "forward_rows": rows[name],
       "abstained_calls": sum(r.abstained for r in replays.values()),
       "drafter": config.sweep.variants[name].to_dict(),
       "tau_by_k": by_k.get(name),
@@ -208,7 +217,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
           "tau": runs[c, name]["tau"],
           "predicted_tau": r.tau,
           "speedup": runs[c, name]["speedup"],
-          "predicted_speedup": price(here[name], r),
+          "predicted_speedup": price(here[name], r, n=rows[name]),
         }
         for c, r in replays.items()
       },  # fmt: skip
@@ -227,6 +236,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     "overhead_ms": 1e3 * overhead,
     "target_forward_ms": {t: 1e3 * s for t, s in target_s["target"].items()},
     "target_tree_forward_ms": {t: 1e3 * s for t, s in target_s["target_tree"].items()},
+    "target_rows_forward_ms": {t: 1e3 * s for t, s in target_s.get("target_rows", {}).items()},
     "drafter_forward_ms": {
       name: {m: {t: 1e3 * s for t, s in v.items()} for m, v in models.items()}
       for name, models in parts.items()
