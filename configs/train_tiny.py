@@ -116,4 +116,7 @@ def get_config():
   # greedy continuations through the drafter as config.drafter decodes: tau/simulated on the
   # curve, checked at the end against the decode of the same prompts (temperature 0).
   c.evaluate.tau_every = 0
+  # Each temperature on the curve: 0 the simulator's greedy τ; T > 0 a sampled decode of the
+  # prompts at T (tau/decoded_t1 for 1.0), at tau_every's steps too.
+  c.evaluate.tau_temperatures = (0.0,)
   return c

@@ -16,7 +16,8 @@ import pytest
 import train_worker
 
 from configs import train_tiny
-from specjax import losses, parallel
+from specjax import build, losses, metrics, parallel
+from specjax.decode import generate
 from specjax.models import checkpoint as model_checkpoint
 from specjax.models import export, tiny
 from specjax.tasks import train as train_task
@@ -422,6 +423,10 @@ def _tiny_config(tmp_path, **train):
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
     ({"objective.draft_distill.loss": "l2"}, "draft_distill.loss='l2' is unknown; choose one"),
     ({"evaluate.tau_every": -1}, "evaluate.tau_every must be an integer >= 0"),
+    (
+      {"evaluate.tau_every": 2, "evaluate.tau_temperatures": (0.0, -1.0)},
+      r"evaluate.tau_temperatures must list temperatures >= 0 .* got \(0.0, -1.0\)",
+    ),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
     ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),
@@ -529,15 +534,31 @@ def test_train_cli_distils_a_better_draft(tmp_path):
 def test_tau_on_the_curve_is_the_decoded_tau(tmp_path):
   """evaluate.tau_every: the simulator's greedy τ of the draft being trained is on the curve at
   step 0, every tau_every steps and the end (metrics.jsonl and TensorBoard), and at the end it
-  is the τ of decoding the same prompts with the trained draft."""
+  is the τ of decoding the same prompts with the trained draft; with temperature 1 among
+  ``tau_temperatures``, a sampled decode's τ beside it at the same steps."""
   c = _tiny_config(tmp_path, steps=4, log_every=2)
   c.evaluate.tau_every = 2
+  c.evaluate.tau_temperatures = (0.0, 1.0)
   record = train_task.run(c)
   curve = [r for r in metrics_log.read(tmp_path / "metrics.jsonl") if "tau/simulated" in r]
   assert [r["step"] for r in curve] == [0, 2, 4]
-  assert all(r["tau/simulated"] >= 1.0 for r in curve)
+  assert all(r["tau/simulated"] >= 1.0 and r["tau/decoded_t1"] >= 1.0 for r in curve)
   check = record["tau_check"]
   assert check["simulated"] == curve[-1]["tau/simulated"]
   assert check["simulated"] == pytest.approx(check["decoded"], rel=1e-9)
   events = {(v.tag, e.step) for e in _events(tmp_path / "tensorboard") for v in e.summary.value}
-  assert {("tau/simulated", s) for s in (0, 2, 4)} <= events
+  assert {(t, s) for t in ("tau/simulated", "tau/decoded_t1") for s in (0, 2, 4)} <= events
+  # The sampled τ at the end is that of decoding the prompts at temperature 1 (the run's seed)
+  # with the trained draft as the task saved it.
+  t1 = c.copy_and_resolve_references()
+  t1.temperature = 1.0
+  t1.drafter.draft_model.source = "model"
+  t1.drafter.draft_model.model.update(source="safetensors", path=str(tmp_path / "draft_final"))
+  target = build.target(t1)
+  drafter, dparams = build.drafter(t1, target)
+  req = build.request(t1, target)
+  outs = [generate(target.params, target.cfg, b, drafter=drafter, drafter_params=dparams,
+                   **req.generate_kwargs()) for b in req.batches()]  # fmt: skip
+  assert (
+    curve[-1]["tau/decoded_t1"] == metrics.summarize(metrics.merge([o.counts for o in outs]))["tau"]
+  )

@@ -213,6 +213,8 @@ def _tau_every(config) -> int:
   every = config.get("evaluate", {}).get("tau_every", 0)
   if int(every) != every or every < 0:
     raise ValueError(f"config.evaluate.tau_every must be an integer >= 0 (0 = never), got {every}.")
+  if every:
+    _tau_temperatures(config)
   if every and config.distributed.num_processes > 1:
     raise ValueError(
       "config.evaluate.tau_every replays on one process; set it to 0 for a multi-process run."
@@ -220,24 +222,47 @@ def _tau_every(config) -> int:
   return int(every)
 
 
+def _tau_temperatures(config) -> tuple[float, ...]:
+  temps = tuple(config.get("evaluate", {}).get("tau_temperatures", (0.0,)))
+  if not temps or any(not isinstance(t, int | float) or t < 0 for t in temps):
+    raise ValueError(
+      "config.evaluate.tau_temperatures must list temperatures >= 0 (0: the simulator's greedy "
+      f"τ; T > 0: a sampled decode), e.g. (0.0, 1.0); got {temps!r}."
+    )
+  return temps
+
+
 def _tau_probe(config, target, objective, host_target):
-  """The simulator's greedy τ (``specjax.simulate``) of the drafter being trained, decoding as
-  ``config.drafter`` says, over the evaluate prompts' greedy continuations (decoded here once,
-  before training): ``params -> {"tau/simulated": τ}``."""
+  """τ of the drafter being trained, decoding the evaluate prompts as ``config.drafter`` says,
+  at each of ``evaluate.tau_temperatures``: at 0 the simulator's greedy τ (``specjax.simulate``)
+  over the prompts' greedy continuations (decoded here once, before training); at T > 0 a
+  sampled decode of the prompts (the run's seed, top-k and top-p; the simulator replays greedy
+  decoding only): ``params -> {"tau/simulated": τ, "tau/decoded_t1": τ, ...}``."""
   drafter = objective.drafter(config)
-  simulate.check_supported(drafter)
-  greedy = config.copy_and_resolve_references()
-  greedy.temperature = 0.0
-  req = build.request(greedy, target)
-  batches = req.batches()
-  outs = [generate(target.params, target.cfg, b, **req.generate_kwargs()) for b in batches]
-  prompts = [p for b in batches for p in b]
-  rows = list(zip(prompts, [r for o in outs for r in o.tokens], strict=True))
-  rows = rows[: len(req.prompts)]  # not a last batch's cycled fill
+  temps = _tau_temperatures(config)
+  at = {}
+  for t in temps:
+    at[t] = config.copy_and_resolve_references()
+    at[t].temperature = float(t)
+  sampled = {t: build.request(at[t], target) for t in temps if t > 0}
+  rows = None
+  if 0 in temps:
+    simulate.check_supported(drafter)
+    req = build.request(at[0], target)
+    batches = req.batches()
+    outs = [generate(target.params, target.cfg, b, **req.generate_kwargs()) for b in batches]
+    prompts = [p for b in batches for p in b]
+    rows = list(zip(prompts, [r for o in outs for r in o.tokens], strict=True))
+    rows = rows[: len(req.prompts)]  # not a last batch's cycled fill
 
   def probe(params) -> dict:
     dparams = objective.model_params(jax.device_get(params), host_target)
-    return {"tau/simulated": simulate.replay(target, drafter, dparams, rows).tau}
+    out = {}
+    if rows is not None:
+      out["tau/simulated"] = simulate.replay(target, drafter, dparams, rows).tau
+    for t, req in sampled.items():
+      out[f"tau/decoded_t{t:g}"] = _tau(target, drafter, dparams, req)["tau"]
+    return out
 
   return probe
 
