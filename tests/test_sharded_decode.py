@@ -282,12 +282,34 @@ def test_generate_refuses_a_mesh_the_batch_does_not_divide():
   assert generate(params, cfg, [[1], [2]], mesh=mesh, max_new_tokens=3).local_rows == [0, 1]
 
 
+def test_device_bench_checks_its_variants_and_dtypes_before_any_model_loads():
+  """The full set's drafters, named variants and dtypes pass their checks; a bad dtype or
+  variant is one error naming the field, before anything loads."""
+  from configs import device_bench as bench_config
+  from specjax.tasks import device_bench
+
+  c = bench_config.get_config()
+  runs = device_bench._runs(c)
+  labels = [label for label, _ in runs]
+  assert len(runs) == 2 * 10 and {"dspark_tree_14_l4", "peagle_tree_16_l4"} <= set(labels)
+  assert [rc.dtype for _, rc in runs] == ["float32"] * 10 + ["bfloat16"] * 10
+  dspark = next(rc for label, rc in runs if label == "dspark_tree_14_l4")
+  assert dspark.drafter.name == "dflash" and dspark.drafter.dflash.lookup == 4
+  c.device_bench.dtypes = ("float16",)
+  with pytest.raises(ValueError, match=r"device_bench.dtypes has \['float16'\]"):
+    device_bench.run(c)
+  c.device_bench.dtypes = ("float32",)
+  c.device_bench.variants = {"bad": {"name": "eagle", "eagle": {"path": "no/such/dir"}}}
+  with pytest.raises(ValueError, match="no/such/dir"):
+    device_bench.run(c)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_device_bench_script_runs_end_to_end_on_cpu(tmp_path):
-  """scripts/device_bench.sh on random tiny models: every drafter benchmarked at a batch of two
-  rows (the full set's batch sizes run through the same loop), the verify-cost curve measured,
-  one JSON written."""
+  """scripts/device_bench.sh on random tiny models: every drafter and named variant benchmarked
+  at a batch of two rows (the full set's batch sizes run through the same loop) in float32 and
+  in bfloat16, the verify-cost curve measured in each, one JSON written."""
   proc = subprocess.run(
     ["bash", "scripts/device_bench.sh", "tiny", f"--config.output_dir={tmp_path}"],
     cwd=ROOT, env=train_worker.env(1), capture_output=True, text=True, timeout=600,
@@ -295,13 +317,17 @@ def test_device_bench_script_runs_end_to_end_on_cpu(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "device: cpu" in proc.stdout
   record = json.loads((tmp_path / "device_bench.json").read_text())
-  runs = {(r["drafter"], r["batch"]): r for r in record["runs"]}
-  assert sorted(runs) == [("draft_model", 2), ("prompt_lookup", 2)]
-  for r in runs.values():
+  runs = {(r["drafter"], r["dtype"], r["batch"]): r for r in record["runs"]}
+  assert sorted(runs) == [(d, t, 2) for d in ("draft_model", "lookup_tree")
+                          for t in ("bfloat16", "float32")]  # fmt: skip
+  for r in runs.values():  # bfloat16 greedy on a CPU: at the drafter's rows, equal to AR's there
     assert r["greedy_identical"] is True
     assert r["tau"] >= 1 and r["calls_per_token"] == pytest.approx(1 / r["tau"], rel=0.2)
     assert r["tokens_per_s"] > 0 and r["speedup"] > 0
-  assert [row["tokens"] for row in record["verify_cost"]] == [1, 4]
+  assert (tmp_path / "lookup_tree_b2_bfloat16" / "benchmark.json").is_file()
+  assert record["dtypes"] == ["float32", "bfloat16"]
+  for curve in record["verify_cost_by_dtype"].values():
+    assert [row["tokens"] for row in curve] == [1, 4]
   assert record["machine"]["platform"] == "cpu" and record["dtype"] == "float32"
 
 

@@ -2,8 +2,10 @@
 
     bash scripts/device_bench.sh            # python -m specjax.run --config=configs/device_bench.py
 
-Per drafter in ``device_bench.drafters`` and batch size in ``device_bench.batch_sizes``: AR and
-speculative decoding on the same prompts in one process (task=benchmark, each mode compiled
+Per drafter in ``device_bench.drafters`` (and named variant in ``device_bench.variants``:
+label -> drafter overrides, e.g. a block drafter's tree), dtype in ``device_bench.dtypes``
+(default: the config's) and batch size in ``device_bench.batch_sizes``: AR and speculative
+decoding on the same prompts in one process (task=benchmark, each mode compiled
 first, then timed) give tokens/s, τ, target calls per token, the speedup and whether greedy
 outputs are identical; then the verify-cost curve: one target forward over T tokens against
 one token, the number a per-device cost model needs. Writes ``output_dir/device_bench.json``
@@ -18,31 +20,57 @@ from specjax.measure.machine import machine as machine_facts
 from specjax.tasks import benchmark
 
 COLUMNS = (
-  "drafter", "batch", "tau", "calls_per_token", "ar_tokens_per_s", "tokens_per_s", "speedup",
-  "greedy_identical",
+  "drafter", "dtype", "batch", "tau", "calls_per_token", "ar_tokens_per_s", "tokens_per_s",
+  "speedup", "greedy_identical",
 )  # fmt: skip
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _runs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """``(label, config)`` per benchmark: each of ``device_bench.drafters`` (its
+  ``config.drafter`` section as set) and of ``device_bench.variants`` (label -> drafter
+  overrides, as a sweep's), in each of ``device_bench.dtypes``; every one checked before any
+  model loads."""
+  bench = config.device_bench
+  for name in bench.drafters:
+    if name not in config.drafter:
+      raise ValueError(f"config.device_bench.drafters has {name!r}, which has no config.drafter.")
+  dtypes = tuple(bench.get("dtypes") or (config.dtype,))
+  bad = [d for d in dtypes if d not in DTYPES]
+  if bad:
+    raise ValueError(f"config.device_bench.dtypes has {bad}; each is one of {', '.join(DTYPES)}.")
+  entries = [(name, {"name": name}) for name in bench.drafters]
+  entries += [(label, dict(o)) for label, o in (bench.get("variants") or {}).items()]
+  runs = []
+  for dtype in dtypes:
+    for label, overrides in entries:
+      c = sweep.variant_config(config, overrides)
+      c.dtype = dtype
+      build.check(c)
+      runs.append((label, c))
+  return runs
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
   bench = config.device_bench
-  for name in bench.drafters:
-    if name not in config.drafter:
-      raise ValueError(f"config.device_bench.drafters has {name!r}, which has no config.drafter.")
+  runs = _runs(config)
+  several = len({c.dtype for _, c in runs}) > 1
   machine = machine_facts()
   print(f"device: {machine['platform']} {machine['device']} x{machine['devices']}", flush=True)
   rows = []
-  for name in bench.drafters:
+  for label, base in runs:
+    dtype = build.dtype(base)
     for b in bench.batch_sizes:
-      c = config.copy_and_resolve_references()
+      c = base.copy_and_resolve_references()
       c.task, c.batch_size = "benchmark", b
-      c.drafter.name = name
-      c.output_dir = f"{config.output_dir}/{name}_b{b}"
+      c.output_dir = f"{config.output_dir}/{label}_b{b}" + (f"_{dtype}" if several else "")
       rec = benchmark.run(c)
       ar, spec = rec["modes"]["ar"], rec["modes"]["speculative"]
       rows.append(
         {
-          "drafter": name,
+          "drafter": label,
+          "dtype": dtype,
           "batch": b,
           "tau": spec["tau"],
           "calls_per_token": spec["target_calls_per_token"],
@@ -52,16 +80,23 @@ def run(config: ml_collections.ConfigDict) -> dict:
           "greedy_identical": rec["summary"].get("greedy_outputs_identical"),
         }
       )
-  target = build.target(config)
-  curve = sweep.verify_cost(target, bench.verify_sizes, config.max_len)
+  curves = {}
+  for _, c in runs:  # one verify-cost curve per dtype
+    dtype = build.dtype(c)
+    if dtype not in curves:
+      curves[dtype] = sweep.verify_cost(build.target(c), bench.verify_sizes, config.max_len)
   record = {
     "config": config.to_dict(),
     "machine": machine,
     "dtype": build.dtype(config),
+    "dtypes": list(curves),
     "runs": rows,
-    "verify_cost": curve,
+    "verify_cost": curves[build.dtype(runs[0][1])],
+    "verify_cost_by_dtype": curves,
   }
   print(results.table(rows, COLUMNS))
-  print(results.table(curve, ("tokens", "ms", "vs_1_token")))
+  for dtype, curve in curves.items():
+    print(f"verify cost ({dtype}):")
+    print(results.table(curve, ("tokens", "ms", "vs_1_token")))
   print(f"wrote {results.write_json(f'{config.output_dir}/device_bench.json', record)}")
   return record
