@@ -47,9 +47,9 @@ def get_config(arg: str = "full"):
     c.task, c.output_dir = "device_bench", "results/device_bench_tiny"
     c.max_new_tokens, c.max_len, c.benchmark.repeats = 16, 64, 1
     c.device_bench = config_dict.ConfigDict()
-    c.device_bench.drafters = ("draft_model",)
     c.device_bench.variants = {"lookup_tree": {"name": "prompt_lookup",
                                                "prompt_lookup": {"num_branches": 2}}}  # fmt: skip
+    c.device_bench.drafters = ("draft_model", "lookup_tree")
     c.device_bench.dtypes = ("float32", "bfloat16")
     c.device_bench.batch_sizes = (2,)  # batched rows; the grid's loop is the same at (1, 4)
     c.device_bench.verify_sizes = (1, 4)
@@ -65,14 +65,15 @@ def get_config(arg: str = "full"):
   c.drafter.dflash.path = DFLASH_DRAFTER  # a 7-chain from blocks of 8 (experiments/block_smollm2)
   c.drafter.peagle.path = PEAGLE_DRAFTER  # an 8-chain, one forward (experiments/block_smollm2)
   c.device_bench = config_dict.ConfigDict()
-  c.device_bench.drafters = ("prompt_lookup", "draft_model", "medusa", "eagle", "dflash", "peagle")
-  c.device_bench.variants = block_variants()
+  c.device_bench.variants = block_variants()  # labels drafters may name beside the sections
+  c.device_bench.drafters = (
+    "prompt_lookup", "draft_model", "medusa", "eagle", "dflash", "peagle", *c.device_bench.variants
+  )  # fmt: skip
   c.device_bench.dtypes = ("float32", "bfloat16")
   c.device_bench.batch_sizes = (1,)  # '(1,4)': batched rows too (twice the runs)
   c.device_bench.verify_sizes = (1, 2, 4, 8, 16, 32, 64)
   if arg == "quick":
     c.device_bench.drafters = ("prompt_lookup", "eagle", "dflash")
-    c.device_bench.variants = {}
     c.device_bench.dtypes = ()  # the config's: dtype = auto
     c.device_bench.verify_sizes = (1, 4, 16)
     c.max_new_tokens = 16

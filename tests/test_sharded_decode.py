@@ -299,9 +299,14 @@ def test_device_bench_checks_its_variants_and_dtypes_before_any_model_loads():
   with pytest.raises(ValueError, match=r"device_bench.dtypes has \['float16'\]"):
     device_bench.run(c)
   c.device_bench.dtypes = ("float32",)
-  c.device_bench.variants = {"bad": {"name": "eagle", "eagle": {"path": "no/such/dir"}}}
+  c.device_bench.drafters = ("eagle", "eagle_tree")
+  with pytest.raises(ValueError, match="'eagle_tree', which is neither a config.drafter section"):
+    device_bench.run(c)
+  c.device_bench.variants["eagle_tree"] = {"name": "eagle", "eagle": {"path": "no/such/dir"}}
   with pytest.raises(ValueError, match="no/such/dir"):
     device_bench.run(c)
+  c.device_bench.drafters = ("eagle",)  # what the H200 run named: that drafter alone
+  assert [label for label, _ in device_bench._runs(c)] == ["eagle"]
 
 
 @pytest.mark.slow

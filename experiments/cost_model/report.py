@@ -93,7 +93,7 @@ def report(results_dir):
   import json
 
   records = {}
-  for name in ("smollm2", "qwen", "smollm2_eagle"):
+  for name in ("smollm2", "qwen", "smollm2_eagle", "smollm2_blocks"):
     path = results_dir / name / "cost_model.json"
     if path.exists():
       records[name] = json.loads(path.read_text())

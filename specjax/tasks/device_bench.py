@@ -2,8 +2,9 @@
 
     bash scripts/device_bench.sh            # python -m specjax.run --config=configs/device_bench.py
 
-Per drafter in ``device_bench.drafters`` (and named variant in ``device_bench.variants``:
-label -> drafter overrides, e.g. a block drafter's tree), dtype in ``device_bench.dtypes``
+Per entry of ``device_bench.drafters`` (a drafter as ``config.drafter`` sets it, or a label of
+``device_bench.variants``: label -> drafter overrides, e.g. a block drafter's tree), dtype in
+``device_bench.dtypes``
 (default: the config's) and batch size in ``device_bench.batch_sizes``: AR and speculative
 decoding on the same prompts in one process (task=benchmark, each mode compiled
 first, then timed) give tokens/s, τ, target calls per token, the speedup and whether greedy
@@ -27,27 +28,29 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def _runs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
-  """``(label, config)`` per benchmark: each of ``device_bench.drafters`` (its
-  ``config.drafter`` section as set) and of ``device_bench.variants`` (label -> drafter
-  overrides, as a sweep's), in each of ``device_bench.dtypes``; every one checked before any
-  model loads."""
+  """``(label, config)`` per benchmark: each of ``device_bench.drafters``, a ``config.drafter``
+  section's name (that drafter as set) or a label of ``device_bench.variants`` (label ->
+  drafter overrides, as a sweep's), in each of ``device_bench.dtypes``; every one checked
+  before any model loads."""
   bench = config.device_bench
+  variants = dict(bench.get("variants") or {})
   for name in bench.drafters:
-    if name not in config.drafter:
-      raise ValueError(f"config.device_bench.drafters has {name!r}, which has no config.drafter.")
+    if name not in variants and name not in config.drafter:
+      raise ValueError(
+        f"config.device_bench.drafters has {name!r}, which is neither a config.drafter section "
+        f"nor a label of config.device_bench.variants ({', '.join(variants) or 'none'})."
+      )
   dtypes = tuple(bench.get("dtypes") or (config.dtype,))
   bad = [d for d in dtypes if d not in DTYPES]
   if bad:
     raise ValueError(f"config.device_bench.dtypes has {bad}; each is one of {', '.join(DTYPES)}.")
-  entries = [(name, {"name": name}) for name in bench.drafters]
-  entries += [(label, dict(o)) for label, o in (bench.get("variants") or {}).items()]
   runs = []
   for dtype in dtypes:
-    for label, overrides in entries:
-      c = sweep.variant_config(config, overrides)
+    for name in bench.drafters:
+      c = sweep.variant_config(config, dict(variants.get(name, {"name": name})))
       c.dtype = dtype
       build.check(c)
-      runs.append((label, c))
+      runs.append((name, c))
   return runs
 
 
