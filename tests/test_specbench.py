@@ -228,6 +228,7 @@ def test_a_greedy_difference_is_reported_where_rounding_may_part_and_stops_an_ex
     return
   record = specbench.run(config)
   assert record["questions"] == 2 and record["greedy_outputs_identical"] is False
+  assert record["forward_rows"] and set(record["forward_rows"].values()) == {0}
   found = record["greedy_differences"]
   where = [(d["question_id"], d["turn"], d["new_token"]) for d in found]
   assert where == [(201, 1, 1), (202, 1, 1)]

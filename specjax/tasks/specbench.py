@@ -319,8 +319,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
             "answer_file": str(files[m])} for m in methods}}  # fmt: skip
   results.write_json(record_path, record)  # the config the answer files are made with
   pending = [q for q in questions if q["question_id"] not in done]
-  if pending:
-    _decode(config, pending, methods, files, len(questions))
+  if pending:  # each drafter's forward rows (0: its own), what its answers were checked at
+    record["forward_rows"] = _decode(config, pending, methods, files, len(questions))
   answers = {m: _read_answers(files[m]) for m in methods}
   record |= specbench_report.summarize(questions, answers)
   differences = _read_differences(out_dir / DIFFERENCES, questions)
@@ -380,8 +380,9 @@ def _resumed(config, record_path: Path, files: dict, questions: list[dict]) -> s
   return both & {q["question_id"] for q in questions}
 
 
-def _decode(config, pending: list[dict], methods: dict, files: dict, total: int) -> None:
-  """Decodes ``pending`` with AR and every drafter, appending each question's answers."""
+def _decode(config, pending: list[dict], methods: dict, files: dict, total: int) -> dict:
+  """Decodes ``pending`` with AR and every drafter, appending each question's answers; returns
+  each drafter's forward rows."""
   target = build.target(config)
   stop = None
   if target.tokenizer is not None and config.stop_at_eos:
@@ -427,6 +428,7 @@ def _decode(config, pending: list[dict], methods: dict, files: dict, total: int)
       lengths = lines[m]["choices"][0]["accept_lengths"]
       steps[m], tokens[m] = steps[m] + len(lengths), tokens[m] + sum(lengths)
     bar.set_postfix({f"tau[{m}]": f"{tokens[m] / steps[m]:.2f}" for m in steps}, refresh=False)
+  return rows
 
 
 DIFFERENCES = "greedy_differences.jsonl"  # beside specbench.json: one line per differing answer
