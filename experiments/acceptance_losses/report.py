@@ -101,9 +101,35 @@ def _sweep(results_dir: Path) -> list[str]:
   ]
 
 
+def _specbench(results_dir: Path) -> list[str]:
+  """``:specbench``: τ per Spec-Bench column for each trained drafter and EAGLE :requests'."""
+  path = results_dir / "specbench" / "specbench.json"
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  cols = record["columns"]
+  methods = [m for m in record["methods"] if m != "vanilla"]
+  rows = []
+  for m in methods:
+    cells = {cols[k]["title"]: round(cols[k][m]["tau"], 2) for k in cols}
+    rows.append({"drafter": m} | cells | {"speedup": round(cols["overall"][m]["speedup"], 2)})
+  cpu = record["machine"]["cpu"]
+  return [
+    f"Spec-Bench (`:specbench`: the first {record['config']['specbench']['per_category']} "
+    f"questions of each category, {record['questions']} first turns, "
+    f"{record['config']['max_new_tokens']} new tokens, greedy, {record['dtype']['dtype']}, each "
+    f"drafter beside AR; {cpu['model']}, flags {', '.join(cpu['flags'])}): τ per column, the "
+    "overall speedup; every answer equal to AR's "
+    f"(`greedy_outputs_identical`: {record['greedy_outputs_identical']}).",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+    "",
+  ]
+
+
 def report(results_dir) -> str:
   results_dir = Path(results_dir)
   lines, curves = _training(results_dir)
   if curves:
     _figure(results_dir, curves)
-  return "\n".join(lines + _sweep(results_dir))
+  return "\n".join(lines + _sweep(results_dir) + _specbench(results_dir))

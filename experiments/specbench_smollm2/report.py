@@ -62,7 +62,40 @@ def report(results_dir):
   out.append(results.markdown_table(rows, tuple(rows[0])))
   _figure(record, Path(results_dir) / "specbench.png")
   out += ["", "![τ and speedup per Spec-Bench column](results/specbench.png)"]
-  return "\n".join(out)
+  return "\n".join(out + _bfloat16(Path(results_dir) / "bfloat16" / "specbench.json"))
+
+
+def _bfloat16(path: Path) -> list[str]:
+  """``:bfloat16``: the same methods in bfloat16 at the default forward rows, each answer
+  checked against AR's at the method's rows; speedups over one-row bfloat16 AR."""
+  if not path.exists():
+    return []
+  record = json.loads(path.read_text())
+  cols = record["columns"]
+  rows = []
+  for m in record["methods"]:
+    if m == "vanilla":
+      continue
+    cells = {cols[k]["title"]: f"{cols[k][m]['speedup']:.2f}x" for k in cols}
+    rows.append({"method": m, "forward_rows": record.get("forward_rows", {}).get(m),
+                 "tau": round(cols["overall"][m]["tau"], 2)} | cells)  # fmt: skip
+  cpu, ar = record["machine"]["cpu"], cols["overall"]["vanilla"]["tokens_per_s"]
+  return [
+    "",
+    "### bfloat16 at the default forward rows (`:bfloat16`)",
+    "",
+    f"{record['questions']} questions (the first {record['config']['specbench']['per_category']} "
+    f"of each category, first turns), {record['config']['max_new_tokens']} new tokens, greedy, "
+    f"batch 1, bfloat16 weights and caches ({cpu['model']}, flags {', '.join(cpu['flags'])}). "
+    "Each method runs every forward at its rows per step (`forward_rows = auto`) and each of "
+    "its answers is checked against AR's at those rows (decoded beside it, untimed); a "
+    "difference would stop the run. Every answer equal: "
+    f"**{record['greedy_outputs_identical']}** "
+    f"({len(record.get('greedy_differences', []))} differences). Speedups over one-row bfloat16 "
+    f"AR ({ar:.1f} tok/s overall):",
+    "",
+    results.markdown_table(rows, tuple(rows[0])),
+  ]
 
 
 def _figure(record, path):
