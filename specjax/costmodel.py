@@ -85,7 +85,7 @@ class Profile:
     ``abstained`` of the steps had nothing to verify: a one-token forward, or with ``rows``
     the target's forward at those rows all the same."""
     ar = self.step_seconds(None)
-    idle = self.overhead + self.cost(ROWS_PART, rows) if rows else ar
+    idle = (self.overhead + self.cost(ROWS_PART, rows)) if rows else ar
     return tau * ar / (abstained * idle + (1 - abstained) * self.step_seconds(drafter, rows))
 
 
@@ -132,15 +132,14 @@ def target_seconds(
   return out
 
 
-def rows_seconds(target, rows, context: int, num_slots: int, repeats: int) -> dict:
+def rows_seconds(target, rows, context: int, max_len: int, repeats: int) -> dict:
   """``{"target_rows": {R: s}}``: the target's forward at each of ``rows`` as ``forward_rows``
-  runs every forward of a speculative step (one attention sum over every slot, path order),
-  for ``Profile.speedup(..., rows=R)``; empty when no run forwards at fixed rows."""
-  if not rows:
-    return {}
-  got = llama_forward_seconds(target.params, target.cfg, sorted(rows), context, repeats,
-                              num_slots, ("one_shape",))  # fmt: skip
-  return {ROWS_PART: got["one_shape"]}
+  runs every forward of a speculative step (one attention sum over all the decode's
+  ``max_len + R`` slots, path order), for ``Profile.speedup(..., rows=R)``; empty when no run
+  forwards at fixed rows."""
+  one = lambda r: llama_forward_seconds(target.params, target.cfg, [r], context, repeats,  # noqa: E731
+                                        max_len + r, ("one_shape",))["one_shape"][r]  # fmt: skip
+  return {ROWS_PART: {r: one(r) for r in sorted(rows)}} if rows else {}
 
 
 def drafter_seconds(
@@ -192,10 +191,10 @@ def _machine_target(config, target, sizes, repeats: int, drafter, rows=()) -> tu
   those rows in one shape, beside the one-row AR step; and the decode loop's per-step
   overhead beyond one forward."""
   context = _context(config)
-  slots = config.max_len + max([*sizes, *rows])
+  slots = config.max_len + max(sizes)
   masks = ("tree",) if verifies_tree(drafter) else ("causal",)
   target_s = target_seconds(target, {1} if rows else {1, *sizes}, context, slots, repeats, masks)
-  target_s |= rows_seconds(target, rows, context, slots, repeats)
+  target_s |= rows_seconds(target, rows, context, config.max_len, repeats)
   step = ar_step_seconds(config, target, context)
   return target_s, max(step - target_s["target"][1], 0.0)
 
@@ -229,6 +228,14 @@ def auto(config, target, drafter, dparams, repeats: int = 5, forward_rows=lambda
   verify = sorted({f.tokens for d in options for f in step_work(d) if f.model.startswith("target")})
   sizes = tune.timed(verify)
   rows = [forward_rows(d) for d in options]
+  fits = [i for i, (d, r) in enumerate(zip(options, rows, strict=True))
+          if not r or d.num_nodes + d.num_extra + 1 <= r]  # fmt: skip
+  if not fits:
+    raise ValueError(
+      f"{head}: config.forward_rows={max(rows)} is fewer rows than any setting of the grid "
+      "verifies: raise it, or set it to 'auto'."
+    )
+  grid, options, rows = ([x[i] for i in fits] for x in (grid, options, rows))
   shape = f"{sorted(set(rows))} rows in one shape" if any(rows) else f"{sizes} tokens"
   print(f"{head}: timing {len(grid)} settings' forwards here (the target over {shape}) ...")
   target_s, overhead = _machine_target(config, target, sizes, repeats, drafter,

@@ -298,6 +298,9 @@ def test_device_bench_checks_its_variants_and_dtypes_before_any_model_loads():
   c.device_bench.dtypes = ("float16",)
   with pytest.raises(ValueError, match=r"device_bench.dtypes has \['float16'\]"):
     device_bench.run(c)
+  c.device_bench.dtypes = ("float32", "auto")  # the suite pins auto to float32 on a CPU
+  with pytest.raises(ValueError, match="runs a drafter twice in one dtype here"):
+    device_bench.run(c)
   c.device_bench.dtypes = ("float32",)
   c.device_bench.drafters = ("eagle", "eagle_tree")
   with pytest.raises(ValueError, match="'eagle_tree', which is neither a config.drafter section"):

@@ -212,18 +212,20 @@ def test_measured_profile_takes_the_cheaper_of_gemm_and_matvecs():
 def test_a_run_at_forward_rows_is_priced_at_its_rows_idle_steps_too():
   """With ``forward_rows`` every target forward of a step, a step with nothing to verify too,
   runs at the step's rows in one shape: priced from ``target_rows``, against one-row AR."""
+  rows = {1: 0.1, 5: 3.0, 9: 4.0}  # one row in one shape: cheap, but no step runs it
   prof = costmodel.measured(
-    "m", {"target": {1: 1.0, 5: 2.0}, "target_rows": {5: 3.0, 9: 4.0}}, {"lookup": {1: 0.5}}, 0.5
+    "m", {"target": {1: 1.0, 5: 2.0}, "target_rows": rows}, {"lookup": {1: 0.5}}, 0.5
   )  # fmt: skip
   d = PromptLookup(4)  # verifies 5 tokens: the lookup, then the target over 5
   assert prof.step_seconds(d) == 0.5 + 0.5 + 2.0
-  assert prof.step_seconds(d, rows=5) == 0.5 + 0.5 + 3.0
-  assert prof.cost("target_rows", 7) == 3.5  # interpolated, never the one-row forwards' sum
+  assert prof.step_seconds(d, rows=9) == 0.5 + 0.5 + 4.0  # at the run's rows, not its 5 tokens
+  assert prof.cost("target_rows", 5) == 3.0  # never the one-row forwards' sum (5 x 0.1)
+  assert prof.cost("target_rows", 7) == 3.5  # interpolated
   assert prof.speedup(d, 2.0) == pytest.approx(2.0 * 1.5 / 3.0)
-  assert prof.speedup(d, 2.0, rows=5) == pytest.approx(2.0 * 1.5 / 4.0)
-  # A quarter of the steps abstain: one-row AR steps, or at forward_rows the 5-row forward.
+  assert prof.speedup(d, 2.0, rows=9) == pytest.approx(2.0 * 1.5 / 5.0)
+  # A quarter of the steps abstain: one-row AR steps, or at forward_rows the 9-row forward.
   assert prof.speedup(d, 2.0, 0.25) == pytest.approx(3.0 / (0.25 * 1.5 + 0.75 * 3.0))
-  assert prof.speedup(d, 2.0, 0.25, rows=5) == pytest.approx(3.0 / (0.25 * 3.5 + 0.75 * 4.0))
+  assert prof.speedup(d, 2.0, 0.25, rows=9) == pytest.approx(3.0 / (0.25 * 4.5 + 0.75 * 5.0))
 
 
 def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, monkeypatch):
@@ -243,7 +245,7 @@ def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, 
     assert parts["target"][1] > 0 and overhead >= 0  # the AR step's forward, either way
   # At forward_rows: the one-row AR forward, and the options' rows in one shape, nothing else.
   parts, _ = costmodel._machine_target(config, model, [3, 5], 1, PromptLookup(4), [5, 7])
-  assert timed[-2:] == [("causal",), ("one_shape",)]
+  assert timed[-3:] == [("causal",), ("one_shape",), ("one_shape",)]  # each R at its slots
   assert set(parts) == {"target", "target_rows"} and sorted(parts["target"]) == [1]
   assert sorted(parts["target_rows"]) == [5, 7]
 
@@ -298,6 +300,10 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   rows = cost_model.run(bf16)
   assert {r["variant"]: r["forward_rows"] for r in rows["rows"]} == {"lookup": 4, "draft": 3}
   assert sorted(rows["target_rows_forward_ms"]) == [2, 3, 4, 5]  # the lookup grid's K + 1 too
+  for r in rows["rows"]:  # a step: the overhead, the drafter's forwards, the target at its rows
+    own = sum(ms for t in rows["drafter_forward_ms"][r["variant"]].values() for ms in t.values())
+    at_rows = rows["target_rows_forward_ms"][r["forward_rows"]]
+    assert r["step_ms"] == pytest.approx(rows["overhead_ms"] + own + at_rows)
 
   # The prediction redone over the same measured decoding (no timed decoding): same rows; a
   # sweep.json written before a drafter option existed decoded as its default does.
@@ -361,6 +367,12 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   d, _ = build.drafter(bf16, build.target(bf16))
   assert asked == [[2, 3, 4, 5]] and d.num_draft == 1
   assert "rows in one shape" in capsys.readouterr().out
+  bf16.forward_rows = 3  # a fixed row count: only the settings that fit it are priced
+  d, _ = build.drafter(bf16, build.target(bf16))
+  assert asked[-1] == [3] and d.num_draft <= 2
+  bf16.forward_rows = 1
+  with pytest.raises(ValueError, match="forward_rows=1 is fewer rows than any setting"):
+    build.drafter(bf16, build.target(bf16))
   monkeypatch.undo()
   la.drafter.prompt_lookup.max_ngram = 4  # the grid replayed max_ngram = 3
   with pytest.raises(ValueError, match="replayed max_ngram=3"):

@@ -239,6 +239,16 @@ def test_a_greedy_difference_is_reported_where_rounding_may_part_and_stops_an_ex
   assert saved == found
 
 
+def test_bfloat16_greedy_runs_each_drafter_at_its_rows_and_records_them(config):
+  """In bfloat16 at the default forward_rows a greedy drafter decodes at its rows per step
+  (a 2-chain: 3), every answer equal to AR's at those rows, and the record names the rows."""
+  config.dtype = "bfloat16"
+  config.specbench.categories = ("translation",)
+  record = specbench.run(config)
+  assert record["greedy_outputs_identical"] is True
+  assert record["forward_rows"] == {"draft_model": 3}
+
+
 def _spy(fn, calls):
   def wrapped(question, *a, **kw):
     calls.append(question["question_id"])

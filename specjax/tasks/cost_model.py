@@ -156,12 +156,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
   slots = config.max_len + max(sizes)  # the decode's cache: its attention window
   repeats = cm.get("repeats", 15)  # timed rounds per forward (the median is kept)
   # A variant run at forward_rows (greedy bfloat16 on a CPU): every target forward at its rows.
-  rows = {name: build.forward_rows(config, d) for name, (d, _) in drafters.items()}
-  every_rows = set(rows.values()) | {build.forward_rows(config, tune.apply(base, g))
-                                     for tune, base, _, grid in swept for g in grid}  # fmt: skip
-  slots = max(slots, config.max_len + max(every_rows, default=0))
+  rows_of = {name: build.forward_rows(config, d) for name, (d, _) in drafters.items()}
+  every_rows = set(rows_of.values()) | {build.forward_rows(config, tune.apply(base, g))
+                                        for tune, base, _, grid in swept for g in grid}  # fmt: skip
   target_s = costmodel.target_seconds(target, sizes, cm.context, slots, repeats)
-  target_s |= costmodel.rows_seconds(target, every_rows - {0}, cm.context, slots, repeats)
+  target_s |= costmodel.rows_seconds(target, every_rows - {0}, cm.context, config.max_len,
+                                     repeats)  # fmt: skip
   ar_step = _ar_step(record)
   overhead = max(ar_step - target_s["target"][1], 0.0)
   parts, here = {}, {}  # per variant: its forwards timed here, and the profile pricing its steps
@@ -194,11 +194,11 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for name, (d, _) in drafters.items():
     replays = {c: predicted[c, name] for c in cats}
     # Here at the run's rows; a chip (bfloat16 on an accelerator) verifies at its own rows.
-    price = lambda prof, r, d=d, n=0: prof.speedup(d, r.tau, r.abstained / r.calls, n)  # noqa: E731
+    price = lambda prof, r, d=d, n=rows_of[name]: prof.speedup(d, r.tau, r.abstained / r.calls, n)  # noqa: E731
     tau = np.mean([runs[c, name]["tau"] for c in cats])
     tau_p = np.mean([r.tau for r in replays.values()])
     speed = np.mean([runs[c, name]["speedup"] for c in cats])
-    speed_p = np.mean([price(here[name], r, n=rows[name]) for r in replays.values()])
+    speed_p = np.mean([price(here[name], r) for r in replays.values()])
     row = {
       "variant": name,
       "tau": float(tau),
@@ -207,8 +207,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
       "speedup": float(speed),
       "predicted_speedup": float(speed_p),
       "speedup_error": float(speed_p / speed - 1),
-      "step_ms": 1e3 * here[name].step_seconds(d, rows[name]),
-      "forward_rows": rows[name],
+      "step_ms": 1e3 * here[name].step_seconds(d, rows_of[name]),
+      "forward_rows": rows_of[name],
       "abstained_calls": sum(r.abstained for r in replays.values()),
       "drafter": config.sweep.variants[name].to_dict(),
       "tau_by_k": by_k.get(name),
@@ -217,13 +217,13 @@ def run(config: ml_collections.ConfigDict) -> dict:
           "tau": runs[c, name]["tau"],
           "predicted_tau": r.tau,
           "speedup": runs[c, name]["speedup"],
-          "predicted_speedup": price(here[name], r, n=rows[name]),
+          "predicted_speedup": price(here[name], r),
         }
         for c, r in replays.items()
       },  # fmt: skip
     }
     for chip, prof in chips.items():
-      row[f"{chip}_speedup"] = float(np.mean([price(prof, r) for r in replays.values()]))
+      row[f"{chip}_speedup"] = float(np.mean([price(prof, r, n=0) for r in replays.values()]))
       # One step with the drafter over one AR step: prices any measured τ for this drafter.
       row[f"{chip}_step_vs_ar"] = prof.step_seconds(d) / prof.step_seconds(None)
     table.append(row)

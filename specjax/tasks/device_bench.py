@@ -21,10 +21,9 @@ from specjax.measure.machine import machine as machine_facts
 from specjax.tasks import benchmark
 
 COLUMNS = (
-  "drafter", "dtype", "batch", "tau", "calls_per_token", "ar_tokens_per_s", "tokens_per_s",
-  "speedup", "greedy_identical",
+  "drafter", "dtype", "batch", "tau", "calls_per_token", "baseline", "ar_tokens_per_s",
+  "tokens_per_s", "speedup", "greedy_identical",
 )  # fmt: skip
-DTYPES = ("auto", "float32", "bfloat16")
 
 
 def _runs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
@@ -41,9 +40,11 @@ def _runs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
         f"nor a label of config.device_bench.variants ({', '.join(variants) or 'none'})."
       )
   dtypes = tuple(bench.get("dtypes") or (config.dtype,))
-  bad = [d for d in dtypes if d not in DTYPES]
+  bad = [d for d in dtypes if d not in build.DTYPES]
   if bad:
-    raise ValueError(f"config.device_bench.dtypes has {bad}; each is one of {', '.join(DTYPES)}.")
+    raise ValueError(
+      f"config.device_bench.dtypes has {bad}; each is one of {', '.join(build.DTYPES)}."
+    )
   runs = []
   for dtype in dtypes:
     for name in bench.drafters:
@@ -51,6 +52,12 @@ def _runs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
       c.dtype = dtype
       build.check(c)
       runs.append((name, c))
+  resolved = [(name, build.dtype(c)) for name, c in runs]  # auto: what it is here
+  if len(set(resolved)) < len(resolved):
+    raise ValueError(
+      f"config.device_bench.dtypes={dtypes} runs a drafter twice in one dtype here (auto is "
+      f"{build.dtype(config)}): list each dtype once."
+    )
   return runs
 
 
@@ -69,7 +76,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       c.task, c.batch_size = "benchmark", b
       c.output_dir = f"{config.output_dir}/{label}_b{b}" + (f"_{dtype}" if several else "")
       rec = benchmark.run(c)
-      ar, spec = rec["modes"]["ar"], rec["modes"]["speculative"]
+      spec, baseline = rec["modes"]["speculative"], rec["summary"]["baseline"]
       rows.append(
         {
           "drafter": label,
@@ -77,9 +84,10 @@ def run(config: ml_collections.ConfigDict) -> dict:
           "batch": b,
           "tau": spec["tau"],
           "calls_per_token": spec["target_calls_per_token"],
-          "ar_tokens_per_s": ar["tokens_per_s"],
+          "baseline": baseline,  # the fastest AR beside it (benchmark's summary.baseline)
+          "ar_tokens_per_s": rec["modes"][baseline]["tokens_per_s"],
           "tokens_per_s": spec["tokens_per_s"],
-          "speedup": spec["speedup"],
+          "speedup": rec["summary"]["speedup"],
           "greedy_identical": rec["summary"].get("greedy_outputs_identical"),
         }
       )
@@ -91,7 +99,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   record = {
     "config": config.to_dict(),
     "machine": machine,
-    "dtype": build.dtype(config),
+    "dtype": build.dtype(runs[0][1]),  # the first run's (one dtype: every run's)
     "dtypes": list(curves),
     "runs": rows,
     "verify_cost": curves[build.dtype(runs[0][1])],

@@ -313,14 +313,25 @@ def run(config: ml_collections.ConfigDict) -> dict:
   }
   files = {m: out_dir / "model_answer" / f"{model_id}.jsonl" for m, model_id in methods.items()}
   done = _resumed(config, record_path, files, questions)
-  record = {"config": config.to_dict(), "machine": machine(), "dtype": build.dtype_choice(config),
-            "target": name, "question_file":
-            config.specbench.question_file, "methods": {m: {"model_id": methods[m],
-            "answer_file": str(files[m])} for m in methods}}  # fmt: skip
+  rows_then = json.loads(record_path.read_text()).get("forward_rows", {}) if done else {}
+  record = {
+    "config": config.to_dict(),
+    "machine": machine(),
+    "dtype": build.dtype_choice(config),
+    "target": name,
+    "question_file": config.specbench.question_file,
+    "methods": {m: {"model_id": methods[m], "answer_file": str(files[m])} for m in methods},
+    "forward_rows": rows_then,
+  }  # fmt: skip  (each drafter's forward rows; 0: its own)
   results.write_json(record_path, record)  # the config the answer files are made with
   pending = [q for q in questions if q["question_id"] not in done]
-  if pending:  # each drafter's forward rows (0: its own), what its answers were checked at
-    record["forward_rows"] = _decode(config, pending, methods, files, len(questions))
+  if pending:
+    rows = _decode(config, pending, methods, files, len(questions))
+    moved = {m: (rows_then[m], r) for m, r in rows.items() if rows_then.get(m, r) != r}
+    if moved:  # e.g. total = auto chose another budget: each answer was checked at its own
+      print(f"note: forward rows (then, now) changed on resuming: {moved}")
+      rows = {m: [rows_then[m], r] if m in moved else r for m, r in rows.items()}
+    record["forward_rows"] = rows
   answers = {m: _read_answers(files[m]) for m in methods}
   record |= specbench_report.summarize(questions, answers)
   differences = _read_differences(out_dir / DIFFERENCES, questions)
