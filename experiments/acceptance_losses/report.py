@@ -107,6 +107,8 @@ def _specbench(results_dir: Path) -> list[str]:
   if not path.exists():
     return []
   record = json.loads(path.read_text())
+  if "columns" not in record:  # a run still answering its questions
+    return []
   cols = record["columns"]
   methods = [m for m in record["methods"] if m != "vanilla"]
   rows = []

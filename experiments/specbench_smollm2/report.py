@@ -71,6 +71,8 @@ def _bfloat16(path: Path) -> list[str]:
   if not path.exists():
     return []
   record = json.loads(path.read_text())
+  if "columns" not in record:  # a run still answering its questions
+    return []
   cols = record["columns"]
   rows = []
   for m in record["methods"]:
