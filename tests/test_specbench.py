@@ -239,6 +239,7 @@ def test_a_greedy_difference_is_reported_where_rounding_may_part_and_stops_an_ex
   assert saved == found
 
 
+@pytest.mark.slow
 def test_bfloat16_greedy_runs_each_drafter_at_its_rows_and_records_them(config):
   """In bfloat16 at the default forward_rows a greedy drafter decodes at its rows per step
   (a 2-chain: 3), every answer equal to AR's at those rows, and the record names the rows."""
