@@ -25,7 +25,7 @@ this 2-core CPU.
 decodes the same three methods in bfloat16 at the default ``forward_rows = auto`` over the
 first two questions of each category (26, 128 new tokens): each method at its rows per step,
 its greedy answer checked against AR's at those rows (one AR run per row count and question),
-EAGLE's ``total = auto`` priced at those rows (results/bfloat16/). About an hour here.
+EAGLE's ``total = auto`` priced at those rows (results/bfloat16/). About 35 minutes here.
 """
 
 from configs import specbench as specbench_config
