@@ -7,6 +7,7 @@ from pathlib import Path
 from experiments.acceptance_losses.config import RUNS
 from specjax import results
 from specjax.measure import sweep
+from specjax.tasks import specbench_report
 
 
 def _record(results_dir: Path, run: str) -> tuple[dict, list[dict]] | None:
@@ -104,10 +105,8 @@ def _sweep(results_dir: Path) -> list[str]:
 def _specbench(results_dir: Path) -> list[str]:
   """``:specbench``: τ per Spec-Bench column for each trained drafter and EAGLE :requests'."""
   path = results_dir / "specbench" / "specbench.json"
-  if not path.exists():
-    return []
-  record = json.loads(path.read_text())
-  if "columns" not in record:  # a run still answering its questions
+  record = specbench_report.finished(path)
+  if record is None:
     return []
   cols = record["columns"]
   methods = [m for m in record["methods"] if m != "vanilla"]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specjax import results
+from specjax.tasks import specbench_report
 
 # Spec-Bench's own leaderboard (Leaderboard.md, "Leaderboard on A100", Vicuna-7B-v1.3, greedy,
 # fp16, batch 1): speedup per column, for the methods run here. Their pattern, not their size,
@@ -68,10 +69,8 @@ def report(results_dir):
 def _bfloat16(path: Path) -> list[str]:
   """``:bfloat16``: the same methods in bfloat16 at the default forward rows, each answer
   checked against AR's at the method's rows; speedups over one-row bfloat16 AR."""
-  if not path.exists():
-    return []
-  record = json.loads(path.read_text())
-  if "columns" not in record:  # a run still answering its questions
+  record = specbench_report.finished(path)
+  if record is None:
     return []
   cols = record["columns"]
   rows = []

@@ -5,7 +5,9 @@ questions, the mean accepted tokens over every step, the mean over questions of 
 its ratio to AR's; grouped per category, per column of Spec-Bench's leaderboard and overall.
 """
 
+import json
 import statistics
+from pathlib import Path
 
 from specjax import results
 
@@ -97,3 +99,11 @@ def markdown(record: dict, config) -> str:
     "Mean accepted tokens τ and tokens/s per column:", "",
     results.markdown_table(detail, ["Method", "measure", *titles, "Overall"]),
   ])  # fmt: skip
+
+
+def finished(path) -> dict | None:
+  """The ``specbench.json`` at ``path`` once its run has summarized every answer (it holds
+  ``columns``); None while the file is missing or its run is still answering."""
+  path = Path(path)
+  record = json.loads(path.read_text()) if path.exists() else {}
+  return record if "columns" in record else None
