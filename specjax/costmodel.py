@@ -185,14 +185,14 @@ def _context(config) -> int:
   return min(128, config.max_len // 2)
 
 
-def _machine_target(config, target, sizes, repeats: int, drafter, rows=()) -> tuple[dict, float]:
+def _machine_target(config, target, sizes, repeats: int, options, rows=()) -> tuple[dict, float]:
   """The target's forwards over ``sizes`` tokens timed here (``target_seconds``), under the
-  one mask ``drafter`` verifies with, or with ``rows`` (``forward_rows`` of the options) at
-  those rows in one shape, beside the one-row AR step; and the decode loop's per-step
-  overhead beyond one forward."""
+  masks the drafters ``options`` verify with (a chain's causal one, a tree's), or with
+  ``rows`` (``forward_rows`` of the options) at those rows in one shape, beside the one-row
+  AR step; and the decode loop's per-step overhead beyond one forward."""
   context = _context(config)
   slots = config.max_len + max(sizes)
-  masks = ("tree",) if verifies_tree(drafter) else ("causal",)
+  masks = tuple(sorted({"tree" if verifies_tree(d) else "causal" for d in options}))
   target_s = target_seconds(target, {1} if rows else {1, *sizes}, context, slots, repeats, masks)
   target_s |= rows_seconds(target, rows, context, config.max_len, repeats)
   step = ar_step_seconds(config, target, context)
@@ -238,7 +238,7 @@ def auto(config, target, drafter, dparams, repeats: int = 5, forward_rows=lambda
   grid, options, rows = ([x[i] for i in fits] for x in (grid, options, rows))
   shape = f"{sorted(set(rows))} rows in one shape" if any(rows) else f"{sizes} tokens"
   print(f"{head}: timing {len(grid)} settings' forwards here (the target over {shape}) ...")
-  target_s, overhead = _machine_target(config, target, sizes, repeats, drafter,
+  target_s, overhead = _machine_target(config, target, sizes, repeats, options,
                                        sorted(set(rows) - {0}))  # fmt: skip
   groups = {}
   for d in options:

@@ -230,7 +230,8 @@ def test_a_run_at_forward_rows_is_priced_at_its_rows_idle_steps_too():
 
 def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, monkeypatch):
   """``num_draft``/``total = "auto"`` time the target where they run: a chain's verify under the
-  causal mask only, a tree's under the tree mask only (each mask is its own compiles)."""
+  causal mask only, a tree's under the tree mask only (each mask is its own compiles), a grid
+  of both under both."""
   monkeypatch.setattr(costmodel, "ar_step_seconds", lambda *a: 1.0)
   config = tiny_config.get_config()
   timed = []
@@ -239,12 +240,16 @@ def test_machine_timing_compiles_only_the_mask_the_drafter_verifies_with(model, 
   monkeypatch.setattr(costmodel, "llama_forward_seconds", spy)
   for d, mask, part in ((PromptLookup(4), "causal", "target"),
                         (PromptLookup(3, num_branches=2), "tree", "target_tree")):  # fmt: skip
-    parts, overhead = costmodel._machine_target(config, model, [3, 5], 1, d)
+    parts, overhead = costmodel._machine_target(config, model, [3, 5], 1, [d])
     assert timed.pop() == (mask,)
     assert sorted(parts[part]) == [1, 3, 5] and set(parts) <= {"target", part}
     assert parts["target"][1] > 0 and overhead >= 0  # the AR step's forward, either way
+  # Options of both kinds (a block drafter's chains and trees under tree = "auto"): each mask.
+  both = [PromptLookup(4), PromptLookup(3, num_branches=2)]
+  parts, _ = costmodel._machine_target(config, model, [3, 5], 1, both)
+  assert timed.pop() == ("causal", "tree") and set(parts) == {"target", "target_tree"}
   # At forward_rows: the one-row AR forward, and the options' rows in one shape, nothing else.
-  parts, _ = costmodel._machine_target(config, model, [3, 5], 1, PromptLookup(4), [5, 7])
+  parts, _ = costmodel._machine_target(config, model, [3, 5], 1, [PromptLookup(4)], [5, 7])
   assert timed[-3:] == [("causal",), ("one_shape",), ("one_shape",)]  # each R at its slots
   assert set(parts) == {"target", "target_rows"} and sorted(parts["target"]) == [1]
   assert sorted(parts["target_rows"]) == [5, 7]
@@ -511,3 +516,108 @@ def test_eagle_budget_grid_is_replayed_priced_and_feeds_total_auto(tmp_path, cap
   a.target.name = "other"
   with pytest.raises(ValueError, match="was measured for target"):
     build.check(a)
+
+
+@pytest.mark.slow
+def test_block_tree_grid_is_replayed_and_feeds_tree_auto(tmp_path, capsys, monkeypatch):
+  """A block drafter's ``tree = "auto"``: task=cost_model replays every tree of
+  ``static_tree.swept_trees`` per (family, drafter, lookup branch) into ``block_grid``, and
+  ``build.drafter`` picks the one predicted fastest here from it."""
+  import dataclasses
+
+  from specjax.drafters import dflash, peagle, static_tree
+  from specjax.tasks import cost_model
+
+  c = tiny_config.get_config()
+  c.target.update(vocab_size=64, dim=32, num_layers=2, num_heads=2, num_kv_heads=1, ffn_dim=64)
+  c.update(max_new_tokens=16, max_len=48, batch_size=1, output_dir=str(tmp_path))
+  c.benchmark.repeats = 1
+  target = build.target(c)
+  pair = (target.cfg, target.params)
+  d, dp = testing.dflash_drafter(pair, trees.Tree.chain(3), block_size=4, sampled=False)
+  p, pp = testing.peagle_drafter(pair, trees.Tree.chain(3), num_depths=3, sampled=False)
+  dpath, ppath = str(tmp_path / "dflash"), str(tmp_path / "peagle")
+  dflash.model.save(dpath, d.cfg, dp, target)
+  peagle.model.save(ppath, p.cfg, pp, target)
+  prompts = [[1, 2, 3, 1, 2, 3], [5, 9, 11]]
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.batch_sizes = (1,)
+  c.sweep.verify_sizes = ()
+  c.sweep.categories = {"repeats": (tuple(prompts[0]),), "random": (tuple(prompts[1]),)}
+  c.sweep.variants = {
+    "dflash": {"name": "dflash", "dflash": {"path": dpath}},
+    "dflash_l2": {"name": "dflash", "dflash": {"path": dpath, "lookup": 2}},
+    "peagle": {"name": "peagle", "peagle": {"path": ppath}},
+  }
+  c.cost_model = config_dict.ConfigDict({"chips": ("H200",), "context": 16, "max_k": 3,
+                                         "repeats": 3, "eagle_budgets": ()})  # fmt: skip
+  cost_model.run(c)
+  cm_path = str(tmp_path / "cost_model.json")
+  grid = json.loads((tmp_path / "cost_model.json").read_text())["block_grid"]
+  of = lambda fam, path, lookup: [g for g in grid if (g["family"], g["path"], g["lookup"])  # noqa: E731
+                                  == (fam, path, lookup)]  # fmt: skip
+  for fam, path, lookup in (("dflash", dpath, 0), ("dflash", dpath, 2), ("peagle", ppath, 0)):
+    rows = of(fam, path, lookup)
+    assert [trees.Tree.from_paths(g["tree_paths"]) for g in rows] == static_tree.swept_trees(3)
+    assert all(g["predicted_speedup"] > 0 and g["H200_speedup"] > 0 for g in rows)
+    assert [g["nodes"] for g in rows] == [1 + lookup, 2 + lookup, 3 + lookup, 4 + lookup,
+                                          6 + lookup]  # fmt: skip
+  # Each τ is the simulator's replay of that tree (and branch) over the task's rows.
+  ar = generate(target.params, target.cfg, prompts, max_new_tokens=16, max_len=48)
+  every = list(zip(prompts, ar.tokens, strict=True))
+  wide = static_tree.caterpillar(2)
+  with_branch = dataclasses.replace(d, tree=wide, lookup=PromptLookup(2, abstain=False))
+  row = of("dflash", dpath, 2)[4]
+  assert row["tau"] == pytest.approx(simulate.replay(target, with_branch, dp, every).tau)
+  assert row["tau"] > of("dflash", dpath, 0)[4]["tau"]  # the branch accepts on the repeats
+
+  # tree = "auto": the tree predicted fastest here, from that grid.
+  a = tiny_config.get_config()
+  a.target.update(c.target.to_dict())
+  a.drafter.name = "dflash"
+  a.drafter.dflash.update(path=dpath, lookup=2, tree="auto")
+  with pytest.raises(ValueError, match="dflash.tree='auto' needs config.drafter.dflash.auto_from"):
+    build.check(a)
+  a.drafter.dflash.auto_from = cm_path
+  build.check(a)
+  chosen, _ = build.drafter(a, target)
+  assert chosen.tree in static_tree.swept_trees(3) and chosen.lookup.num_draft == 2
+  assert "dflash tree=auto" in capsys.readouterr().out
+  # Where every step costs one AR step, the pick is the tree with the highest τ.
+  free_target = {"target": {1: 1.0}, "target_tree": {1: 1.0}}
+  monkeypatch.setattr(costmodel, "_machine_target", lambda *a, **k: (free_target, 0.0))
+  monkeypatch.setattr(costmodel, "drafter_seconds", lambda *a, **k: {"dflash": {1: 0.0}})
+  chosen, _ = build.drafter(a, target)
+  top = max(of("dflash", dpath, 2), key=lambda g: (g["tau"], -g["nodes"], -g["depth"]))
+  assert chosen.tree == trees.Tree.from_paths(top["tree_paths"])
+  # ... a random drafter's trees tie (the branch accepts alone): a grid where the widest tree
+  # replayed best must pick it.
+  record = json.loads((tmp_path / "cost_model.json").read_text())
+  widest = record["block_grid"].index(of("dflash", dpath, 2)[-1])
+  record["block_grid"][widest]["tau"] = 3.0
+  (tmp_path / "best_wide.json").write_text(json.dumps(record))
+  a.drafter.dflash.auto_from = str(tmp_path / "best_wide.json")
+  chosen, _ = build.drafter(a, target)
+  assert chosen.tree == static_tree.caterpillar(3)
+  a.drafter.dflash.auto_from = cm_path
+  monkeypatch.undo()
+  a.drafter.max_nodes = 2  # the grid's smallest tree with the branch verifies 3
+  with pytest.raises(ValueError, match="no tree of its block_grid fits"):
+    dflash.FAMILY.tune.grid(a, target.cfg.name)
+  a.drafter.max_nodes = 64
+
+  a.drafter.dflash.tree_spec = (2, 1)
+  with pytest.raises(ValueError, match="leave tree_spec and tree_paths empty"):
+    build.check(a)
+  a.drafter.dflash.tree_spec = ()
+  a.drafter.dflash.tree = "wide"
+  with pytest.raises(ValueError, match=r"'' \(the tree of tree_spec or tree_paths\) or 'auto'"):
+    build.check(a)
+  a.drafter.name = "peagle"
+  a.drafter.peagle.update(path=ppath, lookup=2, tree="auto", auto_from=cm_path)
+  with pytest.raises(ValueError, match="no block_grid for the peagle drafter .* lookup=2"):
+    build.check(a)
+  a.drafter.peagle.lookup = 0
+  build.check(a)
+  chosen, _ = build.drafter(a, target)
+  assert chosen.tree in static_tree.swept_trees(3) and chosen.lookup is None

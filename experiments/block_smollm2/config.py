@@ -15,6 +15,8 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
     python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_peagle   # 6.
     python -m specjax.run --config=experiments/block_smollm2/config.py:specbench \
       --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl  # 7.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:specbench_float32 \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl  # 7b.
     python -m specjax.run --config=experiments/block_smollm2/config.py:dspark         # 8.
     python -m specjax.run --config=experiments/block_smollm2/config.py:promote_dspark
     python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_dspark
@@ -52,6 +54,8 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
    bfloat16, this CPU's faster dtype: both block drafters as chains and as trees with the
    lookup branch, the served EAGLE-3 and prompt lookup, each beside one AR run per question.
    The question file is Spec-Bench's (github.com/hemingkx/Spec-Bench).
+   ``:specbench_float32`` (7b.) decodes the same questions in float32 with the two block trees
+   and prompt lookup: every greedy answer is checked equal to AR's there.
 8. ``:dspark``: DSpark, 1.'s DFlash continued as 2. (300 steps on :requests' rows) with a
    rank-64 Markov head (W2 from zero) and the confidence head; ``:sweep_dspark`` decodes it
    beside 2.'s DFlash (chain, tree, tree with the lookup branch).
@@ -275,6 +279,19 @@ def _specbench():
   return c
 
 
+def _specbench_float32():
+  """7b.: the block trees with the lookup branch and prompt lookup on the same 65 questions in
+  float32, the faster dtype for greedy speculative decoding on a CPU without AMX (one-row
+  bfloat16 AR is faster there, but exact bfloat16 runs every forward at the drafter's rows):
+  every greedy answer must equal AR's."""
+  c = _specbench()
+  c.output_dir = f"{RESULTS}/specbench_f32"
+  c.dtype = "float32"
+  v = specbench_variants()
+  c.specbench.variants = {k: v[k] for k in ("dflash_tree_14_l4", "peagle_tree_16_l4", "lookup_k4")}
+  return c
+
+
 def _sweep(c, name: str):
   categories = {**held_out.CATEGORIES, "chat_new": held_out.CHAT_NEW}
   temperatures = (0.0, 1.0) if name == "sweep_blocks" else ()
@@ -294,13 +311,15 @@ VARIANTS = {
 def get_config(arg: str | None = None):
   if arg == "specbench":
     return _specbench()
+  if arg == "specbench_float32":
+    return _specbench_float32()
   c = _training()
   if not arg:
     return c
   if arg not in VARIANTS:
     raise ValueError(
       f"unknown variant {arg!r} of block_smollm2/config.py; choose "
-      f"{', '.join(VARIANTS)}, specbench."
+      f"{', '.join(VARIANTS)}, specbench, specbench_float32."
     )
   VARIANTS[arg](c, arg)
   return c

@@ -94,3 +94,23 @@ def eagle_grid(path, target_name: str, drafter_path: str) -> list[dict]:
       "task=cost_model with an eagle variant of this drafter."
     )
   return grid
+
+
+def block_grid(path, name: str, target_name: str, drafter_path: str, lookup: int) -> list[dict]:
+  """The ``block_grid`` rows of a ``cost_model.json`` for the ``name`` drafter (a static-tree
+  family: DFlash, P-EAGLE) saved at ``drafter_path`` with a ``lookup``-token branch; a clear
+  error if it has none for this target, drafter and branch."""
+  field = f"config.drafter.{name}.auto_from"
+  record = record_for(path, field, target_name)
+  same = lambda p: Path(p).resolve() == Path(drafter_path).resolve()  # noqa: E731
+  grid = [
+    g
+    for g in record.get("block_grid") or []
+    if g["family"] == name and same(g["path"]) and g["lookup"] == lookup
+  ]
+  if not grid:
+    raise ValueError(
+      f"{field}={path!r} has no block_grid for the {name} drafter {str(drafter_path)!r} with "
+      f"lookup={lookup}: run task=cost_model with a {name} variant of this drafter and branch."
+    )
+  return grid

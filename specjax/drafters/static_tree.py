@@ -11,13 +11,15 @@ the output is exactly the target's at any temperature, top-k or top-p. At temper
 draw is the top-k and the verifier greedy.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling
-from specjax.drafters import prompt_lookup
-from specjax.drafters.base import Draft, DraftContext
+from specjax.drafters import curves, family, prompt_lookup
+from specjax.drafters.base import Draft, DraftContext, check_auto_from
 from specjax.trees import Tree
 
 
@@ -67,20 +69,116 @@ class OnStaticTree:
 
 
 def add_fields(c, chain: bool) -> None:
-  """A static-tree drafter's config fields (``chain``: the default tree is a chain over every
-  depth; else the caller sets ``tree_spec``)."""
+  """A static-tree drafter's config fields (``chain``: a block drafter, whose default tree is
+  a chain over every depth and whose tree may be ``"auto"``; else the caller sets
+  ``tree_spec``)."""
   if chain:
     c.tree_spec = ()  # top-k per depth; () and no tree_paths: a chain over every depth
+    # "auto": the tree of auto_from's block_grid (chains and trees of this drafter, their
+    # greedy τ replayed by task=cost_model) predicted fastest where it runs.
+    c.tree = ""
+    c.auto_from = ""
   c.tree_paths = ()  # paths of child ranks, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
   c.candidates = "auto"  # auto (sampled iff temperature > 0) | top_k | sampled
   prompt_lookup.add_branch_fields(c)
 
 
+# -- tree = "auto": the block drafters' grid --
+
+
+def caterpillar(depth: int) -> Tree:
+  """A chain of ``depth`` with each depth's second candidate beside it (2 x depth nodes)."""
+  chain = [(0,) * d for d in range(1, depth + 1)]
+  return Tree.from_paths(chain + [(0,) * (d - 1) + (1,) for d in range(1, depth + 1)])
+
+
+def swept_trees(num_draft: int) -> list[Tree]:
+  """The trees ``task=cost_model`` replays for a block drafting ``num_draft`` positions:
+  chains of every length, then caterpillars of depth 2 and more."""
+  return [Tree.chain(k) for k in range(1, num_draft + 1)] + [
+    caterpillar(k) for k in range(2, num_draft + 1)
+  ]
+
+
+def check_auto(c, config, field: str, name: str) -> None:
+  """``config.drafter.<name>``'s ``tree``: "" or "auto" (with a trained ``path`` and an
+  ``auto_from`` holding its grid, and no ``tree_spec`` / ``tree_paths`` beside it)."""
+  if c.tree == "":
+    return
+  if c.tree != "auto":
+    raise ValueError(
+      f"{field}.tree={c.tree!r}: '' (the tree of tree_spec or tree_paths) or 'auto' (with "
+      "auto_from) to pick the tree for this machine."
+    )
+  if c.tree_spec or c.tree_paths:
+    raise ValueError(f"{field}.tree='auto' picks the tree: leave tree_spec and tree_paths empty.")
+  holds = f"with a {name} variant of this drafter (it holds τ for every tree)"
+  target = check_auto_from(c, field, holds, config, knob="tree")
+  if not c.path:
+    raise ValueError(f"{field}.tree='auto' picks a tree for a trained drafter: set path.")
+  curves.block_grid(c.auto_from, name, target, c.path, int(c.lookup))
+
+
+def tune(name: str, depths) -> family.Tune:
+  """The family record's ``tune`` of a block drafter (``depths(drafter)``: the positions its
+  block drafts): ``tree = "auto"`` weighs every tree of ``swept_trees`` (with the drafter's
+  lookup branch), as ``task=cost_model`` replayed them into ``block_grid``."""
+
+  def grid(config, target_name: str) -> list[dict]:
+    c = config.drafter[name]
+    out = [
+      g
+      for g in curves.block_grid(c.auto_from, name, target_name, c.path, int(c.lookup))
+      if g["depth"] <= config.drafter.max_depth and g["nodes"] <= config.drafter.max_nodes
+    ]
+    if not out:
+      raise ValueError(
+        f"config.drafter.{name}.auto_from={c.auto_from!r}: no tree of its block_grid fits "
+        f"config.drafter.max_depth={config.drafter.max_depth} and max_nodes="
+        f"{config.drafter.max_nodes}; raise them."
+      )
+    return out
+
+  def sweep(drafter, dparams, cm, replay):
+    del cm
+    out = []
+    for tree in swept_trees(depths(drafter)):
+      d = dataclasses.replace(drafter, tree=tree)
+      out.append({"tree_paths": tree.choices(), "chain": tree.is_chain, "nodes": d.num_nodes,
+                  "depth": d.num_draft, "tau": replay(d, dparams).tau})  # fmt: skip
+    return drafter, out
+
+  def group(drafter):
+    """A Markov head draws level by level (its cost grows with the tree): timed per shape."""
+    cfg = drafter.cfg
+    return (drafter.tree.max_depth, width(drafter.tree)) if getattr(cfg, "markov_rank", 0) else None
+
+  return family.Tune(
+    field="tree",
+    grid=grid,
+    label=lambda g: (
+      f"{'chain' if g['chain'] else 'tree'} of {len(g['tree_paths'])}"
+      + (f" + lookup {g['lookup']}" if g["lookup"] else "")
+    ),  # fmt: skip
+    prefer=lambda g: (-g["nodes"], -g["depth"]),
+    apply=lambda d, g: dataclasses.replace(d, tree=Tree.from_paths(g["tree_paths"])),
+    group=group,
+    sweep=family.Sweep(
+      key="block_grid",
+      run=sweep,
+      tag=lambda c: {"family": name, "path": c.path, "lookup": int(c.lookup)},
+    ),
+  )
+
+
 def parse(c, num_draft: int, field: str, deeper: str) -> Tree:
   """The tree of a block drafter's config section ``c``: ``tree_paths`` (paths of child ranks)
   or ``tree_spec`` (top-k per depth); neither, a chain over all ``num_draft`` drafted
-  positions. One error naming the field for a malformed tree or one deeper than the block
-  (``deeper``: what would make the block deeper)."""
+  positions; ``tree = "auto"``, a one-node chain until ``costmodel.auto`` picks. One error
+  naming the field for a malformed tree or one deeper than the block (``deeper``: what would
+  make the block deeper)."""
+  if c.get("tree") == "auto":
+    return Tree.chain(1)  # until ``auto`` picks from the grid (every tree there is deeper or wider)
   try:
     if c.tree_paths:
       tree = Tree.from_paths([list(p) for p in c.tree_paths])

@@ -17,7 +17,8 @@
    and priced here and on the chips, what that drafter's ``auto`` picks from. Prompt lookup:
    every (K, min_ngram) (``lookup_grid``: τ, the share of one-token steps); EAGLE: its
    drafter at every tree budget (top_k, depth, total) of ``cost_model.eagle_budgets``
-   (``eagle_grid``).
+   (``eagle_grid``); a block drafter (DFlash, P-EAGLE): every tree of
+   ``static_tree.swept_trees`` with the variant's lookup branch (``block_grid``).
 
 Writes ``cost_model.json`` (and the sweep's ``sweep.json``) and prints the table.
 

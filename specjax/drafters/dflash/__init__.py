@@ -33,7 +33,7 @@ weights; ``drafter.py`` the protocol.
 
 import dataclasses
 
-from specjax.drafters import family
+from specjax.drafters import family, static_tree
 from specjax.drafters.dflash import formats, model
 from specjax.drafters.dflash.drafter import DFlash, DFlashState, parse_tree, time_block
 from specjax.drafters.dflash.layouts import load
@@ -65,6 +65,7 @@ FAMILY = family.register(
     price=family.Price(
       forwards=DFlash.step_forwards, timers={"dflash": time_block}, sizes=DFlash.own_sizes
     ),
+    tune=static_tree.tune("dflash", lambda d: d.cfg.num_draft),
     replay=family.Replay(
       drafts=DFlash.teacher_forced_drafts,
       tree=lambda d: d.nodes,

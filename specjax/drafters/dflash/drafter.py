@@ -91,9 +91,11 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
     prompt_lookup.check_branch_fields(c, FIELD)
     num_draft = layouts.peek_num_draft(c)
     tree = parse_tree(c, num_draft)
+    static_tree.check_auto(c, config, FIELD, "dflash")
     if c.lookup:
       tree = tree.with_branch(c.lookup)
-    tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
+    if c.tree != "auto":  # auto: the grid's trees within the budget
+      tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
 
   @classmethod
   def build(cls, c, config, target):

@@ -22,7 +22,7 @@ the protocol.
 
 import dataclasses
 
-from specjax.drafters import family
+from specjax.drafters import family, static_tree
 from specjax.drafters.peagle import formats, model
 from specjax.drafters.peagle.drafter import PEagle, PEagleState, parse_tree, time_block
 from specjax.drafters.peagle.layouts import load
@@ -68,6 +68,7 @@ FAMILY = family.register(
     price=family.Price(
       forwards=PEagle.step_forwards, timers={"peagle": time_block}, sizes=PEagle.own_sizes
     ),
+    tune=static_tree.tune("peagle", lambda d: d.cfg.num_depths),
     replay=family.Replay(
       drafts=PEagle.teacher_forced_drafts,
       tree=lambda d: d.nodes,

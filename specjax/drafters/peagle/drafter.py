@@ -87,12 +87,14 @@ class PEagle(static_tree.OnStaticTree, DrafterBase):
   def check(cls, c, config):
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
+    static_tree.check_auto(c, config, FIELD, "peagle")
     if not c.path:  # task=train decodes with the drafter it trains (its depth checks the tree)
       return
     tree = parse_tree(c, layouts.peek_num_depths(c))
     if c.lookup:
       tree = tree.with_branch(c.lookup)
-    tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
+    if c.tree != "auto":  # auto: the grid's trees within the budget
+      tree.check_budget(config.drafter.max_depth, config.drafter.max_nodes)
 
   @classmethod
   def build(cls, c, config, target):
