@@ -114,3 +114,17 @@ def block_grid(path, name: str, target_name: str, drafter_path: str, lookup: int
       f"lookup={lookup}: run task=cost_model with a {name} variant of this drafter and branch."
     )
   return grid
+
+
+def within_budget(grid: list[dict], config, name: str, what: str, nodes: str) -> list[dict]:
+  """The trees of ``grid`` (rows with ``depth`` and, under ``nodes``, their node count) within
+  ``config.drafter.max_depth`` and ``max_nodes``; none is one error naming
+  ``config.drafter.<name>.auto_from`` and ``what`` it holds."""
+  c = config.drafter
+  out = [g for g in grid if g["depth"] <= c.max_depth and g[nodes] <= c.max_nodes]
+  if not out:
+    raise ValueError(
+      f"config.drafter.{name}.auto_from={c[name].auto_from!r}: no {what} fits "
+      f"config.drafter.max_depth={c.max_depth} and max_nodes={c.max_nodes}; raise them."
+    )
+  return out

@@ -126,18 +126,8 @@ def tune(name: str, depths) -> family.Tune:
 
   def grid(config, target_name: str) -> list[dict]:
     c = config.drafter[name]
-    out = [
-      g
-      for g in curves.block_grid(c.auto_from, name, target_name, c.path, int(c.lookup))
-      if g["depth"] <= config.drafter.max_depth and g["nodes"] <= config.drafter.max_nodes
-    ]
-    if not out:
-      raise ValueError(
-        f"config.drafter.{name}.auto_from={c.auto_from!r}: no tree of its block_grid fits "
-        f"config.drafter.max_depth={config.drafter.max_depth} and max_nodes="
-        f"{config.drafter.max_nodes}; raise them."
-      )
-    return out
+    grid = curves.block_grid(c.auto_from, name, target_name, c.path, int(c.lookup))
+    return curves.within_budget(grid, config, name, "tree of its block_grid", "nodes")
 
   def sweep(drafter, dparams, cm, replay):
     del cm

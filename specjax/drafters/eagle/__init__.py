@@ -115,18 +115,8 @@ def _budgets(config, target_name: str) -> list[dict]:
   """The tree budgets ``(top_k, depth, total)`` with their greedy τ in ``auto_from`` for this
   drafter, within ``config.drafter.max_depth`` and ``max_nodes``."""
   c = config.drafter.eagle
-  grid = [
-    g
-    for g in curves.eagle_grid(c.auto_from, target_name, c.path)
-    if g["depth"] <= config.drafter.max_depth and g["total"] <= config.drafter.max_nodes
-  ]
-  if not grid:
-    raise ValueError(
-      f"config.drafter.eagle.auto_from={c.auto_from!r}: no tree budget of its eagle_grid fits "
-      f"config.drafter.max_depth={config.drafter.max_depth} and max_nodes="
-      f"{config.drafter.max_nodes}; raise them."
-    )  # fmt: skip
-  return grid
+  grid = curves.eagle_grid(c.auto_from, target_name, c.path)
+  return curves.within_budget(grid, config, "eagle", "tree budget of its eagle_grid", "total")
 
 
 FAMILY = family.register(
