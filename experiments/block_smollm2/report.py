@@ -163,13 +163,13 @@ def report(results_dir):
       record = json.loads(path.read_text())
       out += [f"`:{name}` ({what}, one process):", ""]
       out += _break_even(record) + [sweep.markdown(record), ""]
-  out += _specbench(results_dir / "specbench_bf16")
+  out += _specbench(results_dir / "specbench_bf16") + _specbench(results_dir / "specbench_f32")
   return "\n".join(out).rstrip()
 
 
 def _specbench(directory) -> list[str]:
-  """7.: per method, Spec-Bench's overall τ and speedup (and its best and worst column), and
-  how many of the 65 greedy answers leave AR's in bfloat16 (where, and the logit gap)."""
+  """7. and 7b.: per method, Spec-Bench's overall τ and speedup (and its best and worst
+  column), and how many greedy answers leave AR's (where, and the logit gap)."""
   path = directory / "specbench.json"
   if not path.exists():
     return []
@@ -200,10 +200,18 @@ def _specbench(directory) -> list[str]:
       "largest logit gap there": f"{max(gaps):.3f}" if gaps else "-",
     })  # fmt: skip
   ar = cols["overall"]["vanilla"].get("tokens_per_s")
+  head = (f"Spec-Bench's {record['questions']}-question subset, {record['config']['dtype']}, "
+          f"greedy, {record['config']['max_new_tokens']} new tokens, batch 1, {cpu}"
+          + (f"; AR {ar:.1f} tokens/s" if ar else ""))  # fmt: skip
+  if record["config"]["dtype"] == "float32":
+    same = "every" if record["greedy_outputs_identical"] else "not every"
+    return [
+      f"`:specbench_float32` (7b.): {head}, AR and each method alternating per question "
+      f"(the run shared the two cores with training jobs); {same} greedy answer equals AR's:",
+      "", results_lib.markdown_table(rows, tuple(rows[0])), "",
+    ]  # fmt: skip
   return [
-    f"`:specbench` (7.): Spec-Bench's {record['questions']}-question subset, bfloat16, greedy, "
-    f"256 new tokens, batch 1, {cpu}"
-    + (f"; AR {ar:.1f} tokens/s" if ar else "") + " (the run shared the two cores with this "
+    f"`:specbench` (7.): {head} (the run shared the two cores with this "
     "experiment's training and sweeps: AR and each method alternate per question, so a "
     "ratio is of neighbours, but the absolute rates are low). A greedy answer that leaves "
     "AR's does so "

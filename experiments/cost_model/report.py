@@ -1,6 +1,8 @@
 """The cost_model experiment's report: the README's results block and figure from its results/
 (``python -m specjax.report experiments/cost_model``)."""
 
+from pathlib import Path
+
 from specjax import results
 
 
@@ -89,6 +91,37 @@ def _eagle_lines(record: dict) -> list[str]:
   ]
 
 
+def _block_lines(record: dict) -> list[str]:
+  """Each block drafter (and lookup branch) at every swept tree: τ and the speedup predicted
+  here and on the chips."""
+  grid = record.get("block_grid") or []
+  if not grid:
+    return []
+  chips = tuple(f"{c}_speedup" for c in record["chips"])
+  name = lambda g: (
+    f"{g['family']} {Path(g['path']).name}"
+    + (  # noqa: E731
+      f" + lookup {g['lookup']}" if g["lookup"] else ""
+    )
+  )
+  shape = lambda g: f"{'chain' if g['chain'] else 'tree'} of {len(g['tree_paths'])}"  # noqa: E731
+  rows = [{"drafter": name(g), "tree": shape(g)} | g for g in grid]
+  best = {}
+  for g in grid:
+    if g["predicted_speedup"] > best.get(name(g), {"predicted_speedup": 0})["predicted_speedup"]:
+      best[name(g)] = g
+  picks = "; ".join(f"{n}: {shape(g)} ({g['predicted_speedup']:.2f}x)" for n, g in best.items())
+  return [
+    "The block drafters replayed at every tree of `static_tree.swept_trees` (chains of every "
+    "length, and each depth's second candidate beside a chain: a caterpillar; all prompts "
+    f"pooled): greedy τ and the speedup predicted here; best here: {picks}. "
+    '`tree = "auto"` reads this grid and prices it with forwards it times where it runs:',
+    "",
+    results.markdown_table(rows, ("drafter", "tree", "nodes", "tau", "predicted_speedup") + chips),
+    "",
+  ]
+
+
 def report(results_dir):
   import json
 
@@ -141,6 +174,7 @@ def report(results_dir):
       "",
       *_grid_lines(record),
       *_eagle_lines(record),
+      *_block_lines(record),
       "The same predicted τ priced on named chips (roofline):",
       "",
       results.markdown_table(rows, ("variant", "predicted_tau") + chips),
