@@ -19,7 +19,8 @@ saved tree, the trained EAGLE drafter as 4- and 6-token chains and as EAGLE-2 dy
 (K = 2, 4, 6) and prompt lookup on the pair config's four code prompts. ``smollm2_eagle``:
 the EAGLE drafter replayed at the tree budgets of ``EAGLE_BUDGETS`` (the grid that
 ``drafter.eagle.total = "auto"`` reads), three of them also decoded. ``smollm2_blocks``: the
-block drafters (DFlash, P-EAGLE) as chains and trees, the served EAGLE-3 and prompt lookup.
+block drafters (DFlash, DSpark, P-EAGLE) as chains and trees, the served EAGLE-3 and prompt
+lookup, and each block drafter's ``block_grid`` (what ``tree = "auto"`` reads).
 Writes ``results/<arg>/cost_model.json`` and ``sweep.json``.
 """
 
@@ -84,19 +85,23 @@ def eagle_variants() -> dict:
 
 
 def block_variants() -> dict:
-  """The block drafters of experiments/block_smollm2 (DFlash's 7-chain and 14-node tree,
-  DSpark's tree, whose children draw under their parent's token, P-EAGLE's 8-chain and
-  16-node tree) and the served EAGLE-3's 16-node tree, beside prompt lookup: do the simulator
-  and the cost model predict a block drafter as they do EAGLE?"""
+  """The block drafters of experiments/block_smollm2 (DFlash's 7-chain and 14-node tree, with
+  and without the lookup branch, DSpark's tree, whose children draw under their parent's
+  token, P-EAGLE's 8-chain and 16-node tree, with and without the branch) and the served
+  EAGLE-3's 16-node tree, beside prompt lookup: do the simulator and the cost model predict a
+  block drafter as they do EAGLE? Each block drafter (and branch) is also replayed at every
+  tree of ``static_tree.swept_trees``: the ``block_grid`` that ``tree = "auto"`` reads."""
   from experiments.block_smollm2 import config as block
 
   return {
     "lookup_k4": variants()["lookup_k4"],
     "dflash_chain_7": block.dflash_variant(block.DRAFTER),
     "dflash_tree_14": block.dflash_variant(block.DRAFTER, block.CATERPILLAR),
+    "dflash_tree_14_l4": block.dflash_variant(block.DRAFTER, block.CATERPILLAR, lookup=4),
     "dspark_tree_14": block.dflash_variant(block.DSPARK_DRAFTER, block.CATERPILLAR),
     "peagle_chain_8": block.peagle_variant(block.PEAGLE_DRAFTER),
     "peagle_tree_16": block.peagle_variant(block.PEAGLE_DRAFTER, block.CATERPILLAR_8),
+    "peagle_tree_16_l4": block.peagle_variant(block.PEAGLE_DRAFTER, block.CATERPILLAR_8, lookup=4),
     "eagle3_tree_4x6_16": eagle_smollm2.eagle_variant(eagle_smollm2.EAGLE3_DRAFTER, 4, 6, 16),
   }
 
