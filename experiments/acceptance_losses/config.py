@@ -11,6 +11,8 @@ the training curve.
     python -m specjax.run --config=experiments/acceptance_losses/config.py:sweep     # 2.
     python -m specjax.run --config=experiments/acceptance_losses/config.py:specbench \
       --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl  # 3.
+    python -m specjax.run --config=experiments/acceptance_losses/config.py:specbench_later \
+      --config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl  # 3.
     python -m specjax.report experiments/acceptance_losses                           # README
 
 1. Each run (``RUNS``) starts from eagle_smollm2's ``:eagle3_serve`` (the published EAGLE-3:
@@ -30,7 +32,8 @@ the training curve.
    category (chat, new chat, code), beside AR, in one process.
 3. ``:specbench`` decodes them, and EAGLE ``:requests``' drafter, as that tree on Spec-Bench's
    first two questions of each category (26 first turns, 128 new tokens, float32), each beside
-   AR (add ``--config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl``).
+   AR (add ``--config.specbench.question_file=PATH/Spec-Bench/data/spec_bench/question.jsonl``);
+   ``:specbench_later`` the same for the runs trained after them (``LATER``).
 """
 
 from configs import specbench as specbench_config
@@ -58,7 +61,8 @@ RUNS = {  # name: objective.eagle overrides
 }
 
 
-SWEPT = ("soft_ce", "tv", "hass", "lk")  # the runs trained for the committed results
+SWEPT = ("soft_ce", "tv", "hass", "lk")  # the runs trained first: :sweep and :specbench
+LATER = ("jsd", "rkl", "ce", "nla", "hass_r3")  # trained after: :specbench_later
 
 
 def _run(name: str):
@@ -87,17 +91,17 @@ def _sweep():
   return c
 
 
-def _specbench():
-  """3.: the swept drafters and EAGLE ``:requests``' (the bar) on Spec-Bench's first two
+def _specbench(runs=SWEPT, out: str = "specbench"):
+  """3.: the ``runs``' drafters and EAGLE ``:requests``' (the bar) on Spec-Bench's first two
   questions per category, each beside AR, float32 (greedy text equal to AR's)."""
   c = specbench_config.get_config()
-  c.output_dir = f"{RESULTS}/specbench"
+  c.output_dir = f"{RESULTS}/{out}"
   c.dtype = "float32"
   c.specbench.per_category = 2  # 26 questions, first turns
   c.max_new_tokens = 128
   c.specbench.variants = {
     f"{name}_16_l4": eagle_smollm2.eagle_variant(f"{WORKDIR}_{name}/draft_final", **TREE)
-    for name in SWEPT
+    for name in runs
   } | {"requests_16_l4": eagle_smollm2.eagle_variant(eagle_smollm2.REQUESTS_DRAFTER, **TREE)}
   return c
 
@@ -107,9 +111,11 @@ def get_config(arg: str | None = None):
     return _sweep()
   if arg == "specbench":
     return _specbench()
+  if arg == "specbench_later":
+    return _specbench(LATER, "specbench_later")
   if arg not in RUNS:
     raise ValueError(
       f"unknown variant {arg!r} of acceptance_losses/config.py; choose {', '.join(RUNS)}, "
-      "sweep, specbench."
+      "sweep, specbench, specbench_later."
     )
   return _run(arg)

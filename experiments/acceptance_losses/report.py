@@ -102,9 +102,10 @@ def _sweep(results_dir: Path) -> list[str]:
   ]
 
 
-def _specbench(results_dir: Path) -> list[str]:
-  """``:specbench``: τ per Spec-Bench column for each trained drafter and EAGLE :requests'."""
-  path = results_dir / "specbench" / "specbench.json"
+def _specbench(results_dir: Path, name: str) -> list[str]:
+  """``:specbench`` (or ``:specbench_later``): τ per Spec-Bench column for each trained
+  drafter and EAGLE :requests'."""
+  path = results_dir / name / "specbench.json"
   record = specbench_report.finished(path)
   if record is None:
     return []
@@ -116,12 +117,17 @@ def _specbench(results_dir: Path) -> list[str]:
     rows.append({"drafter": m} | cells | {"speedup": round(cols["overall"][m]["speedup"], 2)})
   cpu = record["machine"]["cpu"]
   return [
-    f"Spec-Bench (`:specbench`: the first {record['config']['specbench']['per_category']} "
+    f"Spec-Bench (`:{name}`: the first {record['config']['specbench']['per_category']} "
     f"questions of each category, {record['questions']} first turns, "
     f"{record['config']['max_new_tokens']} new tokens, greedy, {record['dtype']['dtype']}, each "
     f"drafter beside AR; {cpu['model']}, flags {', '.join(cpu['flags'])}): τ per column, the "
-    "overall speedup; every answer equal to AR's "
-    f"(`greedy_outputs_identical`: {record['greedy_outputs_identical']}).",
+    "overall speedup; "
+    + (
+      "every answer equal to AR's"
+      if record["greedy_outputs_identical"]
+      else "NOT every answer equal to AR's"
+    )  # fmt: skip
+    + f" (`greedy_outputs_identical`: {record['greedy_outputs_identical']}).",
     "",
     results.markdown_table(rows, tuple(rows[0])),
     "",
@@ -133,4 +139,5 @@ def report(results_dir) -> str:
   lines, curves = _training(results_dir)
   if curves:
     _figure(results_dir, curves)
-  return "\n".join(lines + _sweep(results_dir) + _specbench(results_dir))
+  spec = _specbench(results_dir, "specbench") + _specbench(results_dir, "specbench_later")
+  return "\n".join(lines + _sweep(results_dir) + spec)
