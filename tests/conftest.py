@@ -8,8 +8,11 @@ read their files with their own code (tests/test_imports.py checks this file for
 How to run the suite, its quick tier and its budget: ``docs/testing.md``.
 """
 
+import contextlib
+import fcntl
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,3 +134,20 @@ def tiny_pair():
 def small_target():
   """Vocab 64, 3 layers: long enough greedy runs to be non-trivial."""
   return tiny.random_model(seed=0, vocab_size=64, dim=32, num_layers=3)
+
+
+@pytest.fixture
+def _source_tree_kept():
+  """``build.check`` makes a config's output directory to prove it writable; the empty ones it
+  makes under experiments/ are removed again, so the tree (and what test_experiments collects
+  from it) is what git checked out. One such test at a time across the workers (a lock file):
+  two checking the same config at once would each see the other's directory as there before."""
+  root = Path(__file__).resolve().parents[1] / "experiments"
+  with open(Path(tempfile.gettempdir()) / "specjax-source-tree.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    before = {p for p in root.rglob("*") if p.is_dir()}
+    yield
+    made = {p for p in root.rglob("*") if p.is_dir()} - before
+    for p in sorted(made, key=lambda p: -len(p.parts)):  # the deepest first
+      with contextlib.suppress(OSError):  # a directory something was written to stays
+        p.rmdir()

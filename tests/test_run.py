@@ -1,6 +1,5 @@
 """The entry point: python -m specjax.run, its tasks, and its config errors."""
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -543,20 +542,6 @@ EXPERIMENT_VARIANTS = {
   "temperature_sweep": [None],
   "summary": ["smollm2", "qwen"],
 }
-
-
-@pytest.fixture
-def _source_tree_kept():
-  """``build.check`` makes a config's output directory to prove it writable; the empty ones it
-  makes under experiments/ are removed again, so the tree (and what test_experiments collects
-  from it) is what git checked out."""
-  root = Path(__file__).resolve().parents[1] / "experiments"
-  before = {p for p in root.rglob("*") if p.is_dir()}
-  yield
-  made = {p for p in root.rglob("*") if p.is_dir()} - before
-  for p in sorted(made, key=lambda p: -len(p.parts)):  # the deepest first
-    with contextlib.suppress(OSError):  # a directory something was written to stays
-      p.rmdir()
 
 
 @pytest.mark.usefixtures("_source_tree_kept")
