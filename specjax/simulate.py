@@ -213,7 +213,10 @@ def replay(target, drafter, dparams, rows, chain_length: int | None = None) -> R
 def tau_by_chain_length(target, drafter, dparams, rows, k_max: int) -> dict[int, float]:
   """``{K: τ}`` for K = 1..k_max from one offline pass of the k_max-long chain: a K-chain
   accepts min(a, K) where the longest accepts a (its proposals' first K tokens are the
-  K-chain's, abstentions included)."""
+  K-chain's, abstentions included). A drafter whose chains end sooner (a block drafter's
+  positions: its replay's ``longest``) stops there."""
+  if (cap := replay_of(drafter).longest) is not None:
+    k_max = min(k_max, cap(drafter))
   longest = with_chain_length(drafter, k_max)
   tokens, calls = 0, np.zeros(k_max + 1, int)
   for prompt, new in rows:

@@ -549,9 +549,12 @@ def test_block_tree_grid_is_replayed_and_feeds_tree_auto(tmp_path, capsys, monke
     "dflash_l2": {"name": "dflash", "dflash": {"path": dpath, "lookup": 2}},
     "peagle": {"name": "peagle", "peagle": {"path": ppath}},
   }
-  c.cost_model = config_dict.ConfigDict({"chips": ("H200",), "context": 16, "max_k": 3,
+  # max_k past the blocks' 3 positions: their chains' tau_by_k stops at the block.
+  c.cost_model = config_dict.ConfigDict({"chips": ("H200",), "context": 16, "max_k": 5,
                                          "repeats": 3, "eagle_budgets": ()})  # fmt: skip
-  cost_model.run(c)
+  out = cost_model.run(c)
+  assert {r["variant"]: sorted(r["tau_by_k"]) for r in out["rows"] if r.get("tau_by_k")} == {
+    "dflash": [1, 2, 3], "peagle": [1, 2, 3]}  # fmt: skip
   cm_path = str(tmp_path / "cost_model.json")
   grid = json.loads((tmp_path / "cost_model.json").read_text())["block_grid"]
   of = lambda fam, path, lookup: [g for g in grid if (g["family"], g["path"], g["lookup"])  # noqa: E731

@@ -144,11 +144,13 @@ class Replay:
   params, x_1xS, roots_R, row_len) -> (tokens [R, N], parents [R, N] or None, abstain [R])``,
   greedy, from the text alone; ``tree(drafter)``: the tree every step verifies (None: drawn
   anew each step); ``chain(drafter, k)``: the same drafter as a k-chain, or None where no
-  such sweep makes sense."""
+  such sweep makes sense; ``longest(drafter)``: the longest chain it can draft (a block
+  drafter's positions; None: any length)."""
 
   drafts: Callable
   tree: Callable[[Any], Tree | None] = chain_tree
   chain: Callable[[Any, int], Any] | None = chain_length
+  longest: Callable[[Any], int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

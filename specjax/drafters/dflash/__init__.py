@@ -70,6 +70,7 @@ FAMILY = family.register(
       drafts=DFlash.teacher_forced_drafts,
       tree=lambda d: d.nodes,
       chain=lambda d, k: dataclasses.replace(d, tree=Tree.chain(k)),
+      longest=lambda d: d.cfg.num_draft,
     ),
     objective=DFlashBlocks,
     saved=family.Saved(

@@ -73,6 +73,7 @@ FAMILY = family.register(
       drafts=PEagle.teacher_forced_drafts,
       tree=lambda d: d.nodes,
       chain=lambda d, k: dataclasses.replace(d, tree=Tree.chain(k)),
+      longest=lambda d: d.cfg.num_depths,
     ),
     objective=PEagleBlocks,
     saved=family.Saved(
