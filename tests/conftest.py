@@ -138,16 +138,13 @@ def small_target():
 
 @pytest.fixture
 def _source_tree_kept():
-  """``build.check`` makes a config's output directory to prove it writable; the empty ones it
-  makes under experiments/ are removed again, so the tree (and what test_experiments collects
-  from it) is what git checked out. One such test at a time across the workers (a lock file):
-  two checking the same config at once would each see the other's directory as there before."""
-  root = Path(__file__).resolve().parents[1] / "experiments"
+  """The empty output directories ``build.check`` makes under experiments/ are removed again
+  (the tree stays what git checked out); one such test at a time across workers (a lock)."""
+  root, dirs = Path(__file__).resolve().parents[1] / "experiments", lambda: set(root.rglob("*/"))
   with open(Path(tempfile.gettempdir()) / "specjax-source-tree.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    before = {p for p in root.rglob("*") if p.is_dir()}
+    before = dirs()
     yield
-    made = {p for p in root.rglob("*") if p.is_dir()} - before
-    for p in sorted(made, key=lambda p: -len(p.parts)):  # the deepest first
+    for p in sorted(dirs() - before, key=lambda p: -len(p.parts)):  # the deepest first
       with contextlib.suppress(OSError):  # a directory something was written to stays
         p.rmdir()
