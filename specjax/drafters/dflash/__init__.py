@@ -57,6 +57,11 @@ def _check_params(drafter: DFlash, params) -> None:
   drafter.check_params(params)
 
 
+def _positions(d) -> int:
+  """The tokens a block drafts: the longest chain and the deepest tree it can verify."""
+  return d.cfg.num_draft
+
+
 FAMILY = family.register(
   family.Family(
     name="dflash",
@@ -65,12 +70,12 @@ FAMILY = family.register(
     price=family.Price(
       forwards=DFlash.step_forwards, timers={"dflash": time_block}, sizes=DFlash.own_sizes
     ),
-    tune=static_tree.tune("dflash", lambda d: d.cfg.num_draft),
+    tune=static_tree.tune("dflash", _positions),
     replay=family.Replay(
       drafts=DFlash.teacher_forced_drafts,
       tree=lambda d: d.nodes,
       chain=lambda d, k: dataclasses.replace(d, tree=Tree.chain(k)),
-      longest=lambda d: d.cfg.num_draft,
+      longest=_positions,
     ),
     objective=DFlashBlocks,
     saved=family.Saved(

@@ -58,6 +58,11 @@ def _check_params(drafter: PEagle, params) -> None:
   drafter.check_params(params)
 
 
+def _positions(d) -> int:
+  """The tokens a block drafts: the longest chain and the deepest tree it can verify."""
+  return d.cfg.num_depths
+
+
 FAMILY = family.register(
   family.Family(
     name="peagle",
@@ -68,12 +73,12 @@ FAMILY = family.register(
     price=family.Price(
       forwards=PEagle.step_forwards, timers={"peagle": time_block}, sizes=PEagle.own_sizes
     ),
-    tune=static_tree.tune("peagle", lambda d: d.cfg.num_depths),
+    tune=static_tree.tune("peagle", _positions),
     replay=family.Replay(
       drafts=PEagle.teacher_forced_drafts,
       tree=lambda d: d.nodes,
       chain=lambda d, k: dataclasses.replace(d, tree=Tree.chain(k)),
-      longest=lambda d: d.cfg.num_depths,
+      longest=_positions,
     ),
     objective=PEagleBlocks,
     saved=family.Saved(
