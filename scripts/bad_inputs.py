@@ -80,6 +80,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   (tmp / "run" / "train.json").write_text("{}")
   _published_medusa(tmp)
   _published_eagle3(tmp)
+  _published_dflash(tmp)
   chat = ('{"conversations": [{"from": "human", "value": "Hi"}, '
           '{"from": "gpt", "value": "Hello."}]}\n')  # fmt: skip
   (tmp / "chats.jsonl").write_text(chat + '{"conversations": [{"from": "human"\n' + chat)
@@ -92,6 +93,12 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   own = ["--config=experiments/eagle_smollm2/config.py", "--config.data.sources=()",
          "--config.data.feature_cache=", f"--config.workdir={tmp}/own",
          "--config.record_to="]  # fmt: skip
+  dflash = [demo, "--config.drafter.name=dflash",
+            "--config.drafter.dflash.path=experiments/block_smollm2/drafter"]  # fmt: skip
+  peagle = [demo, "--config.drafter.name=peagle",
+            "--config.drafter.peagle.path=experiments/block_smollm2/drafter_peagle"]  # fmt: skip
+  block_train = ["--config=experiments/block_smollm2/config.py", f"--config.workdir={tmp}/block",
+                 "--config.record_to="]  # fmt: skip
   return [
     ("no --config", []),
     ("config file without get_config", [f"--config={tmp}/noget.py"]),
@@ -273,6 +280,28 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      [*own, "--config.data.files=('/no/chats/*.jsonl',)", "--config.data.format=sharegpt"]),
     ("data.format unknown",
      [*own, f"--config.data.files=('{tmp}/chats.jsonl',)", "--config.data.format=alpaca"]),
+    ("DFlash tree neither '' nor auto", [*dflash, "--config.drafter.dflash.tree=bushy"]),
+    ("DFlash tree=auto without a grid", [*dflash, "--config.drafter.dflash.tree=auto"]),
+    ("DFlash tree=auto beside tree_spec",
+     [*dflash, "--config.drafter.dflash.tree=auto", "--config.drafter.dflash.tree_spec=(2,1)"]),
+    ("DFlash tree deeper than the block",
+     [*dflash, "--config.drafter.dflash.tree_spec=(1,1,1,1,1,1,1,1)"]),
+    ("P-EAGLE tree=auto, grid of another target",
+     [*peagle, "--config.drafter.peagle.tree=auto",
+      "--config.drafter.peagle.auto_from=experiments/cost_model/results/qwen/cost_model.json"]),
+    ("DFlash drafter path missing",
+     [demo, "--config.drafter.name=dflash", "--config.drafter.dflash.path=/no/drafter"]),
+    ("P-EAGLE drafter given as the DFlash drafter",
+     [demo, "--config.drafter.name=dflash",
+      "--config.drafter.dflash.path=experiments/block_smollm2/drafter_peagle"]),
+    ("DFlash drafter for another target",
+     [*dflash, "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
+    ("P-EAGLE drafter for another target",
+     [*peagle, "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
+    ("published DFlash drafter of another hidden size",
+     [demo, "--config.drafter.name=dflash", f"--config.drafter.dflash.path={tmp}/dflash_small"]),
+    ("DFlash training: markov_rank=-1", [*block_train, "--config.objective.dflash.markov_rank=-1"]),
+    ("DFlash training: anchors=0", [*block_train, "--config.objective.dflash.anchors=0"]),
     ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
@@ -336,6 +365,20 @@ def _published_eagle3(tmp: Path) -> None:
     "speculators",
     verifier="org/tiny-llama",
   )
+
+
+def _published_dflash(tmp: Path) -> None:
+  """A DFlash drafter in speculators' layout for a 64-wide target (SmolLM2 is 576 wide)."""
+  import jax
+
+  from specjax.drafters import dflash
+  from specjax.models import tiny
+
+  cfg, params = tiny.random_model(seed=0, vocab_size=64, dim=64, num_layers=4)
+  dcfg = dflash.DFlashConfig(cfg, (1, 2), num_layers=1, block_size=4)
+  trained = dflash.model.init_params(dcfg, jax.random.key(0))
+  weights = dflash.model.decode_params(trained, params, cfg)
+  dflash.formats.export(dcfg, jax.device_get(weights), tmp / "dflash_small", verifier="org/tiny")
 
 
 # Cases the harness cannot run alone (a second process holding the lock), or that are not

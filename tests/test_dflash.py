@@ -286,3 +286,49 @@ def test_training_raises_tau_and_the_saved_drafter_decodes_the_same(tmp_path):
   out = generate(model.params, model.cfg, prompts, drafter=d, drafter_params=params, **kw)
   assert out.tokens == ar.tokens
   assert out.metrics["tau"] == pytest.approx(final)
+
+
+@pytest.mark.parametrize("layout", ["specjax", "speculators"])
+def test_a_drafter_for_another_target_fails_the_config_check(target, tmp_path, layout):
+  """``build.check`` reads the drafter's headers and the target's: a DFlash drafter of another
+  hidden size is one error naming config.drafter.dflash.path before either's weights load
+  (it came after the whole target had loaded); one of this target's sizes passes."""
+  from configs import demo
+  from specjax import build
+  from specjax.models import export, source
+
+  other_cfg, other_params = tiny.random_model(seed=5, vocab_size=V, dim=48, num_layers=4,
+                                              num_heads=4, num_kv_heads=2, ffn_dim=64)  # fmt: skip
+  other = Model(cfg=other_cfg, params=other_params, tokenizer=None)
+  for name, t in (("mine", target), ("other", other)):
+    cfg = dmodel.DFlashConfig(t.cfg, (1,), num_layers=1, block_size=3)
+    trained = dmodel.init_params(cfg, jax.random.key(0))
+    if layout == "specjax":
+      dmodel.save(tmp_path / name, cfg, trained, t)
+    else:
+      formats.export(cfg, dmodel.decode_params(trained, t.params, t.cfg), tmp_path / name)
+  export.save_model(tmp_path / "hf", target.cfg, target.params)
+  c = demo.base()
+  c.target = source.config(source="safetensors", path=str(tmp_path / "hf"))
+  c.prompts = ((1, 2, 3),)
+  c.drafter.name = "dflash"
+  c.drafter.dflash.path = str(tmp_path / "mine")
+  build.check(c)
+  c.drafter.dflash.path = str(tmp_path / "other")
+  with pytest.raises(ValueError, match=r"dflash\.path.*(cannot read this target|another target)"):
+    build.check(c)
+
+
+def test_the_training_config_check_names_each_bad_shape_field():
+  """The objective's check, run before the data and the target load, names the field of
+  ``config.objective.dflash`` that is out of range."""
+  from specjax.train import objectives
+
+  cases = (("markov_rank", -1, "markov_rank must be an integer >= 0"),
+           ("block_size", 1, "block_size must be an integer >= 2"),
+           ("markov_head", "lstm", "markov_head='lstm' is unknown"))  # fmt: skip
+  for field, value, message in cases:
+    c = objectives.default_config("dflash").dflash
+    c[field] = value
+    with pytest.raises(ValueError, match=f"config.objective.dflash.{message}"):
+      dflash.DFlashBlocks.check(c)

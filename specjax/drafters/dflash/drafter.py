@@ -25,7 +25,7 @@ from specjax.drafters.dflash import layouts, model
 from specjax.drafters.dflash.model import FIELD, DFlashConfig
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.timing import median_seconds
-from specjax.models import llama
+from specjax.models import llama, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
@@ -90,6 +90,9 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
     sampled_candidates(c, FIELD)
     prompt_lookup.check_branch_fields(c, FIELD)
     num_draft = layouts.peek_num_draft(c)
+    target = source.peek(config.target)  # its header: a mismatch shows before the weights load
+    if c.path and target is not None:
+      layouts.check_sizes(c, target.cfg)
     tree = parse_tree(c, num_draft)
     static_tree.check_auto(c, config, FIELD, "dflash")
     if c.lookup:

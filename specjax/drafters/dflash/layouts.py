@@ -5,6 +5,7 @@ from pathlib import Path
 
 import jax
 
+from specjax.drafters import artifact
 from specjax.drafters.dflash import formats
 from specjax.drafters.dflash.model import (
   FIELD,
@@ -56,6 +57,18 @@ def peek_num_draft(c) -> int:
   config = formats.peek(c.path)
   anchor = config.get("sample_from_anchor", config["speculators_model_type"] == "dspark")
   return config.get("block_size", 8) - (0 if anchor else 1)
+
+
+def check_sizes(c, target_cfg, field: str = f"{FIELD}.path") -> None:
+  """The drafter at ``c.path`` must read ``target_cfg``'s widths: checked from its files'
+  headers and the target's, before either's weights load."""
+  if detect(c.path, c.format, field) == "specjax":
+    meta = read_meta(c.path, field)
+    t = meta["dflash"]["target"]
+    what = "DFlash drafter weights"
+    artifact.check_sizes(meta, t["dim"], t["vocab_size"], target_cfg, field, what)
+  else:
+    formats.config_for(formats.peek(c.path, field), target_cfg, field)
 
 
 def load_or_init(c, target) -> tuple[DFlashConfig, dict]:

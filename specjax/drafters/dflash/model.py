@@ -22,6 +22,24 @@ HEADS = ("markov_w1", "markov_w2", "markov_gate_w", "markov_gate_b", "markov_joi
 MARKOV_HEADS = ("vanilla", "gated", "rnn")
 
 
+SIZES = (("num_layers", 1), ("block_size", 2), ("ffn_dim", 0), ("vocab_size", 0),
+         ("markov_rank", 0))  # the integer fields and their least values  # fmt: skip
+
+
+def check_fields(get, field: str = FIELD) -> None:
+  """The fields that need no target (``get(name)``: a field's value, of config section
+  ``field``): the sizes and markov_head; the training config's check runs it before the data
+  and the target load."""
+  for name, low in SIZES:
+    value = get(name)
+    if isinstance(value, bool) or int(value) != value or value < low:
+      raise ValueError(f"{field}.{name} must be an integer >= {low}, got {value!r}.")
+  if get("markov_head") not in MARKOV_HEADS:
+    raise ValueError(
+      f"{field}.markov_head={get('markov_head')!r} is unknown; choose {', '.join(MARKOV_HEADS)}."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class DFlashConfig:
   """Shapes of a DFlash drafter (static; hashable)."""
@@ -47,12 +65,7 @@ class DFlashConfig:
         f"{FIELD}.feature_layers: DFlash fuses residual streams of target layers (indices), "
         f"got {list(self.feature_layers)}."
       )
-    sizes = (("num_layers", self.num_layers, 1), ("block_size", self.block_size, 2),
-             ("ffn_dim", self.ffn_dim, 0), ("vocab_size", self.vocab_size, 0),
-             ("markov_rank", self.markov_rank, 0))  # fmt: skip
-    for name, value, low in sizes:
-      if isinstance(value, bool) or int(value) != value or value < low:
-        raise ValueError(f"{FIELD}.{name} must be an integer >= {low}, got {value!r}.")
+    check_fields(lambda name: getattr(self, name))
     if self.vocab_size > self.target.vocab_size:
       raise ValueError(
         f"{FIELD}.vocab_size={self.vocab_size} exceeds the target's vocabulary "
@@ -62,10 +75,6 @@ class DFlashConfig:
       raise ValueError(
         f"{FIELD}.mask_id={self.mask_id} is not a token of the target's vocabulary "
         f"(0..{self.target.vocab_size - 1})."
-      )
-    if self.markov_head not in MARKOV_HEADS:
-      raise ValueError(
-        f"{FIELD}.markov_head={self.markov_head!r} is unknown; choose {', '.join(MARKOV_HEADS)}."
       )
     if self.confidence and self.confidence_with_markov and not self.markov_rank:
       raise ValueError(

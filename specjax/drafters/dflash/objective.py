@@ -90,6 +90,7 @@ class DFlashBlocks:
   @classmethod
   def check(cls, c: ml_collections.ConfigDict) -> None:
     losses.check_token_loss(c.loss, f"{FIELD}.loss")
+    model.check_fields(lambda name: c[name], FIELD)
     if isinstance(c.anchors, bool) or int(c.anchors) != c.anchors or c.anchors < 1:
       raise ValueError(f"{FIELD}.anchors must be an integer >= 1, got {c.anchors!r}.")
     if not c.gamma > 0:

@@ -28,7 +28,7 @@ from specjax.drafters.peagle import layouts, model
 from specjax.drafters.peagle.model import FIELD, PEagleConfig
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.timing import median_seconds
-from specjax.models import llama
+from specjax.models import llama, source
 from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
@@ -90,6 +90,9 @@ class PEagle(static_tree.OnStaticTree, DrafterBase):
     static_tree.check_auto(c, config, FIELD, "peagle")
     if not c.path:  # task=train decodes with the drafter it trains (its depth checks the tree)
       return
+    target = source.peek(config.target)  # its header: a mismatch shows before the weights load
+    if target is not None:
+      layouts.check_sizes(c, target.cfg)
     tree = parse_tree(c, layouts.peek_num_depths(c))
     if c.lookup:
       tree = tree.with_branch(c.lookup)

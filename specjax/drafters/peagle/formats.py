@@ -44,7 +44,7 @@ def peek(directory) -> dict:
   }
 
 
-def _extra(cfg) -> dict:
+def extra(cfg) -> dict:
   """P-EAGLE's tensor beyond EAGLE-3's (checkpoint name -> (name, shape))."""
   return {"mask_hidden": ("mask_hidden", (1, 1, cfg.target.dim * len(cfg.feature_layers)))}
 
@@ -60,7 +60,7 @@ def load(directory, target, field: str = f"{FIELD}.path"):
       f"{where}: config.json has no mask_token_id (the token of P-EAGLE's masked rows): set it "
       "to the id the drafter was trained with."
     )
-  ecfg, params, meta = eagle_read.load(directory, target, "speculators", (KIND,), _extra, field)
+  ecfg, params, meta = eagle_read.load(directory, target, "speculators", (KIND,), extra, field)
   try:
     cfg = PEagleConfig(ecfg, got["num_depths"] or 8, int(got["mask_id"]))
   except ValueError as e:

@@ -3,8 +3,10 @@ vLLM speculators' (``formats``)."""
 
 from pathlib import Path
 
+from specjax.drafters import artifact
+from specjax.drafters.eagle.formats import read as eagle_read
 from specjax.drafters.peagle import formats
-from specjax.drafters.peagle.model import FIELD, META_FILE, load_saved, read_meta
+from specjax.drafters.peagle.model import FIELD, META_FILE, PEagleConfig, load_saved, read_meta
 
 
 def detect(directory, fmt: str = "auto", field: str = f"{FIELD}.path") -> str:
@@ -41,3 +43,15 @@ def peek_num_depths(c) -> int:
   if detect(c.path, c.format) == "specjax":
     return read_meta(c.path)["peagle"]["num_depths"]
   return formats.peek(c.path)["num_depths"] or 8
+
+
+def check_sizes(c, target_cfg, field: str = f"{FIELD}.path") -> None:
+  """The drafter at ``c.path`` must read ``target_cfg``'s widths: checked from its files'
+  headers and the target's, before either's weights load."""
+  where = f"{field}={str(c.path)!r}"
+  if detect(c.path, c.format, field) == "specjax":
+    meta = read_meta(c.path, field)
+    t = PEagleConfig.fromdict(meta["peagle"]).target
+    artifact.check_sizes(meta, t.dim, t.vocab_size, target_cfg, where, "drafters")
+  else:
+    eagle_read.plan(c.path, target_cfg, "speculators", (formats.KIND,), formats.extra, field)
