@@ -23,6 +23,9 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
     python -m specjax.run --config=experiments/block_smollm2/config.py:block16        # 9.
     python -m specjax.run --config=experiments/block_smollm2/config.py:block16_requests
     python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_blocks
+    python -m specjax.run --config=experiments/block_smollm2/config.py:block4         # 10.
+    python -m specjax.run --config=experiments/block_smollm2/config.py:block4_requests
+    python -m specjax.run --config=experiments/block_smollm2/config.py:sweep_block4
     python -m specjax.report experiments/block_smollm2                                # README
 
 1. DFlash (``objective.name = dflash``): one draft layer over SmolLM2's layers 2, 14 and 27
@@ -62,6 +65,9 @@ EAGLE's ``:requests``, decoded beside it on the held-out prompts.
 9. ``:block16`` then ``:block16_requests``: 1. and 2. at blocks of 16 (the same rows and
    steps); ``:sweep_blocks`` decodes it as a 15-chain beside 2.'s drafter as chains of 7 and
    3 (a block of 4's drafts), at temperatures 0 and 1.
+10. ``:block4`` then ``:block4_requests``: 1. and 2. at blocks of 4 (the same rows, steps and
+   position weight); ``:sweep_block4`` decodes it as a 3-chain beside 2.'s 3-chain (the same
+   positions, trained in blocks of 8), at temperatures 0 and 1.
 """
 
 from configs import demo, train_tiny
@@ -142,12 +148,12 @@ def _dspark(c, name: str):
   c.objective.dflash.update(markov_rank=DSPARK_RANK, markov_head="vanilla", confidence=True)
 
 
-BLOCK_SIZES = (16,)  # 9.: beside 1. and 2.'s 8
+BLOCK_SIZES = (16, 4)  # 9. and 10.: beside 1. and 2.'s 8
 
 
 def _block_size(c, name: str):
-  """9.: 1. (``:block16``) and then 2. (``:block16_requests``) at another block size, the
-  same steps and rows; position weight gamma 7 at 16 (the paper's)."""
+  """9. and 10.: 1. (``:block16``, ``:block4``) and then 2. (``:block16_requests``, ...) at
+  another block size, the same steps and rows; position weight gamma 7 at 16 (the paper's)."""
   b = int(name.removeprefix("block").removesuffix("_requests"))
   if name.endswith("_requests"):
     _requests(c, name)
@@ -165,9 +171,17 @@ def blocks_sweep_variants() -> dict:
     "dflash_chain_3": dflash_variant(DRAFTER, tuple((0,) * d for d in range(1, 4))),
     "dflash_chain_7": dflash_variant(DRAFTER),
   }
-  for b in BLOCK_SIZES:
+  for b in (b for b in BLOCK_SIZES if b > BLOCK):
     out[f"dflash_b{b}_chain_{b - 1}"] = dflash_variant(f"{WORKDIR}_block{b}_requests/draft_final")
   return out
+
+
+def block4_sweep_variants() -> dict:
+  """10.'s drafter as a chain over its block of 4 beside 2.'s 3-chain (``:sweep_block4``)."""
+  return {
+    "dflash_chain_3": dflash_variant(DRAFTER, tuple((0,) * d for d in range(1, 4))),
+    "dflash_b4_chain_3": dflash_variant(f"{WORKDIR}_block4_requests/draft_final"),
+  }
 
 
 # A static tree over the block's 7 depths: the top-1 chain, and at every depth the second
@@ -252,7 +266,8 @@ def dspark_sweep_variants() -> dict:
 
 
 SWEEPS = {"sweep_requests": sweep_variants, "sweep_peagle": peagle_sweep_variants,
-          "sweep_dspark": dspark_sweep_variants, "sweep_blocks": blocks_sweep_variants}  # fmt: skip
+          "sweep_dspark": dspark_sweep_variants, "sweep_blocks": blocks_sweep_variants,
+          "sweep_block4": block4_sweep_variants}  # fmt: skip
 
 
 def specbench_variants() -> dict:
@@ -295,9 +310,10 @@ def _specbench_float32():
 
 def _sweep(c, name: str):
   categories = {**held_out.CATEGORIES, "chat_new": held_out.CHAT_NEW}
-  temperatures = (0.0, 1.0) if name == "sweep_blocks" else ()
+  by_block = name in ("sweep_blocks", "sweep_block4")
+  temperatures = (0.0, 1.0) if by_block else ()
   held_out.sweep_on(c, f"{RESULTS}/{name}", categories, SWEEPS[name](), temperatures=temperatures)
-  if name == "sweep_blocks":  # ten jobs: two timed passes each (τ is the question here)
+  if by_block:  # two timed passes per job (τ is the question here)
     c.benchmark.repeats = 2
 
 
@@ -305,6 +321,7 @@ VARIANTS = {
   "requests": _requests, "promote": _promote, "sweep_requests": _sweep, "peagle": _peagle,
   "promote_peagle": _promote, "sweep_peagle": _sweep, "dspark": _dspark,
   "promote_dspark": _promote, "sweep_dspark": _sweep, "sweep_blocks": _sweep,
+  "sweep_block4": _sweep,
   **{f"block{b}{s}": _block_size for b in BLOCK_SIZES for s in ("", "_requests")},
 }  # fmt: skip
 

@@ -15,7 +15,8 @@ from specjax.measure import sweep
 def _training(results_dir) -> list[str]:
   """Each training run's last logged step and evaluation, and its decode on the demo prompts."""
   rows = []
-  runs = ("train", "requests", "peagle", "dspark", "block16", "block16_requests")
+  runs = ("train", "requests", "peagle", "dspark", "block16", "block16_requests", "block4",
+          "block4_requests")  # fmt: skip
   for run in runs:
     path = results_dir / run / "train.json"
     if not path.exists():
@@ -157,6 +158,7 @@ def report(results_dir):
     ("sweep_peagle", "P-EAGLE beside the served EAGLE-3 and prompt lookup"),
     ("sweep_dspark", "DSpark (DFlash with the Markov head) beside 2.'s DFlash"),
     ("sweep_blocks", "DFlash chains of 3, 7 and 15 (blocks of 8 and 16), at T = 0 and 1"),
+    ("sweep_block4", "DFlash 3-chains trained in blocks of 4 and of 8, at T = 0 and 1"),
   ):
     path = results_dir / name / "sweep.json"
     if path.exists():
