@@ -288,11 +288,34 @@ def test_training_raises_tau_and_the_saved_drafter_decodes_the_same(tmp_path):
   assert out.metrics["tau"] == pytest.approx(final)
 
 
+def _saved_block_drafter(family: str, layout: str, model: Model, out, verifier) -> None:
+  """A random DFlash or P-EAGLE drafter for ``model``, written to ``out`` in ``layout``."""
+  from specjax.drafters.peagle import formats as peagle_formats
+  from specjax.drafters.peagle import model as pmodel
+
+  if family == "dflash":
+    cfg = dmodel.DFlashConfig(model.cfg, (1,), num_layers=1, block_size=3)
+    trained = dmodel.init_params(cfg, jax.random.key(0))
+    if layout == "specjax":
+      dmodel.save(out, cfg, trained, model)
+    else:
+      formats.export(cfg, dmodel.decode_params(trained, model.params, model.cfg), out)
+    return
+  d, params = testing.peagle_drafter((model.cfg, model.params), Tree.chain(3), 3,
+                                     feature_layers=(1, 2), mask_id=5)  # fmt: skip
+  if layout == "specjax":
+    pmodel.save(out, d.cfg, params, model)
+  else:
+    peagle_formats.export(d.cfg, params, out, verifier=str(verifier))
+
+
 @pytest.mark.parametrize("layout", ["specjax", "speculators"])
-def test_a_drafter_for_another_target_fails_the_config_check(target, tmp_path, layout):
-  """``build.check`` reads the drafter's headers and the target's: a DFlash drafter of another
-  hidden size is one error naming config.drafter.dflash.path before either's weights load
-  (it came after the whole target had loaded); one of this target's sizes passes."""
+@pytest.mark.parametrize("family", ["dflash", "peagle"])
+def test_a_drafter_for_another_target_fails_the_config_check(target, tmp_path, family, layout):
+  """``build.check`` reads a block drafter's headers and the target's: a DFlash or P-EAGLE
+  drafter of another hidden size is one error naming config.drafter.<name>.path before
+  either's weights load (it came after the whole target had loaded); one of this target's
+  sizes passes."""
   from configs import demo
   from specjax import build
   from specjax.models import export, source
@@ -300,22 +323,18 @@ def test_a_drafter_for_another_target_fails_the_config_check(target, tmp_path, l
   other_cfg, other_params = tiny.random_model(seed=5, vocab_size=V, dim=48, num_layers=4,
                                               num_heads=4, num_kv_heads=2, ffn_dim=64)  # fmt: skip
   other = Model(cfg=other_cfg, params=other_params, tokenizer=None)
-  for name, t in (("mine", target), ("other", other)):
-    cfg = dmodel.DFlashConfig(t.cfg, (1,), num_layers=1, block_size=3)
-    trained = dmodel.init_params(cfg, jax.random.key(0))
-    if layout == "specjax":
-      dmodel.save(tmp_path / name, cfg, trained, t)
-    else:
-      formats.export(cfg, dmodel.decode_params(trained, t.params, t.cfg), tmp_path / name)
-  export.save_model(tmp_path / "hf", target.cfg, target.params)
+  verifier = export.save_model(tmp_path / "hf", target.cfg, target.params)
+  for name, model in (("mine", target), ("other", other)):
+    _saved_block_drafter(family, layout, model, tmp_path / name, verifier)
   c = demo.base()
   c.target = source.config(source="safetensors", path=str(tmp_path / "hf"))
   c.prompts = ((1, 2, 3),)
-  c.drafter.name = "dflash"
-  c.drafter.dflash.path = str(tmp_path / "mine")
+  c.drafter.name = family
+  c.drafter[family].path = str(tmp_path / "mine")
   build.check(c)
-  c.drafter.dflash.path = str(tmp_path / "other")
-  with pytest.raises(ValueError, match=r"dflash\.path.*(cannot read this target|another target)"):
+  c.drafter[family].path = str(tmp_path / "other")
+  refused = rf"{family}\.path.*(cannot read this target|another target)"
+  with pytest.raises(ValueError, match=refused):
     build.check(c)
 
 

@@ -261,34 +261,3 @@ def test_training_raises_tau_and_the_saved_drafter_decodes_the_same(tmp_path):
   out = generate(model.params, model.cfg, prompts, drafter=d, drafter_params=params, **kw)
   assert out.tokens == ar.tokens
   assert out.metrics["tau"] == pytest.approx(final)
-
-
-@pytest.mark.parametrize("layout", ["specjax", "speculators"])
-def test_a_drafter_for_another_target_fails_the_config_check(target, tmp_path, layout):
-  """``build.check`` reads the drafter's headers and the target's: a P-EAGLE drafter of another
-  hidden size is one error naming config.drafter.peagle.path before either's weights load
-  (it came after the whole target had loaded); one of this target's sizes passes."""
-  from configs import demo
-  from specjax import build
-  from specjax.models import source
-
-  other_cfg, other_params = tiny.random_model(seed=5, vocab_size=V, dim=48, num_layers=4,
-                                              num_heads=4, num_kv_heads=2, ffn_dim=64)  # fmt: skip
-  verifier = export.save_model(tmp_path / "hf", target.cfg, target.params)
-  mine = (target.cfg, target.params)
-  for name, (cfg, params) in (("mine", mine), ("other", (other_cfg, other_params))):
-    d, dparams = testing.peagle_drafter((cfg, params), Tree.chain(K), K, feature_layers=(1, 2),
-                                        vocab_ids=IDS, mask_id=MASK)  # fmt: skip
-    if layout == "specjax":
-      pmodel.save(tmp_path / name, d.cfg, dparams, Model(cfg=cfg, params=params, tokenizer=None))
-    else:
-      formats.export(d.cfg, dparams, tmp_path / name, verifier=str(verifier))
-  c = demo.base()
-  c.target = source.config(source="safetensors", path=str(tmp_path / "hf"))
-  c.prompts = ((1, 2, 3),)
-  c.drafter.name = "peagle"
-  c.drafter.peagle.path = str(tmp_path / "mine")
-  build.check(c)
-  c.drafter.peagle.path = str(tmp_path / "other")
-  with pytest.raises(ValueError, match=r"peagle\.path.*(cannot read this target|another target)"):
-    build.check(c)
