@@ -270,6 +270,7 @@ def draft_by_parent(tree: Tree, children_logits, root_B, state_BxS, sampled: boo
   b = root_B.shape[0]
   parent_N, rank_N = np.asarray(tree.parents), np.asarray(ranks(tree))
   depth = np.asarray(tree.depth)
+  k = width(tree)
   to_target = (lambda ids: ids) if vocab_ids is None else (lambda ids: vocab_ids[ids])
   tokens, states, q = {0: root_B}, {0: state_BxS}, {}
   greedy = sampling.is_greedy(ctx.sampling) if sampled else True
@@ -285,7 +286,7 @@ def draft_by_parent(tree: Tree, children_logits, root_B, state_BxS, sampled: boo
     else:
       gumbel = jax.random.gumbel(jax.random.fold_in(ctx.key, level), q_BxIxW.shape)
       scores = jnp.where(greedy, logits_BxIxW, jnp.log(q_BxIxW) + gumbel)
-    _, top_BxIxC = jax.lax.top_k(scores, width(tree))
+    _, top_BxIxC = jax.lax.top_k(scores, k)
     kids = [(i, c) for i, n in enumerate(inner) for c in np.flatnonzero(parent_N == n) + 1]
     row_C, node_C = np.asarray(kids).T  # node c's parent is parent_N[c - 1], at row i
     # One gather of the level's picks: XLA turns a top-k whose result is sliced into a sort.
