@@ -9,6 +9,9 @@ writes 3 shards plus manifest.json to data/self_distill/smollm2/ (~1.6 MB). Prin
 samples and the generation speed. An interrupted run resumes where it stopped when rerun.
 Temperature 1 gives samples from the target's own distribution, so a drafter trained on them
 by cross-entropy learns that distribution (what sets acceptance), not only its greedy path.
+The target runs in float32 on every machine (``dtype = auto`` would pick bfloat16 on a CPU
+where it is faster, and on one such host 28 of 64 greedy replies left float32's at a near-tie),
+so every host writes the same rows; the manifest records the dtype.
 
     python -m specjax.run --config=configs/self_distill_smollm2.py:tiny --config.output_dir=/tmp/d
 
@@ -54,6 +57,7 @@ def get_config(arg: str | None = None):
   c.output_dir = "data/self_distill/smollm2"  # shards + manifest.json; kept out of git
   c.target = source.config("smollm2-135m-instruct")
   c.drafter.name = "none"  # generation is plain autoregression of the target
+  c.dtype = "float32"  # the same rows on every host (the module's docstring)
   c.chat = True  # wrap prompts in the chat template (chitchat turns stay turns)
   c.stop_at_eos = True  # a row ends at the target's end-of-turn
   c.batch_size = 32

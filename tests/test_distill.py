@@ -3,6 +3,7 @@
 import json
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,9 +88,13 @@ def test_unfinished_directory_is_rejected_then_resumed(model, prompts, distilled
   (tmp_path / "shard-00001.npz").unlink()  # An interrupted run: one shard done, no manifest.
   with pytest.raises(ValueError, match="no manifest.json"):
     data.load_dataset([str(tmp_path)], None, seq_len=8, max_examples=None)
-  with pytest.raises(ValueError, match="other prompts or settings"):
+  with pytest.raises(ValueError, match="other prompts than"):
     distill.self_distill(params, cfg, prompts[:7], tmp_path, progress=False, **KW)
   labels = ["a", "b"] * 4
+  # The same prompts from bfloat16 weights (dtype = auto on another CPU): another target's rows.
+  bf16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
+  with pytest.raises(ValueError, match=r"other settings \(dtype\)"):
+    distill.self_distill(bf16, cfg, prompts, tmp_path, sources=labels, progress=False, **KW)
   manifest = distill.self_distill(
     params, cfg, prompts, tmp_path, sources=labels, progress=False, **KW
   )

@@ -82,7 +82,9 @@ def self_distill(
   """Generates the target's continuations of ``prompts`` into shards under ``out_dir``.
 
   Returns the manifest. Everything is checked before anything is compiled; an unfinished
-  directory with the same plan is resumed, any other existing content is refused.
+  directory with the same plan is resumed, any other existing content is refused. The
+  weights' dtype is part of the plan: greedy replies in bfloat16 leave float32's at near-ties,
+  so a resume in the other dtype (``dtype = auto`` on another CPU) would mix two targets' rows.
   """
   out_dir = Path(out_dir)
   prompts = [list(map(int, p)) for p in prompts]
@@ -106,6 +108,7 @@ def self_distill(
     "eos_id": eos_id,
     "capture_layers": list(capture_layers),
     "capture_final": capture_final,
+    "dtype": jax.tree.leaves(params)[0].dtype.name,  # the weights' (the target's rounding)
   }
   digest = hashlib.sha256(json.dumps([prompts, sources, settings]).encode()).hexdigest()
   shard_files = _start(out_dir, {"digest": digest, "num_examples": len(prompts), **settings})
@@ -207,10 +210,17 @@ def _start(out_dir: Path, plan: dict) -> list[Path]:
   files = [out_dir / f"shard-{i:05d}.npz" for i in range(n)]
   plan_path = out_dir / PLAN
   if plan_path.is_file():
-    if json.loads(plan_path.read_text()) != plan:
+    old = json.loads(plan_path.read_text())
+    if old != plan:
+      changed = sorted(
+        k
+        for k in (old.keys() | plan.keys()) - {"digest", "num_examples"}
+        if old.get(k) != plan.get(k)
+      )
       raise ValueError(
-        f"{out_dir} holds an unfinished self-distillation with other prompts or settings; "
-        "delete it or choose another output directory."
+        f"{out_dir} holds an unfinished self-distillation with other "
+        f"{'settings (' + ', '.join(changed) + ')' if changed else 'prompts'} than this run's "
+        f"({PLAN} there); rerun it as it was, delete it or choose another output directory."
       )
     for tmp in out_dir.glob(".shard-*.tmp"):  # Left by an interrupted write.
       tmp.unlink()
