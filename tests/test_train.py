@@ -181,21 +181,27 @@ def test_resume_continues_exactly(tmp_path, capsys):
   assert all(jax.tree.leaves(same))  # params, optimiser state, rng and step
 
 
-def test_resume_refuses_another_target_or_global_batch(tmp_path):
-  """A run resumed with another target's weights (its fingerprint, task=train's ``setup``) or
-  another global batch is refused naming both values; the same setup resumes."""
+def test_resume_refuses_another_target_global_batch_or_rows(tmp_path):
+  """A run resumed with another target's weights (its fingerprint, task=train's ``setup``),
+  another global batch or other training rows (data made again, e.g. by the target in another
+  dtype: one token changed) is refused naming both values; the same setup resumes."""
   objective, tparams, ds = train_worker.setup()
   mesh = parallel.make_mesh(parallel.MeshConfig())
+  tokens = ds.tokens.copy()
+  tokens[3, 5] = (tokens[3, 5] + 1) % 64  # the tiny vocabulary
+  other_rows = data.Dataset(tokens, ds.mask)
 
-  def run(steps, setup, **kw):
+  def run(steps, setup, rows=ds, **kw):
     cfg = _loop_cfg(tmp_path, steps, **kw)
-    return loop.train(objective, tparams, ds, None, cfg, train_worker.OPTIM, mesh, setup=setup)
+    return loop.train(objective, tparams, rows, None, cfg, train_worker.OPTIM, mesh, setup=setup)
 
   run(2, {"target": "aaaa"})
   with pytest.raises(ValueError, match="target: checkpoint 'aaaa' vs now 'bbbb'"):
     run(3, {"target": "bbbb"})
   with pytest.raises(ValueError, match="global_batch: checkpoint 8 vs now 4"):
     run(3, {"target": "aaaa"}, global_batch=4)
+  with pytest.raises(ValueError, match=f"rows: checkpoint '{ds.fingerprint()}' vs now '"):
+    run(3, {"target": "aaaa"}, rows=other_rows)
   assert run(3, {"target": "aaaa"}).start_step == 2
 
 

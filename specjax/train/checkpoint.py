@@ -58,7 +58,7 @@ DAMAGED_FIX = (
 
 # Signature keys added after checkpoints were first written: a checkpoint without them is not
 # checked for them (it resumes as it did), one with them is.
-SIGNED_LATER = ("global_batch", "target", "loss")
+SIGNED_LATER = ("global_batch", "target", "loss", "rows")
 
 
 class Checkpointer:

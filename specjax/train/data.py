@@ -29,6 +29,7 @@ e is the permutation ``default_rng([seed, e])`` of the N rows, global batch s co
 
 import dataclasses
 import functools
+import hashlib
 import json
 import zlib
 from collections.abc import Sequence
@@ -220,6 +221,12 @@ class Dataset:
   @property
   def seq_len(self) -> int:
     return self.tokens.shape[1]
+
+  def fingerprint(self) -> str:
+    """The rows' identity (tokens and loss mask): a resumed run and a feature cache check it."""
+    h = hashlib.sha256(np.ascontiguousarray(self.tokens).tobytes())
+    h.update(np.ascontiguousarray(self.mask).tobytes())
+    return h.hexdigest()[:16]
 
   def batch(
     self,

@@ -15,7 +15,6 @@ target or other features is recomputed, not trusted; a finished shard is kept, s
 interrupted run resumes. Every file is written to a temporary name and renamed.
 """
 
-import hashlib
 import json
 import os
 import time
@@ -36,12 +35,6 @@ SHARD_ROWS = 256
 BATCH = 8
 
 
-def rows_hash(ds: Dataset) -> str:
-  h = hashlib.sha256(np.ascontiguousarray(ds.tokens).tobytes())
-  h.update(np.ascontiguousarray(ds.mask).tobytes())
-  return h.hexdigest()[:16]
-
-
 def _identity(ds: Dataset, target, names: tuple) -> dict:
   return {
     "format": FORMAT,
@@ -49,7 +42,7 @@ def _identity(ds: Dataset, target, names: tuple) -> dict:
     "features": [str(n) for n in names],
     "rows": len(ds),
     "seq_len": ds.seq_len,
-    "rows_hash": rows_hash(ds),
+    "rows_hash": ds.fingerprint(),
   }
 
 

@@ -161,7 +161,8 @@ def train(
 ) -> Result:
   """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming), holding
   the workdir's lock. A resumed run must share the checkpoint's objective signature, global
-  batch and ``setup`` (JSON: e.g. the target's fingerprint), or it is refused. ``probe``
+  batch, training rows (an in-memory dataset's fingerprint) and ``setup`` (JSON: e.g. the
+  target's fingerprint), or it is refused. ``probe``
   (params -> {name: value}) is recorded every ``loop.probe_every`` steps, at step 0 and at the
   end, on the main process."""
   check(loop, mesh, train_ds, eval_ds)
@@ -176,7 +177,9 @@ def _train(
 ) -> Result:
   is_main = jax.process_index() == 0
   workdir = Path(loop.workdir) if loop.workdir else None
-  run_setup = {"global_batch": loop.global_batch} | (setup or {})
+  # In-memory rows are fingerprinted (streamed files resume by their data state).
+  rows = {"rows": train_ds.fingerprint()} if hasattr(train_ds, "fingerprint") else {}
+  run_setup = {"global_batch": loop.global_batch, **rows} | (setup or {})
   signature = objective.signature() | run_setup
   ckpt, start, latest = None, 0, None
   if workdir is not None:
