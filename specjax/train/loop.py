@@ -162,9 +162,8 @@ def train(
   """Trains ``objective`` for ``loop.steps`` steps (or the rest of them, when resuming), holding
   the workdir's lock. A resumed run must share the checkpoint's objective signature, global
   batch, training rows (an in-memory dataset's fingerprint) and ``setup`` (JSON: e.g. the
-  target's fingerprint), or it is refused. ``probe``
-  (params -> {name: value}) is recorded every ``loop.probe_every`` steps, at step 0 and at the
-  end, on the main process."""
+  target's fingerprint), or it is refused. ``probe`` (params -> {name: value}) is recorded
+  every ``loop.probe_every`` steps, at step 0 and at the end, on the main process."""
   check(loop, mesh, train_ds, eval_ds)
   with workdir_lock(Path(loop.workdir) if loop.workdir else None):
     return _train(
