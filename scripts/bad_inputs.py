@@ -121,6 +121,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      [*tiny_run, "--config.train.steps=3", "--config.target.seed=5"]),
     ("train resumed with another global batch",
      [*tiny_run, "--config.train.steps=3", "--config.train.global_batch=8"]),
+    ("train resumed on other rows (another data.seed's samples)",
+     [*tiny_run, "--config.train.steps=3", "--config.data.seed=1"]),
     ("train record_to is a file",
      ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
     ("a stray argument", [demo, "temperature=0.7"]),
