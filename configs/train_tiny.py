@@ -7,7 +7,8 @@ KL(target || draft) for 150 steps of 16 rows, prints the progress bar with loss 
 writes results/train_tiny/{metrics.jsonl, checkpoints/, draft_init/, draft_final/, train.json},
 then decodes with both drafts (greedy, K = 4) and prints "draft init: tau ..." and
 "draft final: tau ...": the trained draft's tau is the higher. Rerunning continues from the
-last checkpoint (here: nothing left to do); ``--config.train.resume=False`` starts over.
+last checkpoint (here: nothing left to do); another ``--config.workdir`` starts over
+(``--config.train.resume=False`` refuses a workdir that holds checkpoints).
 
 Same code, other layouts (only the mesh changes):
 
@@ -85,7 +86,7 @@ def get_config():
   c.train.checkpoint_every = 50
   c.train.keep = 2  # newest checkpoints kept
   c.train.async_checkpoint = True
-  c.train.resume = True  # continue from workdir's newest checkpoint
+  c.train.resume = True  # continue from workdir's newest checkpoint (False: refuse one)
   c.train.progress = True
 
   c.optim = config_dict.ConfigDict()

@@ -50,6 +50,14 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     '"vocab_size": 512, "tokenizer_fingerprint": null}}'
   )
   (tmp / "other.json").write_text('{"rows": []}')
+  (tmp / "sweep_typo.py").write_text(
+    "from experiments.eagle_smollm2 import config\ndef get_config():\n"
+    "  c = config.get_config('sweep_b1')\n  c.sweep.variants = {'lookup': {'name': "
+    "'prompt_lookup', 'prompt_lookup': {'num_drft': 2}}}\n  return c\n"
+  )
+  (tmp / "noresults").mkdir()  # an experiment's folder without its results/
+  for name in ("README.md", "report.py"):
+    shutil.copy(ROOT / "experiments/acceptance_losses" / name, tmp / "noresults" / name)
   drafters = {"eagle": ROOT / "experiments/eagle_smollm2/drafter",
               "medusa": ROOT / "experiments/medusa_smollm2/heads"}  # fmt: skip
   damages = {"flipped": lambda d: d[:-1] + bytes([d[-1] ^ 1]), "truncated": lambda d: d[:-1000],
@@ -113,6 +121,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("benchmark.repeats=0", [demo, "--config.benchmark.repeats=0"]),
     ("output_dir is a file", [demo, f"--config.output_dir={tmp}/a_file"]),
     ("output_dir not writable", [demo, "--config.output_dir=/proc/specjax"]),
+    ("output_dir empty", [demo, "--config.output_dir="]),
+    ("output_dir starting with ~ (kept as is after =)", [demo, "--config.output_dir=~/runs"]),
     ("train workdir is a file",
      ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
     ("train eval_examples fewer than the global batch",
@@ -125,6 +135,12 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      [*tiny_run, "--config.train.steps=3", "--config.data.seed=1"]),
     ("train record_to is a file",
      ["--config=configs/train_tiny.py", f"--config.record_to={tmp}/a_file"]),
+    ("train resume=False over an earlier run's checkpoints",
+     [*tiny_run, "--config.train.resume=False"]),
+    ("train workdir empty", ["--config=configs/train_tiny.py", "--config.workdir="]),
+    ("optim.b2 outside [0, 1)", ["--config=configs/train_tiny.py", "--config.optim.b2=2.0"]),
+    ("optim.end_lr_fraction below 0",
+     ["--config=configs/train_tiny.py", "--config.optim.end_lr_fraction=-5"]),
     ("a stray argument", [demo, "temperature=0.7"]),
     ("GGUF path that does not exist",
      [demo, "--config.target.source=gguf", "--config.target.path=/no/model.gguf"]),
@@ -210,8 +226,12 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("an empty prompt row", [tiny, "--config.prompts=((1, 2), ())"]),
     ("a prompt id outside the vocabulary", [tiny, "--config.prompts=((1, 512),)"]),
     ("a negative prompt id", [tiny, "--config.prompts=((-1, 2),)"]),
+    ("prompt ids not inside a tuple", [tiny, "--config.prompts=(1, 2, 3)"]),
     ("sweep category without prompts", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
                                         "--config.sweep.categories.code=()"]),
+    ("sweep variant with a misspelt field", [f"--config={tmp}/sweep_typo.py"]),
+    ("sweep batch_sizes=(0,)", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
+                                "--config.sweep.batch_sizes=(0,)"]),
     ("EAGLE drafter with one flipped data byte",
      [*eagle, f"--config.drafter.eagle.path={tmp}/eagle_flipped"]),
     ("Medusa heads with one flipped data byte",
@@ -307,6 +327,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("report: folder that does not exist", ["specjax.report", f"{tmp}/nowhere"]),
     ("report: empty folder", ["specjax.report", f"{tmp}/empty"]),
     ("report: a file", ["specjax.report", "experiments/attention_window/README.md"]),
+    ("report: an experiment without its results", ["specjax.report", f"{tmp}/noresults"]),
   ]  # fmt: skip
 
 
@@ -391,7 +412,7 @@ Measured by hand (a second process, or not an error; each is also a test):
 | input | what it gives | exit | time |
 |---|---|---|---|
 | train workdir held by another run | `error: config.workdir='TMP/run' is in use by another training run (pid 25267): wait for it, stop it, or give this run another workdir.` (before the target loads) | 1 | 6.3 s |
-| a resumed training run (train.steps=3, then 6) | `resumed from step 3 of 6 (the newest checkpoint in TMP/run/checkpoints; resume=False, or another workdir, starts afresh)` (before the first step) | 0 | 33.7 s (the whole run) |
+| a resumed training run (train.steps=3, then 6) | `resumed from step 3 of 6 (the newest checkpoint in TMP/run/checkpoints; another workdir starts afresh)` (before the first step) | 0 | 33.7 s (the whole run) |
 | top_k above the vocabulary | `note: config.top_k=1000 is more than the target's vocabulary (512 tokens): it is clipped to 512, which keeps every token (as top_k=0 does).` (at the config check; the run goes on) | 0 | 55.3 s (the whole run) |
 | the README's demo commands with another drafter.name | each writes `results/demo/<drafter.name>/benchmark.json` and prints `wrote results/demo/eagle/benchmark.json` (all wrote `results/demo/benchmark.json` before) | 0 | (a whole run) |
 | any run on a machine without a TPU | no `Unable to initialize backend 'tpu'` line first (JAX's INFO line for each backend it could not start; its warnings still show) | - | - |

@@ -72,6 +72,12 @@ def check(config: ml_collections.ConfigDict) -> None:
   if rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
     raise ValueError(f"config.forward_rows must be auto or an integer >= 0 (0: off), got {rows!r}.")
   for i, p in enumerate(config.get("prompts", ())):
+    if isinstance(p, (int, float)):  # --config.prompts=(1,2,3): three "prompts" of one id
+      raise ValueError(
+        f"config.prompts[{i}] is the number {p!r}: each prompt is a text or a list of token "
+        f"ids, so one prompt of ids is a tuple inside the tuple, e.g. --config.prompts='(({p}, "
+        "2, 3),)'."
+      )
     if isinstance(p, str):
       try:
         p.encode("utf-8")
@@ -87,13 +93,13 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"config.benchmark.repeats must be >= 1 (timed runs after the compile run), got "
       f"{config.benchmark.repeats}."
     )
-  _check_text_prompts_have_a_tokenizer(config)
-  check_request(config)
   out = "workdir" if config.get("task") == "train" else "output_dir"
-  if config.get("task") != "generate" and config.get(out):
+  if config.get("task") != "generate" and out in config:
     results.check_writable(config[out], f"config.{out}")
   if config.get("task") == "train" and config.get("record_to"):
     results.check_writable(config.record_to, "config.record_to")
+  _check_text_prompts_have_a_tokenizer(config)
+  check_request(config)
 
 
 OWN_PROMPTS = ("self_distill", "specbench")  # tasks with prompts of their own, not config.prompts
@@ -319,20 +325,21 @@ def verifier(config: ml_collections.ConfigDict):
 
 
 def request(config: ml_collections.ConfigDict, model: Model, drafter=None) -> Request:
-  """Prompts: text through the tokenizer (and chat template), or token-id lists; the forward
-  rows for ``drafter``'s speculative run (``forward_rows``; AR's when it is None)."""
+  """Prompts: text through the tokenizer (and chat template), or token-id lists as given; the
+  forward rows for ``drafter``'s speculative run (``forward_rows``; AR's when it is None)."""
   texts = None
   if model.tokenizer is not None:
     tok = model.tokenizer
-    texts = [str(p) for p in config.prompts]
-    if not texts:
+    if not config.prompts:
       raise ValueError("config.prompts is empty: give at least one prompt string.")
     wrap = (
       (lambda t: tok.apply_chat_template([{"role": "user", "content": t}]))
       if config.chat
       else (lambda t: t)
     )
-    prompts = [tok.encode(wrap(t)) for t in texts]
+    # A text goes through the chat template and the tokenizer; token ids are used as given.
+    prompts = [tok.encode(wrap(p)) if isinstance(p, str) else list(p) for p in config.prompts]
+    texts = [p if isinstance(p, str) else tok.decode(p) for p in config.prompts]
     stop = tuple(sorted(tok.stop_ids)) if config.stop_at_eos else None
   else:
     rng = np.random.default_rng(config.seed)

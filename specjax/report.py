@@ -34,7 +34,14 @@ def render(experiment: str | Path) -> list[Path]:
   if hasattr(module, "details"):
     blocks[folder / "notes.md"] = module.details
   texts = {path: _text(path) for path in blocks}  # every target checked before any is filled
-  texts = {path: _filled(text, blocks[path](folder / "results")) for path, text in texts.items()}
+  rendered = _rendered(folder, blocks)
+  for path, markdown in rendered.items():
+    if not markdown.strip() and _block(texts[path]):
+      raise ValueError(
+        f"{folder / 'results'} holds nothing to report, and {path} has results: run the "
+        f"experiment first ({folder / 'config.py'}); {path.name} is left as it is."
+      )
+  texts = {path: _filled(text, rendered[path]) for path, text in texts.items()}
   for path, text in texts.items():
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
@@ -42,6 +49,24 @@ def render(experiment: str | Path) -> list[Path]:
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
   return list(texts)
+
+
+def _rendered(folder: Path, blocks: dict) -> dict:
+  """Each file's block as its report renders it from ``folder/results``; a results file the
+  report reads and does not find is one error naming it."""
+  try:
+    return {path: fn(folder / "results") for path, fn in blocks.items()}
+  except FileNotFoundError as e:
+    raise ValueError(
+      f"{e.filename} is missing: run the experiment first ({folder / 'config.py'}); "
+      "nothing was written."
+    ) from None
+
+
+def _block(text: str) -> str:
+  """What ``text``'s results block holds (stripped)."""
+  got = re.search(re.escape(BEGIN) + r"(.*?)" + re.escape(END), text, re.S)
+  return got[1].strip() if got else ""
 
 
 def _text(path: Path) -> str:
@@ -57,7 +82,7 @@ def _text(path: Path) -> str:
 
 def _filled(text: str, markdown: str) -> str:
   """``text`` with its results block holding ``markdown`` (as it is: no escapes read)."""
-  block = f"{BEGIN}\n{markdown.strip()}\n{END}"
+  block = "\n".join(filter(None, (BEGIN, markdown.strip(), END)))
   return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
 
 

@@ -72,6 +72,14 @@ def section(title: str, intro: str, rows: Sequence[dict[str, Any]], columns=None
 def check_writable(directory, field: str) -> None:
   """Raises a ValueError naming ``field`` unless ``directory`` is (or can be made) a writable
   directory: checked before a run starts, so its results are never lost at the end."""
+  text = str(directory)
+  if not text.strip():
+    raise ValueError(f"{field} is empty: name the directory to write to (e.g. results/NAME).")
+  if text.startswith("~"):
+    raise ValueError(
+      f"{field}={text!r} starts with ~, which the shell leaves as it is after '=': give the "
+      f"full path (e.g. {field}=$HOME{text[1:]})."
+    )
   path = Path(directory)
   if path.exists() and not path.is_dir():
     raise ValueError(f"{field}={str(directory)!r} is a file, not a directory: choose another path.")

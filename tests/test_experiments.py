@@ -63,3 +63,27 @@ def test_details_fill_the_notes_beside_the_readme(tmp_path):
       report.main([str(folder)])
     assert str(e.value.code).startswith("error: ") and message in str(e.value.code)
     assert (folder / "README.md").read_text() == "<!-- results -->\nold\n<!-- /results -->\n"
+
+
+def test_missing_results_leave_the_readme_as_it_is(tmp_path):
+  """An experiment whose results are not there (a fresh clone of a folder, a run not yet made):
+  a results file its report reads and does not find, or nothing to report over a README that has
+  results, is one error naming it, and the README is left as it was."""
+  folder = tmp_path / "exp"
+  folder.mkdir()
+  readme = "# exp\n\n<!-- results -->\n| a |\n|---|\n| 1 |\n<!-- /results -->\n"
+  (folder / "README.md").write_text(readme)
+  reports = {
+    "def report(d):\n  return (d / 'run.json').read_text()\n": "run.json is missing",
+    "def report(d):\n  return ''\n": "holds nothing to report",
+  }
+  for code, message in reports.items():
+    (folder / "report.py").write_text(code)
+    with pytest.raises(SystemExit) as e:
+      report.main([str(folder)])
+    assert str(e.value.code).startswith("error: ") and message in str(e.value.code)
+    assert (folder / "README.md").read_text() == readme
+  # An empty block may stay empty (an experiment not run yet has nothing to show).
+  (folder / "README.md").write_text("<!-- results -->\n<!-- /results -->\n")
+  assert report.render(folder) == [folder / "README.md"]
+  assert (folder / "README.md").read_text() == "<!-- results -->\n<!-- /results -->\n"

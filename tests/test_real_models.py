@@ -76,6 +76,19 @@ def test_registry_drafters_reproduce_their_outputs_and_ar(smol, name):
   assert out.metrics["row_calls"] == want["row_calls"]
 
 
+def test_prompts_of_token_ids_are_used_as_given(smol):
+  """Beside texts (the chat template, then the tokenizer), a prompt of token ids is those ids,
+  shown as their text: before, it was tokenized as the text of the tuple."""
+  from configs import demo
+
+  cfg, params, tok = smol
+  c = demo.base()
+  c.prompts = ("Hi", (504, 2364, 314))
+  req = build.request(c, build.Model(cfg, params, tok))
+  assert req.prompts == [_chat(tok, ["Hi"])[0], [504, 2364, 314]]
+  assert req.prompt_texts == ["Hi", tok.decode([504, 2364, 314])]
+
+
 def test_tokenizer_mismatch_is_refused():
   _needs(SMOL)
   _needs(QWEN)

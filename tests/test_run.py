@@ -325,6 +325,9 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"task": "benchmark", "output_dir": "FILE"}, "is a file, not a directory"),
     ({"task": "benchmark", "output_dir": "/proc/specjax-out"}, "is not writable"),
     ({"task": "train", "workdir": "FILE"}, "config.workdir="),
+    ({"task": "benchmark", "output_dir": ""}, r"config.output_dir is empty: name the directory"),
+    ({"task": "train", "workdir": " "}, r"config.workdir is empty"),  # not the current directory
+    ({"task": "sweep", "output_dir": "~/runs"}, r"starts with ~, .*config.output_dir=\$HOME/runs"),
     # Checked with the rest of the config, not after compiling (a random target included).
     ({"max_new_tokens": 0}, r"config.max_new_tokens must be an integer >= 1 .*got 0"),
     ({"max_new_tokens": -3}, r"config.max_new_tokens must be an integer >= 1 .*got -3"),
@@ -335,6 +338,7 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ),
     ({"max_len": 8}, r"> max_len 8: raise max_len .*\(config.max_len, config.max_new_tokens"),
     ({"prompts": ((1, 2), ())}, r"config.prompts\[1\] is empty"),
+    ({"prompts": (1, 2, 3)}, r"config.prompts\[0\] is the number 1: .* e.g. --config.prompts="),
     ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),
     ({"prompts": ((2, -1),)}, r"config.prompts\[0\] has token ids outside .* -1 at position 1"),
   ],
@@ -358,6 +362,49 @@ def test_sweep_category_without_prompts_is_named(small_config):
   c.sweep.categories = {"code": ((1, 2, 3),), "chat": ()}
   c.sweep.variants = {"lookup": {"name": "prompt_lookup"}}
   with pytest.raises(ValueError, match=r"config.sweep.categories\['chat'\] has no prompts"):
+    sweep.check(c)
+
+
+@pytest.mark.parametrize(
+  "variant, field",
+  [
+    ({"name": "prompt_lookup", "prompt_lookup": {"num_drft": 2}}, "drafter.prompt_lookup.num_drft"),
+    ({"nme": "prompt_lookup"}, "drafter.nme"),  # would decode the default drafter as "lookup"
+  ],
+)
+def test_sweep_variant_with_a_misspelt_field_is_named(small_config, variant, field):
+  """A variant's key that config.drafter has no field of is refused before anything loads,
+  instead of measuring the default under the variant's label."""
+  c = small_config
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.categories = {"code": ((1, 2, 3),)}
+  c.sweep.batch_sizes = (1,)
+  c.sweep.variants = {"lookup": variant, "ok": {"name": "prompt_lookup", "verifier": "typical"}}
+  with pytest.raises(ValueError, match=rf"variants\['lookup'\] sets {field}, which config has"):
+    sweep.check(c)
+  del c.sweep.variants["lookup"]
+  sweep.check(c)
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
+    ("batch_sizes", (0,), r"config.sweep.batch_sizes=\(0,\) must list one or more batch sizes"),
+    ("batch_sizes", (), r"config.sweep.batch_sizes=\(\) must list"),  # failed after measuring
+    ("draft_ar", "lookupp", r"config.sweep.draft_ar='lookupp' must name a draft_model variant"),
+    ("draft_ar", "lookup", r"draft_ar='lookup' must name a draft_model variant .*\(k2, lookup\)"),
+  ],
+)
+def test_sweep_sizes_and_draft_ar_are_checked_first(small_config, field, value, message):
+  c = small_config
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.categories = {"code": ((1, 2, 3),)}
+  c.sweep.batch_sizes = (1, 2)
+  c.sweep.variants = {"lookup": {"name": "prompt_lookup"}, "k2": {"name": "draft_model"}}
+  c.sweep.draft_ar = "k2"
+  sweep.check(c)
+  c.sweep[field] = value
+  with pytest.raises(ValueError, match=message):
     sweep.check(c)
 
 

@@ -184,7 +184,8 @@ def test_resume_continues_exactly(tmp_path, capsys):
 def test_resume_refuses_another_target_global_batch_or_rows(tmp_path):
   """A run resumed with another target's weights (its fingerprint, task=train's ``setup``),
   another global batch or other training rows (data made again, e.g. by the target in another
-  dtype: one token changed) is refused naming both values; the same setup resumes."""
+  dtype: one token changed) is refused naming both values, as is ``resume = False`` over the
+  checkpoints (a fresh run there would save none); the same setup resumes."""
   objective, tparams, ds = train_worker.setup()
   mesh = parallel.make_mesh(parallel.MeshConfig())
   tokens = ds.tokens.copy()
@@ -202,6 +203,8 @@ def test_resume_refuses_another_target_global_batch_or_rows(tmp_path):
     run(3, {"target": "aaaa"}, global_batch=4)
   with pytest.raises(ValueError, match=f"rows: checkpoint '{ds.fingerprint()}' vs now '"):
     run(3, {"target": "aaaa"}, rows=other_rows)
+  with pytest.raises(ValueError, match=r"resume=False, but .* \(the newest at step 2\): a run"):
+    run(3, {"target": "aaaa"}, resume=False)
   assert run(3, {"target": "aaaa"}).start_step == 2
 
 
@@ -434,6 +437,9 @@ def _tiny_config(tmp_path, **train):
       r"evaluate.tau_temperatures must list temperatures >= 0 .* got \(0.0, -1.0\)",
     ),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
+    ({"optim.b1": 1.0}, r"optim.b1 must be in \[0, 1\), got 1.0"),  # trained, then NaN
+    ({"optim.b2": 2.0}, r"optim.b2 must be in \[0, 1\), got 2.0"),  # trained on silently
+    ({"optim.end_lr_fraction": -5.0}, r"optim.end_lr_fraction must be in \[0, 1\]"),  # ascent
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
     ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),
   ],

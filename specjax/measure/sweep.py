@@ -131,21 +131,42 @@ def _nothing_left(config, kept: dict | None) -> bool:
   return verify_done and all(job in kept["jobs"] for job in _jobs(config))
 
 
-def variant_config(config, overrides: dict) -> ml_collections.ConfigDict:
+def variant_config(config, overrides: dict, name: str = "") -> ml_collections.ConfigDict:
   """``config`` with a variant's overrides: ``verifier``/``typical`` at the top level (e.g.
-  Medusa's typical acceptance for one variant), every other key under ``config.drafter``."""
+  Medusa's typical acceptance for one variant), every other key under ``config.drafter``, where
+  each must name a field it has (a misspelt one would measure the default under its label)."""
   c = copy.deepcopy(config)
   overrides = dict(overrides)
   top = {k: overrides.pop(k) for k in VERIFIER_KEYS if k in overrides}
+  if unknown := _unknown_field(c.drafter, overrides, "drafter"):
+    raise ValueError(
+      f"config.sweep.variants[{name!r}] sets {unknown}, which config has no field of: check its "
+      f"spelling (a variant's keys are config.drafter's, or {', '.join(VERIFIER_KEYS)})."
+    )
   with c.unlocked():
     c.drafter.update(overrides)
     c.update(top)
   return c
 
 
+def _unknown_field(section, overrides: dict, path: str) -> str | None:
+  """The first key of ``overrides`` (nested dicts followed) that ``section`` has no field of."""
+  for key, value in overrides.items():
+    if key not in section:
+      return f"{path}.{key}"
+    nested = isinstance(section[key], ml_collections.ConfigDict) and isinstance(
+      value, (dict, ml_collections.ConfigDict)
+    )
+    if nested and (unknown := _unknown_field(section[key], value, f"{path}.{key}")):
+      return unknown
+  return None
+
+
 def check(config: ml_collections.ConfigDict) -> dict:
   """The variants' configs (name -> config), every field checked before any model loads."""
-  variants = {name: variant_config(config, dict(o)) for name, o in config.sweep.variants.items()}
+  variants = {
+    name: variant_config(config, dict(o), name) for name, o in config.sweep.variants.items()
+  }
   if not variants or not config.sweep.categories:
     raise ValueError("config.sweep.variants and config.sweep.categories must be non-empty.")
   for name, prompts in config.sweep.categories.items():
@@ -153,6 +174,17 @@ def check(config: ml_collections.ConfigDict) -> dict:
       raise ValueError(
         f"config.sweep.categories[{name!r}] has no prompts: give it at least one, or remove it."
       )
+  sizes = tuple(config.sweep.get("batch_sizes") or ())
+  if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+    raise ValueError(
+      f"config.sweep.batch_sizes={sizes} must list one or more batch sizes >= 1, e.g. (1, 4)."
+    )
+  draft_ar = config.sweep.get("draft_ar")
+  if draft_ar and (draft_ar not in variants or variants[draft_ar].drafter.name != "draft_model"):
+    raise ValueError(
+      f"config.sweep.draft_ar={draft_ar!r} must name a draft_model variant of config.sweep."
+      f"variants ({', '.join(variants)}), or be empty."
+    )
   for c in variants.values():
     build.check(c)
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))

@@ -1,7 +1,7 @@
 """``task=promote``: a trained drafter copied to the path that decodes it, with its provenance.
 
     python -m specjax.run --config=experiments/eagle_smollm2/config.py:promote
-    python -m specjax.run --config=configs/tiny.py --config.task=promote \
+    python -m specjax.run --config=experiments/eagle_smollm2/config.py:promote \
       --config.promote.run=results/my_run --config.promote.to=drafters/mine
 
 ``promote.run`` is a workdir ``task=train`` wrote; its ``draft_final`` (an EAGLE drafter or

@@ -49,7 +49,7 @@ class LoopConfig:
   checkpoint_every: int = 0  # 0 = only at the end
   keep: int = 3  # newest checkpoints kept
   async_checkpoint: bool = True
-  resume: bool = True  # continue from the newest checkpoint in workdir
+  resume: bool = True  # continue from the newest checkpoint in workdir; False: refuse one
   progress: bool = True
   profile: str = ""  # a directory: profile_steps steps after this run's first are traced there
   profile_steps: int = 3
@@ -185,7 +185,13 @@ def _train(
     ckpt = checkpoint_lib.Checkpointer(
       workdir / "checkpoints", keep=loop.keep, async_save=loop.async_checkpoint
     )
-    latest = ckpt.latest_step() if loop.resume else None
+    latest = ckpt.latest_step()
+    if latest is not None and not loop.resume:  # a save at or below it would be skipped
+      raise ValueError(
+        f"config.train.resume=False, but {workdir / 'checkpoints'} holds an earlier run's "
+        f"checkpoints (the newest at step {latest}): a run that starts afresh needs a new "
+        "workdir (this one is left as it is)."
+      )
     if latest is not None:  # another run setup is refused before anything compiles (the
       ckpt.check_signature(latest, signature, run_setup)  # objective's shapes: at restore)
   steps = compile_steps(objective, optim, mesh, target_params, loop.seed)
@@ -196,7 +202,7 @@ def _train(
     if is_main:
       tqdm.write(
         f"resumed from step {latest} of {loop.steps} (the newest checkpoint in "
-        f"{workdir / 'checkpoints'}; resume=False, or another workdir, starts afresh)"
+        f"{workdir / 'checkpoints'}; another workdir starts afresh)"
       )
   if start == 0:
     state = steps.init(frozen)

@@ -54,6 +54,13 @@ class OptimConfig:
     for field in ("warmup_steps", "decay_steps", "grad_clip", "weight_decay"):
       if getattr(self, field) < 0:
         raise ValueError(f"optim.{field} must be >= 0, got {getattr(self, field)}.")
+    for field in ("b1", "b2"):  # Adam's moment decays: 1 never forgets, past it they diverge
+      if not 0 <= getattr(self, field) < 1:
+        raise ValueError(f"optim.{field} must be in [0, 1), got {getattr(self, field)}.")
+    if not 0 <= self.end_lr_fraction <= 1:  # below 0 the cosine ends in gradient ascent
+      raise ValueError(
+        f"optim.end_lr_fraction must be in [0, 1] (of learning_rate), got {self.end_lr_fraction}."
+      )
 
   def schedule(self) -> optax.Schedule:
     lr, w = self.learning_rate, self.warmup_steps
