@@ -138,6 +138,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("train resume=False over an earlier run's checkpoints",
      [*tiny_run, "--config.train.resume=False"]),
     ("train workdir empty", ["--config=configs/train_tiny.py", "--config.workdir="]),
+    ("train workdir holding the user's files",
+     ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/mine"]),
     ("optim.b2 outside [0, 1)", ["--config=configs/train_tiny.py", "--config.optim.b2=2.0"]),
     ("optim.end_lr_fraction below 0",
      ["--config=configs/train_tiny.py", "--config.optim.end_lr_fraction=-5"]),

@@ -456,6 +456,20 @@ def test_train_task_rejects_bad_config(tmp_path, override, message):
     train_task.run(c)
 
 
+def test_a_workdir_holding_other_files_is_refused(tmp_path):
+  """A workdir holding the user's own files is refused before anything loads (the run would
+  append to a metrics.jsonl of theirs and replace a draft_final); a run's own files and dot
+  files (its lock, files being written) are not in the way."""
+  (tmp_path / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match=r"holds files a training run does not write \(notes.txt\)"):
+    train_task.run(_tiny_config(tmp_path))
+  assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+  (tmp_path / "notes.txt").unlink()
+  for name in (*train_task.RUN_FILES, ".lock", ".train.json.tmp", "data_state.0.jsonl"):
+    (tmp_path / name).mkdir()
+  train_task.check_workdir(str(tmp_path))
+
+
 def test_unfinished_self_distillation_is_rejected(tmp_path):
   (tmp_path / "shards").mkdir()
   c = _tiny_config(tmp_path / "run")

@@ -18,6 +18,7 @@ writes ``workdir/train.json``; with ``config.record_to`` set (an experiment's co
 
 import dataclasses
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -272,6 +273,40 @@ def _quiet_orbax(record: logging.LogRecord) -> bool:
   return record.levelno >= logging.WARNING or "orbax" not in record.pathname
 
 
+# What a run writes in its workdir (and reads back when it resumes); dot files are its lock and
+# the temporary names of files being written.
+RUN_FILES = (
+  "checkpoints",
+  "metrics.jsonl",
+  "tensorboard",
+  "draft_init",
+  "draft_final",
+  "train.json",
+)
+
+
+def check_workdir(workdir: str) -> None:
+  """A workdir is new, empty, or a training run's: one holding anything else (the user's own
+  files) is refused, as the run would append to them or replace them."""
+  path = Path(workdir)
+  if not path.is_dir():
+    return
+  other = sorted(
+    e.name
+    for e in path.iterdir()
+    if not (e.name in RUN_FILES or e.name.startswith(".") or _DATA_STATE.fullmatch(e.name))
+  )
+  if other:
+    named = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+    raise ValueError(
+      f"config.workdir={workdir!r} holds files a training run does not write ({named}): give "
+      "the run a new or empty directory (nothing there was touched)."
+    )
+
+
+_DATA_STATE = re.compile(r"data_state\.\d+\.jsonl")  # a streamed run's position per process
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   absl_logging.get_absl_handler().addFilter(_quiet_orbax)
   p = plan(config)
@@ -279,6 +314,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
+  check_workdir(config.workdir)
   with loop.workdir_lock(Path(config.workdir) if config.workdir else None):
     pass  # another run on this workdir is refused now, not after the set-up; train holds it
 
