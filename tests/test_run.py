@@ -356,6 +356,19 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
     build.check(c)
 
 
+def test_hf_baseline_beside_a_random_target_is_refused_first(small_config, tmp_path, capsys):
+  """benchmark.hf_baseline needs a registry model at batch 1: refused before anything compiles
+  (it was refused after the whole benchmark)."""
+  from specjax.tasks import benchmark
+
+  c = small_config
+  c.update(task="benchmark", output_dir=str(tmp_path))
+  c.benchmark.hf_baseline = True
+  with pytest.raises(ValueError, match=r"hf_baseline=True needs config.target.source='registry'"):
+    benchmark.run(c)
+  assert "compiling" not in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
 def test_sweep_category_without_prompts_is_named(small_config):
   c = small_config
   c.sweep = config_dict.ConfigDict()

@@ -428,13 +428,18 @@ def _tiny_config(tmp_path, **train):
     ({"train.global_batch": 0}, "train.global_batch must be >= 1"),
     ({"data.sources": ("no/such/dir",)}, "neither a corpus .* nor an existing"),
     ({"data.seq_len": 1}, "data.seq_len must be >= 2"),
+    ({"data.seed": -1}, r"config.data.seed must be an integer in \[0, 2\*\*32\), got -1"),
     ({"distributed.num_processes": 2}, "coordinator_address"),
     ({"objective.draft_distill.embed": "shared"}, "draft_distill.embed='shared' is unknown"),
     ({"objective.draft_distill.loss": "l2"}, "draft_distill.loss='l2' is unknown; choose one"),
     ({"evaluate.tau_every": -1}, "evaluate.tau_every must be an integer >= 0"),
     (
       {"evaluate.tau_every": 2, "evaluate.tau_temperatures": (0.0, -1.0)},
-      r"evaluate.tau_temperatures must list temperatures >= 0 .* got \(0.0, -1.0\)",
+      r"evaluate.tau_temperatures must list finite temperatures >= 0 .* got \(0.0, -1.0\)",
+    ),
+    (  # failed after the set-up, leaving checkpoints and metrics behind
+      {"evaluate.tau_every": 1, "evaluate.tau_temperatures": (float("inf"),)},
+      r"evaluate.tau_temperatures must list finite temperatures .* got \(inf,\)",
     ),
     ({"objective.name": "hydra"}, "objective.name='hydra' is unknown"),
     ({"optim.b1": 1.0}, r"optim.b1 must be in \[0, 1\), got 1.0"),  # trained, then NaN

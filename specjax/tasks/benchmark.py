@@ -44,6 +44,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
   parallel.initialize(build.distributed(config))
   build.check(config)
   profiling.check(config)
+  hf_baseline = config.benchmark.get("hf_baseline")
+  if hf_baseline and (config.target.source != "registry" or config.batch_size != 1):
+    raise ValueError(
+      "config.benchmark.hf_baseline=True needs config.target.source='registry' and "
+      "config.batch_size=1 (HF decodes one row of a registry model's GGUF)."
+    )
   target = build.target(config, build.mesh(config))  # an HF directory loads onto it
   drafter, dparams = build.drafter(config, target)
   req = build.request(config, target, drafter)
@@ -150,10 +156,6 @@ def _baselines(config, target, req, ar: dict, summary: dict) -> None:
       "ar_fraction_of_floor": ar["tokens_per_s"] / floor_tok_s,
     }
   if config.benchmark.hf_baseline:
-    if config.target.source != "registry" or config.batch_size != 1:
-      raise ValueError(
-        "config.benchmark.hf_baseline needs target.source='registry' and batch_size=1."
-      )
     hf = baselines.hf_tokens_per_s(
       registry.resolve(config.target.name),
       req.prompts,

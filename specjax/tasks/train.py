@@ -56,6 +56,9 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   t, d = config.train, config.data
   if d.seq_len < 2:
     raise ValueError(f"config.data.seq_len must be >= 2, got {d.seq_len}.")
+  seed = d.get("seed", 0)
+  if not (isinstance(seed, int) and 0 <= seed < 2**32):
+    raise ValueError(f"config.data.seed must be an integer in [0, 2**32), got {seed}.")
   objectives.check(config)
   profiling.check(config)
   if d.eval_examples < 0:
@@ -225,9 +228,10 @@ def _tau_every(config) -> int:
 
 def _tau_temperatures(config) -> tuple[float, ...]:
   temps = tuple(config.get("evaluate", {}).get("tau_temperatures", (0.0,)))
-  if not temps or any(not isinstance(t, int | float) or t < 0 for t in temps):
+  if not temps or any(not isinstance(t, int | float) or not 0 <= t < float("inf") for t in temps):
     raise ValueError(
-      "config.evaluate.tau_temperatures must list temperatures >= 0 (0: the simulator's greedy "
+      "config.evaluate.tau_temperatures must list finite temperatures >= 0 (0: the simulator's "
+      "greedy "
       f"τ; T > 0: a sampled decode), e.g. (0.0, 1.0); got {temps!r}."
     )
   return temps
