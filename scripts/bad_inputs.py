@@ -55,6 +55,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     "  c = config.get_config('sweep_b1')\n  c.sweep.variants = {'lookup': {'name': "
     "'prompt_lookup', 'prompt_lookup': {'num_drft': 2}}}\n  return c\n"
   )
+  (tmp / "sweep_bad").mkdir()  # a sweep.json cut short
+  (tmp / "sweep_bad" / "sweep.json").write_text('{"config":\n')
   (tmp / "noresults").mkdir()  # an experiment's folder without its results/
   for name in ("README.md", "report.py"):
     shutil.copy(ROOT / "experiments/acceptance_losses" / name, tmp / "noresults" / name)
@@ -119,6 +121,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("unknown task", [tiny, "--config.task=fly"]),
     ("unknown drafter", [tiny, "--config.drafter.name=hydra"]),
     ("benchmark.repeats=0", [demo, "--config.benchmark.repeats=0"]),
+    ("device_memory_gib=-1", [tiny, "--config.device_memory_gib=-1"]),
+    ("draft model deeper than the target",
+     [demo, "--config.drafter.name=draft_model", "--config.drafter.draft_model.num_layers=99"]),
     ("benchmark.hf_baseline beside a random target",
      [tiny, "--config.task=benchmark", "--config.benchmark.hf_baseline=True"]),
     ("output_dir is a file", [demo, f"--config.output_dir={tmp}/a_file"]),
@@ -238,6 +243,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("sweep category without prompts", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
                                         "--config.sweep.categories.code=()"]),
     ("sweep variant with a misspelt field", [f"--config={tmp}/sweep_typo.py"]),
+    ("sweep resumed over a damaged sweep.json",
+     ["--config=experiments/eagle_smollm2/config.py:sweep_b1", "--config.sweep.resume=True",
+      f"--config.output_dir={tmp}/sweep_bad"]),
     ("sweep batch_sizes=(0,)", ["--config=experiments/eagle_smollm2/config.py:sweep_b1",
                                 "--config.sweep.batch_sizes=(0,)"]),
     ("EAGLE drafter with one flipped data byte",

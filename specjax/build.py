@@ -155,6 +155,8 @@ def check_request(config: ml_collections.ConfigDict) -> None:
       if str(e).startswith("prompts["):  # the row's own fault: name its field
         raise ValueError(f"config.{e}") from None
       raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
+  limit = config.get("device_memory_gib", 0.0)
+  placement.check_fits(None, limit)  # the limit itself, before the dtype is timed
   kind = dtype(config)
   weights = llama.param_shapes(cfg, kind)
   fp = decode.footprint(cfg, weights, decode.AUTOREGRESSIVE, None, config.batch_size,

@@ -214,8 +214,17 @@ def device_memory() -> tuple[int, str] | None:
   return host // n, f"this host's memory shared by {n} device" + "s" * (n > 1)
 
 
-def check_fits(fp: Footprint, limit_gib: float = 0.0, field: str = "config.device_memory_gib"):
-  """Refuses a run whose per-device bytes exceed ``limit_gib`` (0: the device's own memory)."""
+def check_fits(
+  fp: Footprint | None, limit_gib: float = 0.0, field: str = "config.device_memory_gib"
+):
+  """Refuses a run whose per-device bytes exceed ``limit_gib`` (0: the device's own memory);
+  ``fp`` None checks the limit alone."""
+  if not 0 <= limit_gib < float("inf"):
+    raise ValueError(
+      f"{field}={limit_gib:g} must be a number of GiB > 0, or 0 for the device's own memory."
+    )
+  if fp is None:
+    return
   if limit_gib:
     limit, where = int(limit_gib * 2**30), f"{field}={limit_gib:g}"
   else:

@@ -339,6 +339,8 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"max_len": 8}, r"> max_len 8: raise max_len .*\(config.max_len, config.max_new_tokens"),
     ({"prompts": ((1, 2), ())}, r"config.prompts\[1\] is empty"),
     ({"prompts": (1, 2, 3)}, r"config.prompts\[0\] is the number 1: .* e.g. --config.prompts="),
+    ({"drafter.draft_model.num_layers": 2}, r"num_layers=2 must be in \[1, 2\) to truncate the"),
+    ({"device_memory_gib": -1.0}, r"config.device_memory_gib=-1 must be a number of GiB > 0, or 0"),
     ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),
     ({"prompts": ((2, -1),)}, r"config.prompts\[0\] has token ids outside .* -1 at position 1"),
   ],
@@ -354,6 +356,15 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
     (c[section] if section else c)[field] = value
   with pytest.raises(ValueError, match=message):
     build.check(c)
+
+
+def test_sweep_resumed_over_a_damaged_sweep_json_names_it(small_config, tmp_path):
+  c = small_config
+  c.output_dir = str(tmp_path)
+  c.sweep = config_dict.ConfigDict({"resume": True})
+  (tmp_path / "sweep.json").write_text('{"config":\n')
+  with pytest.raises(ValueError, match=r"sweep.json is not a sweep's JSON \(Expecting value at li"):
+    sweep._resumed(c)
 
 
 def test_hf_baseline_beside_a_random_target_is_refused_first(small_config, tmp_path, capsys):

@@ -108,7 +108,13 @@ def _resumed(config: ml_collections.ConfigDict) -> dict | None:
   path = Path(config.output_dir) / "sweep.json"
   if not config.sweep.get("resume") or not path.is_file():
     return None
-  record = json.loads(path.read_text())
+  try:
+    record = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(
+      f"config.sweep.resume: {path} is not a sweep's JSON ({e.msg} at line {e.lineno}): move it "
+      "away (or set config.output_dir elsewhere) to measure afresh."
+    ) from None
   differ = differing_fields(record, config)
   if differ:
     raise ValueError(

@@ -79,16 +79,15 @@ class DraftModel(DrafterBase):
     source.choice(c.source, ("truncate", "model"), "drafter.draft_model.source")
     if c.source == "model":
       source.check(c.model, "drafter.draft_model.model")
+    else:  # the target's layer count from its file's header (or a random target's field)
+      target = source.peek(config.target)
+      _check_truncation(c.num_layers, (target.cfg if target else config.target).num_layers)
     return None  # its sizes are known once the model is loaded
 
   @classmethod
   def build(cls, c, config, target: source.Model):
     if c.source == "truncate":
-      if not 1 <= c.num_layers < target.cfg.num_layers:
-        raise ValueError(
-          f"{FIELD}.num_layers={c.num_layers} must be in [1, {target.cfg.num_layers}) to "
-          "truncate the target into a draft."
-        )
+      _check_truncation(c.num_layers, target.cfg.num_layers)
       dcfg, dparams = tiny.truncated(target.cfg, target.params, c.num_layers)
     else:
       draft = source.load_shared(c.model)
@@ -174,3 +173,11 @@ class DraftModel(DrafterBase):
 
   def commit(self, state, verdict, ctx):
     return state
+
+
+def _check_truncation(num_layers: int, target_layers: int) -> None:
+  if not 1 <= num_layers < target_layers:
+    raise ValueError(
+      f"{FIELD}.num_layers={num_layers} must be in [1, {target_layers}) to truncate the target "
+      "into a draft."
+    )
