@@ -473,6 +473,10 @@ def test_a_workdir_holding_other_files_is_refused(tmp_path):
   for name in (*train_task.RUN_FILES, ".lock", ".train.json.tmp", "data_state.0.jsonl"):
     (tmp_path / name).mkdir()
   train_task.check_workdir(str(tmp_path))
+  (tmp_path / "record" / "v").mkdir(parents=True)  # config.record_to inside the workdir
+  train_task.check_workdir(str(tmp_path), str(tmp_path / "record" / "v"))
+  with pytest.raises(ValueError, match=r"\(record\)"):
+    train_task.check_workdir(str(tmp_path), "")
 
 
 def test_unfinished_self_distillation_is_rejected(tmp_path):

@@ -231,8 +231,7 @@ def _tau_temperatures(config) -> tuple[float, ...]:
   if not temps or any(not isinstance(t, int | float) or not 0 <= t < float("inf") for t in temps):
     raise ValueError(
       "config.evaluate.tau_temperatures must list finite temperatures >= 0 (0: the simulator's "
-      "greedy "
-      f"τ; T > 0: a sampled decode), e.g. (0.0, 1.0); got {temps!r}."
+      f"greedy τ; T > 0: a sampled decode), e.g. (0.0, 1.0); got {temps!r}."
     )
   return temps
 
@@ -289,16 +288,21 @@ RUN_FILES = (
 )
 
 
-def check_workdir(workdir: str) -> None:
+def check_workdir(workdir: str, *also: str) -> None:
   """A workdir is new, empty, or a training run's: one holding anything else (the user's own
-  files) is refused, as the run would append to them or replace them."""
+  files) is refused, as the run would append to them or replace them. ``also``: other paths the
+  run writes (``record_to``, ``profile``), the run's own where they lie inside it."""
   path = Path(workdir)
   if not path.is_dir():
     return
+  own = set(RUN_FILES)
+  for other_path in filter(None, also):
+    if Path(other_path).resolve().is_relative_to(path.resolve()):
+      own |= set(Path(other_path).resolve().relative_to(path.resolve()).parts[:1])
   other = sorted(
     e.name
     for e in path.iterdir()
-    if not (e.name in RUN_FILES or e.name.startswith(".") or _DATA_STATE.fullmatch(e.name))
+    if not (e.name in own or e.name.startswith(".") or _DATA_STATE.fullmatch(e.name))
   )
   if other:
     named = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
@@ -318,7 +322,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
-  check_workdir(config.workdir)
+  check_workdir(config.workdir, config.get("record_to") or "", config.get("profile") or "")
   with loop.workdir_lock(Path(config.workdir) if config.workdir else None):
     pass  # another run on this workdir is refused now, not after the set-up; train holds it
 
