@@ -326,6 +326,12 @@ def verifier(config: ml_collections.ConfigDict):
   return verify.verify
 
 
+def _shown(tok, ids) -> str:
+  """A prompt of token ids as text; ids outside the vocabulary as they are (the prompt check
+  names them)."""
+  return tok.decode(ids) if all(0 <= i < tok.vocab_size for i in ids) else str(list(ids))
+
+
 def request(config: ml_collections.ConfigDict, model: Model, drafter=None) -> Request:
   """Prompts: text through the tokenizer (and chat template), or token-id lists as given; the
   forward rows for ``drafter``'s speculative run (``forward_rows``; AR's when it is None)."""
@@ -341,7 +347,7 @@ def request(config: ml_collections.ConfigDict, model: Model, drafter=None) -> Re
     )
     # A text goes through the chat template and the tokenizer; token ids are used as given.
     prompts = [tok.encode(wrap(p)) if isinstance(p, str) else list(p) for p in config.prompts]
-    texts = [p if isinstance(p, str) else tok.decode(p) for p in config.prompts]
+    texts = [p if isinstance(p, str) else _shown(tok, p) for p in config.prompts]
     stop = tuple(sorted(tok.stop_ids)) if config.stop_at_eos else None
   else:
     rng = np.random.default_rng(config.seed)

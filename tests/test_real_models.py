@@ -78,7 +78,8 @@ def test_registry_drafters_reproduce_their_outputs_and_ar(smol, name):
 
 def test_prompts_of_token_ids_are_used_as_given(smol):
   """Beside texts (the chat template, then the tokenizer), a prompt of token ids is those ids,
-  shown as their text: before, it was tokenized as the text of the tuple."""
+  shown as their text: before, it was tokenized as the text of the tuple. Ids outside the
+  vocabulary are one error naming the prompt."""
   from configs import demo
 
   cfg, params, tok = smol
@@ -87,6 +88,9 @@ def test_prompts_of_token_ids_are_used_as_given(smol):
   req = build.request(c, build.Model(cfg, params, tok))
   assert req.prompts == [_chat(tok, ["Hi"])[0], [504, 2364, 314]]
   assert req.prompt_texts == ["Hi", tok.decode([504, 2364, 314])]
+  c.prompts = ((504, -3),)  # shown as ids, not decoded: the check names them
+  with pytest.raises(ValueError, match=r"config.prompts\[0\] has token ids outside .* -3 at"):
+    build.check(c)
 
 
 def test_tokenizer_mismatch_is_refused():
