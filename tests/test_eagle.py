@@ -63,6 +63,10 @@ def _reference_jit(drafter, tcfg, params, tparams, seq, extra_s, extra_x):
   return jax.nn.log_softmax(eagle.logits(params, drafter.cfg, out[0, -1])), out[0, -1]
 
 
+# The target's cache-free forward, jitted for the same reason.
+_logits_of = jax.jit(llama.logits_of, static_argnums=(1, 3))
+
+
 def _propose(drafter, *args):
   """``drafter.propose`` jitted, as the decode loop runs it (op by op it is ~100 compiles)."""
   return jax.jit(drafter.propose)(*args)
@@ -71,9 +75,9 @@ def _propose(drafter, *args):
 def _state_after_prompt(drafter, params, target, prompt, newest, slots=32):
   tcfg, tparams = target
   p = jnp.asarray([prompt])
-  _, feats = llama.logits_of(tparams, tcfg, p, drafter.feature_layers)
+  _, feats = _logits_of(tparams, tcfg, p, drafter.feature_layers)
   pre = Prefill(p, jnp.asarray([len(prompt)]), jnp.concatenate(feats, -1), slots)
-  state = drafter.init(params, pre)
+  state = jax.jit(drafter.init)(params, pre)
   row = jnp.asarray(prompt + [newest])
   buf = jnp.zeros((1, slots), jnp.int32).at[0, : len(prompt) + 1].set(row)
   ctx = DraftContext(buf, jnp.asarray([len(prompt)]), jax.random.key(0), GREEDY, tcfg.vocab_size)
@@ -156,7 +160,7 @@ def test_commit_then_propose_equals_a_fresh_start(small_target):
   _, state = _propose(drafter, params, state, ctx)
   accepted, nxt = [30, 31], 40  # n = 2 accepted, then the target's token
   seq = prompt + [newest] + accepted + [nxt]
-  _, (f,) = llama.logits_of(tparams, tcfg, jnp.asarray([seq]), ("final",))
+  _, (f,) = _logits_of(tparams, tcfg, jnp.asarray([seq]), ("final",))
   L = len(prompt)
   feats = jnp.zeros((1, drafter.depth + 1, tcfg.dim)).at[0, :3].set(f[0, L : L + 3])
   verdict = Verdict(jnp.asarray([2]), jnp.zeros((1, 3), jnp.int32), jnp.asarray([nxt]), feats)
@@ -202,7 +206,7 @@ def test_training_rollout_sees_what_decoding_sees(small_target, architecture):
     small_target, 2, 3, 6, sampled=False, architecture=architecture
   )
   tokens = jax.random.randint(jax.random.key(5), (1, 12), 0, tcfg.vocab_size)
-  _, (f,) = llama.logits_of(tparams, tcfg, tokens, ("final",))
+  _, (f,) = _logits_of(tparams, tcfg, tokens, ("final",))
   t = tokens.shape[1] - 1
   attn = llama.attention_inputs(jnp.zeros((1,), jnp.int32), llama.causal_mask(t), 0, 0, False)
   pos = jnp.arange(t)[None]
@@ -476,7 +480,7 @@ def test_the_token_term_is_the_named_loss(tmp_path, loss):
   params = objective.init(jax.random.key(0), target.params)
   tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, target.cfg.vocab_size)
   batch, key = {"tokens": tokens, "mask": jnp.ones_like(tokens)}, jax.random.key(2)
-  (total, m), grads = jax.value_and_grad(objective.loss, has_aux=True)(
+  (total, m), grads = jax.jit(jax.value_and_grad(objective.loss, has_aux=True))(
     params, target.params, batch, key
   )
   assert np.isfinite(float(total)) and "token_2" in m
@@ -485,7 +489,9 @@ def test_the_token_term_is_the_named_loss(tmp_path, loss):
   # token term with its weight at every rollout step
   hass = dataclasses.replace(objective, hass_top_k=objective.eagle.draft_vocab, hass_weight=0.5)
   soft = dataclasses.replace(objective, token_loss="soft_ce")
-  (total_h, m_h), (_, m_s) = (o.loss(params, target.params, batch, key) for o in (hass, soft))
+  (total_h, m_h), (_, m_s) = (
+    jax.jit(o.loss)(params, target.params, batch, key) for o in (hass, soft)
+  )
   np.testing.assert_allclose(m_h["top_k"], m_s["token"], rtol=1e-5)
   np.testing.assert_allclose(m_h["top_k_2"], m_s["token_2"], rtol=1e-5)
   tw, decay = objective.token_weight, objective.rollout_decay
@@ -493,17 +499,21 @@ def test_the_token_term_is_the_named_loss(tmp_path, loss):
   np.testing.assert_allclose(total_h, total + extra, rtol=1e-5)
   if loss != "tv":
     return
-  p = objective.model_params(params, target.params)
   cfg = objective.eagle
-  logits, (f,) = llama.logits_of(target.params, target.cfg, tokens, ("final",))
-  x = eagle.inputs(p, cfg, tokens[:, 1:], eagle.fuse(p, f[:, :-1]))
-  attn = llama.attention_inputs(jnp.zeros((2,), jnp.int32), llama.causal_mask(9), 0, 0, False)
-  out, _, _ = eagle.layer(p, cfg, x, jnp.broadcast_to(jnp.arange(9), (2, 9)), None, None, attn)
-  q = jax.nn.softmax(eagle.logits(p, cfg, out), -1)  # pair t drafts what the target has at t + 1
-  want = 1 - jnp.mean(jnp.sum(jnp.minimum(q, jax.nn.softmax(logits, -1)[:, 1:]), -1))
+
+  @jax.jit  # one program (op by op it is hundreds of compiles)
+  def one_minus_acceptance(params, tparams, tokens):
+    p = objective.model_params(params, tparams)
+    logits, (f,) = llama.logits_of(tparams, target.cfg, tokens, ("final",))
+    x = eagle.inputs(p, cfg, tokens[:, 1:], eagle.fuse(p, f[:, :-1]))
+    attn = llama.attention_inputs(jnp.zeros((2,), jnp.int32), llama.causal_mask(9), 0, 0, False)
+    out, _, _ = eagle.layer(p, cfg, x, jnp.broadcast_to(jnp.arange(9), (2, 9)), None, None, attn)
+    q = jax.nn.softmax(eagle.logits(p, cfg, out), -1)  # pair t drafts what the target has at t + 1
+    return 1 - jnp.mean(jnp.sum(jnp.minimum(q, jax.nn.softmax(logits, -1)[:, 1:]), -1))
+
+  want = one_minus_acceptance(params, target.params, tokens)
   np.testing.assert_allclose(m["token"], want, rtol=1e-5)
-  soft = dataclasses.replace(objective, token_loss="soft_ce")
-  assert not np.isclose(soft.loss(params, target.params, batch, key)[1]["token"], want)
+  assert not np.isclose(m_s["token"], want)  # soft_ce's token term differs
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -2,10 +2,11 @@
 
 Three tests, each a subset of the six modes (``peers.modes``) beside specjax AR, the reference
 of every row, on the demo's first prompt (a text to copy: lookup drafts pay): HF's greedy
-decoding, then prompt lookup in both libraries, then draft-model decoding and HF's assisted
-generation with the same draft. Together they run every mode and check what one run of all six
-checked; on one prompt, the later tests' specjax AR is the first's compiled program, and their
-HF model the first's (the task keeps the model it read)."""
+decoding, then prompt lookup in both libraries, then HF's assisted generation with the config's
+draft model (the target's first 8 layers). On one prompt, the later tests' specjax AR is the
+first's compiled program, and their HF model the first's (the task keeps the model it read).
+specjax's own draft-model mode is the prompt-lookup mode's path with another drafter name; that
+drafter decoding SmolLM2 equal to AR is test_real_models' (batch 4, a program of its own)."""
 
 import json
 
@@ -60,15 +61,14 @@ def test_prompt_lookup_side_by_side_on_smollm2(tmp_path):
   assert rows["specjax_ar"]["speedup"] == rows["hf_greedy"]["speedup"] == 1
 
 
-def test_draft_model_side_by_side_on_smollm2(tmp_path):
-  """specjax's draft model (the target's first 8 layers) and HF's assisted generation with the
-  same draft: specjax's rows equal its AR, HF's equal HF's greedy (which equals specjax AR),
-  at most one target call per token; greedy batch 1 only, and unknown modes are refused."""
+def test_hf_assisted_generation_with_the_draft_model_on_smollm2(tmp_path):
+  """HF's assisted generation with the config's draft model (the target's first 8 layers, copied
+  from HF's own read): its rows equal HF's greedy (which equals specjax AR), at most one target
+  call per token; greedy batch 1 only, and unknown modes are refused."""
   from specjax.tasks import peers
 
-  c, rows = _run(tmp_path, ("specjax_draft_model", "hf_greedy", "hf_assisted"))
-  for mode in ("specjax_draft_model", "hf_greedy"):
-    assert rows[mode]["equal_rows"] == "1/1", mode
+  c, rows = _run(tmp_path, ("hf_greedy", "hf_assisted"))
+  assert rows["hf_greedy"]["equal_rows"] == "1/1"
   assert rows["hf_assisted"]["calls_per_token"] <= 1
   assert rows["hf_assisted"]["tokens"] == rows["hf_greedy"]["tokens"]
   c.temperature = 1.0

@@ -36,13 +36,14 @@ BEFORE_REFIT = Path(__file__).parent / "fixtures" / "smollm2_greedy_before_refit
 # now built by name from a config. The fixture's AR run ("none") is every case's reference, not
 # a case: each drafter giving its tokens shows the real model's forward unchanged, and AR's own
 # loop on real weights is checked against HF's greedy decoding by test_peers (and the forward
-# itself by test_checkpoint's HF parity).
+# itself by test_checkpoint's HF parity). The fixture's prompt-lookup chain is not a case: its
+# tree below is the same drafter at batch 4, and test_peers decodes the chain on SmolLM2 (equal
+# to AR) beside HF's prompt lookup; each case is a SmolLM2 loop of its own to compile.
 REGISTRY_DRAFTERS = {  # fixture key -> config.drafter overrides
   "draft_model": {
     "name": "draft_model",
     "draft_model": {"num_draft": 3, "source": "truncate", "num_layers": 8},
   },
-  "prompt_lookup": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
   "prompt_lookup_tree": {
     "name": "prompt_lookup",
     "prompt_lookup": {"num_draft": 4, "min_ngram": 2, "num_branches": 2},
@@ -128,8 +129,9 @@ def _committed_drafter_equals_ar(smol, c, min_tau: float, solo: bool = False) ->
   the pre-refit fixture's AR tokens at ``min_tau`` or better; with ``solo``, batch 1 gives AR's
   tokens too (the fixture's first row: AR at batch 1 gives the same, as test_checkpoint's HF
   parity and test_decode's solo runs check). Batch 1 is another program to compile (~10 s
-  here): Medusa's heads and the served EAGLE-3 run it; the EAGLE drafter before it runs the
-  same tree and loop as EAGLE-3's, a layer apart."""
+  here): the served EAGLE-3 runs it (a dynamic tree); the EAGLE drafter runs the same tree and
+  loop, a layer apart, and static trees such as Medusa's run solo beside batch 4 on a tiny
+  model (test_trees)."""
   cfg, params, tok = smol
   before = json.loads(BEFORE_REFIT.read_text())
   prompts = _chat(tok, before["prompts"])
@@ -152,7 +154,7 @@ def test_medusa_heads_equal_autoregressive_and_keep_their_tau(smol):
 
   c = medusa_config.get_config("benchmark")
   c.drafter.medusa.path = str(MEDUSA_HEADS)
-  _committed_drafter_equals_ar(smol, c, MEDUSA_TAU_B4, solo=True)
+  _committed_drafter_equals_ar(smol, c, MEDUSA_TAU_B4)
 
 
 EAGLE_DRAFTER = Path(__file__).parents[1] / "experiments" / "eagle_smollm2" / "drafter"

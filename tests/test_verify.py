@@ -91,9 +91,11 @@ def test_greedy_fast_path_equals_the_verifiers_at_temperature_0():
     q = jax.nn.softmax(jax.random.normal(k4, (b, n, v)))
     for probs in (None,) if tree else (None, q):
       draft = Draft(tokens=tokens, probs=probs, parents=parents if tree else None)
-      fast = _greedy_verdict(n, None, draft, logits, sp)
+      # jitted as the loop runs them (op by op, each op is a compile of its own)
+      fast = jax.jit(lambda d, x: _greedy_verdict(n, None, d, x, sp))(draft, logits)
       for verifier in (verify.verify, verify.TypicalAcceptance()):
-        slow = _verdict(verifier, n, jax.random.key(0), draft, logits, sp)
+        run = lambda d, x, verifier=verifier: _verdict(verifier, n, jax.random.key(0), d, x, sp)  # noqa: E731
+        slow = jax.jit(run)(draft, logits)
         for f, s in zip(fast, slow, strict=True):
           np.testing.assert_allclose(f, s, atol=1e-6)
       assert len(set(fast[0].tolist())) >= 3  # short and long paths both occur
