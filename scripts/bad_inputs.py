@@ -40,6 +40,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
   eagle = [demo, "--config.drafter.name=eagle"]
   (tmp / "sweep").mkdir()
   (tmp / "empty").mkdir()
+  (tmp / "notes").mkdir()  # a directory of the user's own
+  (tmp / "notes" / "notes.txt").write_text("mine")
   (tmp / "garbage.json").write_text("{not json")
   with socket.socket() as sock:  # a free port for a coordinator whose peer never comes
     sock.bind(("127.0.0.1", 0))
@@ -122,6 +124,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("unknown drafter", [tiny, "--config.drafter.name=hydra"]),
     ("benchmark.repeats=0", [demo, "--config.benchmark.repeats=0"]),
     ("device_memory_gib=-1", [tiny, "--config.device_memory_gib=-1"]),
+    ("batch_size of 3e9 rows", [tiny, "--config.batch_size=3000000000"]),
+    ("random target's num_kv_heads=3 (8 heads)", [tiny, "--config.target.num_kv_heads=3"]),
     ("draft model deeper than the target",
      [demo, "--config.drafter.name=draft_model", "--config.drafter.draft_model.num_layers=99"]),
     ("benchmark.hf_baseline beside a random target",
@@ -134,6 +138,10 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
      ["--config=configs/train_tiny.py", f"--config.workdir={tmp}/a_file"]),
     ("train eval_examples fewer than the global batch",
      ["--config=configs/train_tiny.py", "--config.data.eval_examples=8"]),
+    ("train eval_examples as many as the rows",
+     ["--config=configs/train_tiny.py", "--config.data.eval_examples=576"]),
+    ("self_distill output_dir holding other files",
+     ["--config=configs/self_distill_smollm2.py:tiny", f"--config.output_dir={tmp}/notes"]),
     ("train resumed with another target's weights",
      [*tiny_run, "--config.train.steps=3", "--config.target.seed=5"]),
     ("train resumed with another global batch",

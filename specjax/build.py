@@ -145,6 +145,7 @@ def check_request(config: ml_collections.ConfigDict) -> None:
   placement.check_model(shape, cfg)
   if "max_new_tokens" in config and config.get("task") not in OWN_PROMPTS:
     check_lengths(config)
+  _check_fits(config, cfg, shape)  # before the prompts: a huge batch_size makes many random ones
   if "max_new_tokens" in config and "prompts" in config and config.get("task") not in OWN_PROMPTS:
     # A random target has no tokenizer: its prompts are token ids (or seeded random ones).
     req = request(config, model or Model(cfg=cfg, params=None, tokenizer=None))
@@ -155,14 +156,17 @@ def check_request(config: ml_collections.ConfigDict) -> None:
       if str(e).startswith("prompts["):  # the row's own fault: name its field
         raise ValueError(f"config.{e}") from None
       raise ValueError(f"{e} (config.max_len, config.max_new_tokens, config.prompts)") from None
+
+
+def _check_fits(config: ml_collections.ConfigDict, cfg, shape: dict) -> None:
+  """The weights and an AR KV cache of ``batch_size`` x ``max_len`` against a device's memory."""
   limit = config.get("device_memory_gib", 0.0)
   placement.check_fits(None, limit)  # the limit itself, before the dtype is timed
-  kind = dtype(config)
-  weights = llama.param_shapes(cfg, kind)
+  weights = llama.param_shapes(cfg, dtype(config))
   fp = decode.footprint(cfg, weights, decode.AUTOREGRESSIVE, None, config.batch_size,
                         config.max_len, shape)  # fmt: skip
   try:
-    placement.check_fits(fp, config.get("device_memory_gib", 0.0))
+    placement.check_fits(fp, limit)
   except ValueError as e:
     raise ValueError(f"{e} (config.max_len, config.batch_size, config.mesh)") from None
 
@@ -196,7 +200,10 @@ def header_config(c: ml_collections.ConfigDict):
   if model is not None:
     return model.cfg
   keys = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim", "name")
-  return tiny.tiny_config(**{k: c[k] for k in keys})
+  try:
+    return tiny.tiny_config(**{k: c[k] for k in keys})
+  except ValueError as e:  # a random target's sizes are the config's fields: name them so
+    raise ValueError(str(e).replace("ModelConfig.", "config.target.")) from None
 
 
 def mesh(config: ml_collections.ConfigDict):

@@ -366,6 +366,26 @@ def test_bad_directory_and_config_are_clear_errors(model, prompts, tmp_path):
     self_distill_smollm2.get_config("huge")
 
 
+def test_a_directory_that_is_not_the_runs_is_refused_before_the_target_loads(tmp_path, monkeypatch):
+  """task=self_distill into a directory holding the user's own files, or a finished run: one
+  error naming it, before the target is read (the model of a real config takes minutes to
+  load), and the files are left as they were."""
+  from specjax import build
+
+  loads = []
+  monkeypatch.setattr(build, "target", lambda config: loads.append(config) or 1 / 0)
+  config = self_distill_smollm2.get_config("tiny")
+  config.output_dir = str(tmp_path)
+  (tmp_path / "notes.txt").write_text("x")
+  with pytest.raises(ValueError, match=f"^config.output_dir: {tmp_path} is not empty"):
+    task.run(config)
+  (tmp_path / "notes.txt").unlink()
+  (tmp_path / data.MANIFEST).write_text("{}")
+  with pytest.raises(ValueError, match="already holds a finished self-distillation"):
+    task.run(config)
+  assert not loads and [f.name for f in tmp_path.iterdir()] == [data.MANIFEST]
+
+
 def test_shards_of_another_target_are_refused_before_it_loads(tmp_path):
   """Shards whose manifest names another vocabulary (or tokenizer) than config.target's: one
   error naming both targets, from the train task's plan (nothing loaded); shards written before

@@ -343,6 +343,8 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"device_memory_gib": -1.0}, r"config.device_memory_gib=-1 must be a number of GiB > 0, or 0"),
     ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),
     ({"prompts": ((2, -1),)}, r"config.prompts\[0\] has token ids outside .* -1 at position 1"),
+    # A random target's sizes are named as the config's fields (were ModelConfig's).
+    ({"target.num_kv_heads": 3}, r"^config.target.num_heads \(2\) must be a multiple of num_kv"),
   ],
 )
 def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override, message):
@@ -356,6 +358,23 @@ def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override
     (c[section] if section else c)[field] = value
   with pytest.raises(ValueError, match=message):
     build.check(c)
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_its_prompts_are_made(
+  small_config, monkeypatch
+):
+  """A random target's prompts are made per row: a batch of 3e9 rows is refused by the memory
+  check first (before, making its prompts hung the run)."""
+  made = []
+  real = build.request
+  monkeypatch.setattr(build, "request", lambda *a, **kw: made.append(1) or real(*a, **kw))
+  small_config.batch_size = 3_000_000_000
+  with pytest.raises(ValueError, match=r"KV cache .*\(config.max_len, config.batch_size"):
+    build.check(small_config)
+  assert not made
+  small_config.batch_size = 2  # and a batch that fits makes its prompts, checked
+  build.check(small_config)
+  assert made
 
 
 def test_sweep_resumed_over_a_damaged_sweep_json_names_it(small_config, tmp_path):

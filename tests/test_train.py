@@ -447,6 +447,10 @@ def _tiny_config(tmp_path, **train):
     ({"optim.end_lr_fraction": -5.0}, r"optim.end_lr_fraction must be in \[0, 1\]"),  # ascent
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
     ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),
+    (  # was refused by the split, after the target sampled every row
+      {"data.eval_examples": 4096},
+      r"data.eval_examples=4096 leaves no rows to train on: a random target samples config.data",
+    ),
   ],
 )
 def test_train_task_rejects_bad_config(tmp_path, override, message):

@@ -157,6 +157,10 @@ def _prompts(config, tok):
 def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
   check(config)
+  try:  # before the target loads
+    distill.check_output_dir(config.output_dir)
+  except ValueError as e:
+    raise ValueError(f"config.output_dir: {e}") from None
   d = config.distill
   target = build.target(config)
   tok = target.tokenizer

@@ -93,6 +93,12 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
       f"(prompts of up to 4): need max_examples >= 1 and seq_len >= 5, got {d.max_examples} "
       f"and {d.seq_len}."
     )
+  if not d.get("files") and d.max_examples and d.eval_examples >= d.max_examples:
+    rows = "a random target samples" if not d.sources else "the sources give at most"
+    raise ValueError(
+      f"config.data.eval_examples={d.eval_examples} leaves no rows to train on: {rows} "
+      f"config.data.max_examples={d.max_examples}; lower eval_examples or raise max_examples."
+    )
   return _Plan(
     mesh=parallel.MeshConfig(**config.mesh),
     distributed=parallel.DistributedConfig(**config.distributed),

@@ -199,13 +199,22 @@ def _check(cfg, prompts, sources, max_new_tokens, max_len, batch_size, shard_siz
     raise ValueError(f"capture_layers {bad} are outside [0, {cfg.num_layers}) for {cfg.name!r}.")
 
 
-def _start(out_dir: Path, plan: dict) -> list[Path]:
-  """Checks ``out_dir`` and writes the plan; returns the shard paths."""
+def check_output_dir(out_dir: str | Path) -> None:
+  """``out_dir`` takes a new self-distillation: it is new, empty, or an unfinished run's (its
+  plan there, compared with this run's once the prompts are known). Cheap: no model needed."""
+  out_dir = Path(out_dir)
   if (out_dir / data.MANIFEST).exists():
     raise ValueError(
       f"{out_dir} already holds a finished self-distillation ({data.MANIFEST}); choose another "
       "output directory or delete it."
     )
+  if not (out_dir / PLAN).is_file() and out_dir.is_dir() and any(out_dir.iterdir()):
+    raise ValueError(f"{out_dir} is not empty; choose a new or empty output directory.")
+
+
+def _start(out_dir: Path, plan: dict) -> list[Path]:
+  """Checks ``out_dir`` and writes the plan; returns the shard paths."""
+  check_output_dir(out_dir)
   n = -(-plan["num_examples"] // plan["shard_size"])
   files = [out_dir / f"shard-{i:05d}.npz" for i in range(n)]
   plan_path = out_dir / PLAN
@@ -224,8 +233,6 @@ def _start(out_dir: Path, plan: dict) -> list[Path]:
       )
     for tmp in out_dir.glob(".shard-*.tmp"):  # Left by an interrupted write.
       tmp.unlink()
-  elif out_dir.exists() and any(out_dir.iterdir()):
-    raise ValueError(f"{out_dir} is not empty; choose a new or empty output directory.")
   else:
     results.write_json(plan_path, plan)
   return files
