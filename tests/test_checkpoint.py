@@ -1,5 +1,6 @@
 """Checkpoint loaders: logits parity with HF transformers, GGUF round trips, and bad input."""
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -42,21 +43,28 @@ def _skip_unless_installed(name):
 
 @pytest.fixture(scope="module", params=_GGUF_MODELS)
 def real_model(request):
-  """(name, cfg, params, tokenizer, hf_model) for one real model; loaded once per module."""
+  """(name, cfg, params, tokenizer, hf_model) for one real model: specjax's read here, once per
+  module; HF's (``_hf_model``) on first use, by the test that compares the two configs."""
   if not _HF:
     pytest.skip("torch/transformers absent: pip install torch==2.13.0 transformers accelerate")
   name = request.param
   _skip_unless_installed(name)
+  cfg, params, tok = registry.load(name)
+  yield name, cfg, params, tok, lambda: _hf_model(name)
+  _hf_model.cache_clear()
+  del params
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_model(name: str):
+  """HF's own GGUF reader and un-permutation, dequantized to fp32: an independent oracle (two
+  parses of the file in transformers, ~35 s for the Qwen model here)."""
   import torch
   from transformers import AutoModelForCausalLM
 
   path = registry.resolve(name)
-  cfg, params, tok = registry.load(name)
-  # HF's own GGUF reader and un-permutation, dequantized to fp32: an independent oracle.
   hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-  hf.eval()
-  yield name, cfg, params, tok, hf
-  del hf, params
+  return hf.eval()
 
 
 def _hf_logits(hf, ids):
@@ -127,7 +135,7 @@ _EXPECTED_CONFIGS = {
 @pytest.mark.real_model
 def test_real_config_from_metadata(real_model):
   """The numbers in MODELS.md, read from the files (registry.load names the config). The first
-  test of each model, so it carries the module's loads (specjax's and HF's)."""
+  test of each model, so it carries specjax's read of it."""
   name, cfg, params, tok, _ = real_model
   assert cfg.name == name
   for field, value in _EXPECTED_CONFIGS[name].items():
@@ -136,6 +144,24 @@ def test_real_config_from_metadata(real_model):
   assert params["embed"].dtype == jnp.float32 and isinstance(params["embed"], jax.Array)
   assert ("lm_head" in params) == (not cfg.tie_embeddings)
   assert ("bq" in params["layers"][0]) == cfg.qkv_bias
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_hf_reads_the_same_config(real_model):
+  """HF's reading of the file's metadata (transformers' own GGUF loader) gives specjax's sizes,
+  RoPE base, norm epsilon, tied head and attention biases. It carries HF's read of the model,
+  which the tests after it use."""
+  name, cfg, _, _, hf_model = real_model
+  hf = hf_model()
+  c, attn = hf.config, hf.model.layers[0].self_attn
+  rope_theta = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
+  assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.intermediate_size) == (
+    cfg.vocab_size, cfg.dim, cfg.num_layers, cfg.ffn_dim)  # fmt: skip
+  assert (c.num_attention_heads, c.num_key_value_heads) == (cfg.num_heads, cfg.num_kv_heads)
+  assert rope_theta["rope_theta"] == cfg.rope_theta and c.rms_norm_eps == cfg.norm_eps
+  tied = hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+  assert tied == cfg.tie_embeddings and (attn.q_proj.bias is not None) == cfg.qkv_bias, name
 
 
 def _parity(cfg, params, tok, hf, prompts, steps) -> tuple[float, float, str | None]:
@@ -174,8 +200,10 @@ def _parity(cfg, params, tok, hf, prompts, steps) -> tuple[float, float, str | N
 @pytest.mark.real_model
 def test_logits_and_greedy_match_hf(real_model):
   """specjax's prefill and 32 greedy steps on every prompt against HF's (``_parity``)."""
-  name, cfg, params, tok, hf = real_model
-  prefill_diff, step_diff, disagreement = _parity(cfg, params, tok, hf, _PROMPTS, _GREEDY_STEPS)
+  name, cfg, params, tok, hf_model = real_model
+  prefill_diff, step_diff, disagreement = _parity(
+    cfg, params, tok, hf_model(), _PROMPTS, _GREEDY_STEPS
+  )
   assert disagreement is None, f"{name} {disagreement}"
   print(
     f"\n{name}: prefill max |logit diff| {prefill_diff:.2e} over {len(_PROMPTS)} prompts; "
@@ -195,7 +223,8 @@ def test_the_oracle_reads_the_file_itself(real_model, monkeypatch):
   because HF reads the file with gguf's own reader, not specjax's."""
   import gguf
 
-  name, _, _, tok, hf = real_model
+  name, _, _, tok, hf_model = real_model
+  hf = hf_model()
   plain = checkpoint._reader_class()
   assert plain is not gguf.GGUFReader and gguf.GGUFReader.__module__.startswith("gguf.")
 

@@ -27,30 +27,23 @@ from specjax.models import llama, tiny
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def eight_devices() -> dict:
-  """One worker process of 8 devices for both mesh tests below (its JAX start paid once): the
-  layouts' greedy runs, the weight-gather and load-onto checks, and the exact-distribution
-  p-values."""
-  args = {
-    "layouts": decode_worker.LAYOUTS,
-    "fsdp_check": True,
-    "load_onto": "tensor",
-    "exact": True,
-  }
+def _eight_devices(**args) -> dict:
+  """A worker process of 8 devices running ``decode_worker.main(args)``. Each mesh test below
+  starts its own (the layouts' and the exact-distribution runs in one process took ~55 s, near
+  the one-test limit)."""
   return train_worker.run_subprocess(args, devices=8, timeout=600, script="decode_worker.py")
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_eight_device_layouts_match_one_device(eight_devices):
+def test_eight_device_layouts_match_one_device():
   """Data, tensor and mixed layouts, in one process of 8 devices; a draft model and four tree
   drafters (all in the mixed layout, the published EAGLE-3 architecture among them): greedy
   tokens identical to one device, the weights really split, and no weight gathered whole
   (weights split over fsdp instead are seen gathered). With the tensor layout, the target saved
   as a two-shard HF checkpoint loads straight onto the mesh, each weight already placed as the
   partition rules place it (loaded without the mesh, it is not)."""
-  got = eight_devices
+  got = _eight_devices(layouts=decode_worker.LAYOUTS, fsdp_check=True, load_onto="tensor")
   want = {name: decode_worker.run(*case) for name, case in decode_worker.cases().items()}
   for layout in decode_worker.LAYOUTS:
     names = decode_worker.LAYOUT_DRAFTERS.get(layout, tuple(want))
@@ -69,12 +62,12 @@ def test_eight_device_layouts_match_one_device(eight_devices):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_exact_distribution_on_a_mesh(eight_devices):
+def test_exact_distribution_on_a_mesh():
   """The exact-distribution test, multi-step form, on a 4 x 2 mesh: an EAGLE sampled tree at
   temperature 1 with top-k passes for each of three ragged prompts (Bonferroni); the verifier
   that keeps a rejected candidate fails it. 4,000 rows (1,333-1,334 per prompt): the broken
   verifier measured at min p = 4e-12 against the 1e-6 bar (3e-22 at twice the rows)."""
-  got = eight_devices
+  got = _eight_devices(exact=True)
   assert min(got["exact"]) > 1e-3 / 3, got["exact"]
   assert min(got["exact_broken"]) < 1e-6, got["exact_broken"]
 
