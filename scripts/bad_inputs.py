@@ -303,6 +303,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     ("export: out is a folder holding the user's files",
      [*export[:1], heads, vllm, f"--config.export.out={tmp}/mine"]),
     ("export: out is a file", [*export[:1], heads, vllm, f"--config.export.out={tmp}/a_file"]),
+    ("export: out in a folder that cannot be written",
+     [*export[:1], heads, vllm, "--config.export.out=/proc/specjax-out"]),
     ("export: a verifier for a layout that records none",
      [*export, heads, vllm, "--config.export.verifier=HuggingFaceTB/SmolLM2-135M-Instruct"]),
     ("export: a reduced vocabulary in FasterDecoding's layout",

@@ -108,6 +108,10 @@ def _bad(tmp_path):
       dict(path=heads, format="medusa", out=f"{heads}/export"),
     ),
     "no output": ("export.out is empty", dict(path=heads, format="medusa")),
+    "output in a folder that cannot be written": (  # was named as export.out='/proc'
+      "export.out='/proc/specjax-out': its folder '/proc' is not a directory this run can write",
+      dict(path=heads, format="medusa", out="/proc/specjax-out"),
+    ),
     "speculators without a verifier": (
       "export.verifier is empty",
       dict(path=str(tmp_path / "eagle_eagle3"), format="speculators", out=out),
@@ -134,6 +138,7 @@ def _bad(tmp_path):
 BAD = [
   "specjax's EAGLE architecture for vLLM", "unknown format", "unknown dtype", "no drafter there",
   "an EAGLE format for Medusa heads", "output inside the drafter", "no output",
+  "output in a folder that cannot be written",
   "speculators without a verifier", "a verifier for a format without one",
   "a verifier that is no model",
   "a verifier that is no HF id",

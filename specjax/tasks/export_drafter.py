@@ -92,7 +92,13 @@ def check(config: ml_collections.ConfigDict) -> drafters.Family:
   out, src = Path(e.out).resolve(), Path(e.path).resolve()
   if out == src or src in out.parents:
     raise ValueError(f"{FIELD}.out={e.out!r} is inside {FIELD}.path: write it elsewhere.")
-  results.check_writable(str(out.parent), f"{FIELD}.out")
+  try:  # its folder, made if need be (the export's own is made when it is written)
+    results.check_writable(str(out.parent), f"{FIELD}.out")
+  except ValueError:
+    raise ValueError(
+      f"{FIELD}.out={e.out!r}: its folder {str(out.parent)!r} is not a directory this run can "
+      "write to (or make): choose a path you can write to."
+    ) from None
   artifact.check_replaceable(e.out, record.saved.writes, f"{FIELD}.out")
   return record
 
