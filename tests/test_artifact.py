@@ -180,17 +180,27 @@ def test_promote_in_bfloat16_halves_the_weights_and_loads_them_as_float32(tmp_pa
   _check("eagle", to)  # its own digest checks out
 
 
-@pytest.mark.parametrize("case", ["unfinished", "damaged", "foreign_to", "other_kind"])
+@pytest.mark.parametrize(
+  "case", ["unfinished", "damaged", "foreign_to", "other_kind", "own_draft_final", "under_a_file"]
+)
 def test_promote_refuses_before_writing(tmp_path, saved, case):
-  """An unfinished run, a drafter whose tensors changed since saved, or a destination that is
-  not a drafter of the same kind: one error, and the destination untouched."""
+  """An unfinished run, a drafter whose tensors changed since saved, a destination that is not
+  a drafter of the same kind, inside the run itself (its draft_final: in bfloat16 the float32
+  weights were replaced, exit 0) or under a file: one error, and the destination untouched."""
   run, to = _run_dir(tmp_path, saved), tmp_path / "to"
   message = {
     "unfinished": "has no train.json: the run has not finished",
     "damaged": "does not match the SHA-256 recorded when it was saved",
     "foreign_to": r"exists and holds \['notes.txt'\], not a eagle drafter",
     "other_kind": r"exists and holds \['heads.safetensors', 'medusa.json'\], not a eagle drafter",
+    "own_draft_final": r"promote.to=.*draft_final' is inside config.promote.run: promoting there",
+    "under_a_file": r"promote.to=.*a_file/drafter' lies under a file",
   }[case]
+  if case == "own_draft_final":
+    to = run / "draft_final"
+  elif case == "under_a_file":
+    (tmp_path / "a_file").write_text("keep me")
+    to = tmp_path / "a_file" / "drafter"
   if case == "unfinished":
     (run / "train.json").unlink()
   elif case == "damaged":
@@ -199,12 +209,13 @@ def test_promote_refuses_before_writing(tmp_path, saved, case):
   elif case == "foreign_to":
     to.mkdir()
     (to / "notes.txt").write_text("keep me")
-  else:
+  elif case == "other_kind":
     _copy(saved["medusa"], to)
-  before = sorted(p.name for p in to.iterdir()) if to.exists() else None
+  files = lambda d: {q.name: q.read_bytes() for q in d.iterdir()} if d.is_dir() else None  # noqa: E731
+  before = files(to)
   with pytest.raises(ValueError, match=message):
-    _promote(run, to)
-  assert (sorted(p.name for p in to.iterdir()) if to.exists() else None) == before
+    _promote(run, to, dtype="bfloat16" if case == "own_draft_final" else "")
+  assert files(to) == before
 
 
 def test_every_committed_promoted_drafter_matches_its_manifest():
