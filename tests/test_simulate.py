@@ -425,6 +425,13 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   c.cost_model.chips = ("B200",)
   with pytest.raises(ValueError, match="cost_model.chips"):
     cost_model.run(c)
+  c.cost_model.chips = ("H200",)
+  # Refused before the sweep: max_k = 0 was refused after it, context = -1 ran through.
+  for field, bad in (("max_k", 0), ("context", -1), ("repeats", 0)):
+    wrong = copy.deepcopy(c)
+    wrong.cost_model[field] = bad
+    with pytest.raises(ValueError, match=rf"config.cost_model.{field} must be an integer >= "):
+      cost_model.run(wrong)
 
 
 def test_tau_by_chain_length_matches_each_chain_simulated_alone(model):
