@@ -787,3 +787,36 @@ def test_the_backend_probe_is_not_printed():
   run.quiet_backend_probe()
   probe = logging.getLogger("jax._src.xla_bridge")
   assert not probe.isEnabledFor(logging.INFO) and probe.isEnabledFor(logging.WARNING)
+
+
+def test_timed_sizes_are_checked_before_anything_is_timed(small_config, tmp_path, monkeypatch):
+  """task=verify_cost and task=device_bench: verify sizes are increasing token counts from 1
+  (before, (0, 2) printed 2 tokens as 45.8x "one" token, exit 0, and (1, -4) was a TypeError
+  after the timing), batch sizes >= 1 (device_bench's (2, 0) ran a benchmark first, then named
+  config.batch_size), and verify_cost's output directory is checked too (a file there was a
+  FileExistsError after the timing); each before the target loads."""
+  from configs import device_bench as device_bench_config
+  from specjax.tasks import device_bench
+
+  monkeypatch.setattr(build, "target", lambda config: 1 / 0)  # nothing may load
+  c = small_config
+  c.update(task="verify_cost", output_dir=str(tmp_path))
+  c.sweep = config_dict.ConfigDict({"verify_sizes": (1, 4)})
+  for sizes in ((0, 2), (1, -4), (4, 1), ()):
+    c.sweep.verify_sizes = sizes
+    with pytest.raises(ValueError, match=r"config.sweep.verify_sizes=.* in increasing order from"):
+      sweep.run_verify_cost(c)
+  c.sweep.verify_sizes = (1, 4)
+  (tmp_path / "a_file").write_text("")
+  c.output_dir = str(tmp_path / "a_file")
+  with pytest.raises(ValueError, match=r"config.output_dir=.*a_file' is a file"):
+    sweep.run_verify_cost(c)
+  d = device_bench_config.get_config("tiny")
+  d.output_dir = str(tmp_path / "bench")
+  d.device_bench.batch_sizes = (2, 0)
+  with pytest.raises(ValueError, match=r"config.device_bench.batch_sizes=\(2, 0\) must list"):
+    device_bench.run(d)
+  d.device_bench.batch_sizes = (2,)
+  d.device_bench.verify_sizes = (1, -4)
+  with pytest.raises(ValueError, match=r"config.device_bench.verify_sizes=\(1, -4\) must list"):
+    device_bench.run(d)

@@ -168,6 +168,20 @@ def _unknown_field(section, overrides: dict, path: str) -> str | None:
   return None
 
 
+def check_sizes(sizes, field: str, verify: bool = False) -> None:
+  """``sizes``: one or more integers >= 1 (batch sizes), or with ``verify`` increasing token
+  counts from 1, the one-token forward every verify forward is compared with."""
+  sizes = tuple(sizes or ())
+  ints = all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in sizes)
+  if verify and not (ints and sizes and sizes[0] == 1 and list(sizes) == sorted(set(sizes))):
+    raise ValueError(
+      f"{field}={sizes} must list token counts in increasing order from 1 (the one-token forward "
+      "each is compared with), e.g. (1, 4, 16)."
+    )
+  if not (ints and sizes):
+    raise ValueError(f"{field}={sizes} must list one or more batch sizes >= 1, e.g. (1, 4).")
+
+
 def check(config: ml_collections.ConfigDict) -> dict:
   """The variants' configs (name -> config), every field checked before any model loads."""
   variants = {
@@ -180,11 +194,9 @@ def check(config: ml_collections.ConfigDict) -> dict:
       raise ValueError(
         f"config.sweep.categories[{name!r}] has no prompts: give it at least one, or remove it."
       )
-  sizes = tuple(config.sweep.get("batch_sizes") or ())
-  if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-    raise ValueError(
-      f"config.sweep.batch_sizes={sizes} must list one or more batch sizes >= 1, e.g. (1, 4)."
-    )
+  check_sizes(config.sweep.get("batch_sizes"), "config.sweep.batch_sizes")
+  if config.sweep.get("verify_sizes"):
+    check_sizes(config.sweep.verify_sizes, "config.sweep.verify_sizes", verify=True)
   draft_ar = config.sweep.get("draft_ar")
   if draft_ar and (draft_ar not in variants or variants[draft_ar].drafter.name != "draft_model"):
     raise ValueError(
@@ -462,6 +474,8 @@ def verify_cost(
 
 def run_verify_cost(config: ml_collections.ConfigDict) -> list[dict]:
   """task=verify_cost: only the forward-cost table of ``sweep.verify_sizes``; writes JSON."""
+  build.check(config)  # the output directory and lengths too, before the timing
+  check_sizes(config.sweep.get("verify_sizes"), "config.sweep.verify_sizes", verify=True)
   target = build.target(config)
   rows = verify_cost(target, config.sweep.verify_sizes, config.max_len)
   print(results.table(rows, ("tokens", "ms", "vs_1_token")))

@@ -39,6 +39,9 @@ def _runs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
         f"config.device_bench.drafters has {name!r}, which is neither a config.drafter section "
         f"nor a label of config.device_bench.variants ({', '.join(variants) or 'none'})."
       )
+  sweep.check_sizes(bench.batch_sizes, "config.device_bench.batch_sizes")
+  if bench.get("verify_sizes"):
+    sweep.check_sizes(bench.verify_sizes, "config.device_bench.verify_sizes", verify=True)
   dtypes = tuple(bench.get("dtypes") or (config.dtype,))
   bad = [d for d in dtypes if d not in build.DTYPES]
   if bad:
