@@ -63,3 +63,28 @@ def test_losslessness_task_random_pairs_follow_tv():
   pairs = losslessness.random_pairs(num_pairs=5, rows=20_000, vocab=6, seed=0)
   assert max(abs(r["tv"] - r["rejected"]) for r in pairs) < 0.015
   assert max(r["tv"] for r in pairs) - min(r["tv"] for r in pairs) > 0.1  # a spread of pairs
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [  # before: a ZeroDivisionError after 27 s, "max() arg is an empty sequence", a nan written
+    ("samples", 1000, r"samples must be a positive multiple of 4000 \(rows drawn per call\)"),
+    ("pairs", 0, r"pairs must be an integer >= 1, got 0"),
+    ("tokens", 0, r"tokens must be an integer >= 2, got 0"),
+    ("vocab", 0, r"vocab must be an integer >= 2, got 0"),
+    ("corpus", "chat", r"config.losslessness.corpus: unknown corpus 'chat'"),
+  ],
+)
+def test_losslessness_task_checks_its_section_first(monkeypatch, field, value, message):
+  """task=losslessness's sizes and corpus are one error naming the field, before any pair is
+  drawn or the target loads."""
+  from experiments.losslessness import config as losslessness_config
+  from specjax import build
+  from specjax.tasks import losslessness
+
+  monkeypatch.setattr(build, "target", lambda config: 1 / 0)  # nothing may load
+  monkeypatch.setattr(losslessness, "random_pairs", lambda *a: 1 / 0)  # nor be drawn
+  c = losslessness_config.get_config()
+  c.losslessness[field] = value
+  with pytest.raises(ValueError, match=message):
+    losslessness.run(c)

@@ -99,7 +99,7 @@ def joint(samples: int, seed: int) -> dict:
     target[1], target[0], prompt, 3, sampling.SamplingParams.create(**knobs)
   )
   out = {}
-  rows = 4000
+  rows = JOINT_ROWS
   for name, (drafter, dp) in cases.items():
     counts: dict[tuple, int] = {}
     for call in range(samples // rows):
@@ -120,6 +120,27 @@ def joint(samples: int, seed: int) -> dict:
   return out
 
 
+JOINT_ROWS = 4000  # generate() rows per call of the joint-distribution check
+
+
+def _check(lc: ml_collections.ConfigDict) -> None:
+  """The section's sizes and corpus, before anything is computed."""
+  for field, least in (("pairs", 1), ("rows", 1), ("vocab", 2), ("tokens", 2), ("bins", 1)):
+    v = lc[field]
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+      raise ValueError(f"config.losslessness.{field} must be an integer >= {least}, got {v!r}.")
+  s = lc.samples
+  if isinstance(s, bool) or not isinstance(s, int) or s < JOINT_ROWS or s % JOINT_ROWS:
+    raise ValueError(
+      f"config.losslessness.samples must be a positive multiple of {JOINT_ROWS} (rows drawn per "
+      f"call), got {s!r}."
+    )
+  try:
+    corpora.corpus_path(lc.corpus)
+  except ValueError as e:
+    raise ValueError(f"config.losslessness.corpus: {e}") from None
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   build.check(config)
   price = drafters.FAMILIES[config.drafter.name].price
@@ -130,6 +151,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
       f"two models; set drafter.name to a drafter that is a model ({', '.join(models)})."
     )
   lc = config.losslessness
+  _check(lc)
   record = {"config": config.to_dict(), "machine": machine()}
   record["random_pairs"] = random_pairs(lc.pairs, lc.rows, lc.vocab, config.seed)
   target = build.target(config)
