@@ -264,6 +264,11 @@ def test_training_heads_raises_tau(tmp_path):
   # The tree grown from held-out accuracy and the verify cost is saved with the heads and used.
   c.task, c.output_dir = "medusa_tree", str(tmp_path / "tree")
   c.medusa_tree = config_dict.ConfigDict({"budgets": (2, 4, 6), "ranks": 3, "context": 16})
+  for field, bad in (("ranks", 0), ("context", -1)):  # were refused late, or saved a tree
+    wrong = c.copy_and_resolve_references()
+    wrong.medusa_tree[field] = bad
+    with pytest.raises(ValueError, match=rf"config.medusa_tree.{field} must be an integer >= "):
+      medusa_tree.run(wrong)
   got = medusa_tree.run(c)
   acc = np.asarray(got["rank_accuracy"])
   assert acc.shape == (4, 3) and acc[0, 0] > acc[0, 2] and got["held_out_positions"] > 500
