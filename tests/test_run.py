@@ -343,6 +343,7 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"device_memory_gib": -1.0}, r"config.device_memory_gib=-1 must be a number of GiB > 0, or 0"),
     ({"prompts": ((1, 64),)}, r"config.prompts\[0\] has token ids outside \[0, 64\) .* 64 at pos"),
     ({"prompts": ((2, -1),)}, r"config.prompts\[0\] has token ids outside .* -1 at position 1"),
+    ({"target.logit_std": float("nan")}, r"target.logit_std must be a finite number >= 0, got"),
     # A random target's sizes are named as the config's fields (were ModelConfig's).
     ({"target.num_kv_heads": 3}, r"^config.target.num_heads \(2\) must be a multiple of num_kv"),
   ],

@@ -357,3 +357,21 @@ def test_a_new_prompt_width_is_compiled_by_a_one_token_call_before_the_timed_one
   assert [(w, k) for w, k, _ in calls] == [(32, 1), (32, 256), (32, 256), (128, 1), (128, 256),
                                            (32, 256)]  # fmt: skip
   assert warmed == {32, 128}
+
+
+@pytest.mark.parametrize(
+  "line, message",
+  [
+    ("{not json", r"line 2 is not JSON"),
+    ('{"question_id": 9, "category": "qa"}', r"line 2 has no 'turns'"),
+    ('{"question_id": 9, "category": "qa", "turns": []}', r"'turns' must be a non-empty list"),
+    ('{"question_id": 1, "category": "qa", "turns": ["b"]}', r"repeats question_id 1"),
+    # was a TypeError (unhashable type: 'list') traceback
+    ('{"question_id": [9], "category": "qa", "turns": ["b"]}', r"'question_id' must be a num"),
+  ],
+)
+def test_a_bad_question_line_is_one_error_naming_the_file_and_line(tmp_path, line, message):
+  path = tmp_path / "question.jsonl"
+  path.write_text('{"question_id": 1, "category": "qa", "turns": ["a"]}\n' + line + "\n")
+  with pytest.raises(ValueError, match=r"config.specbench.question_file=.*" + message):
+    specbench.read_questions(str(path))

@@ -61,6 +61,11 @@ def check(c: ml_collections.ConfigDict, field: str) -> None:
         f"config.{field}.name={c.name!r} is not installed. Install it with:\n  "
         f"{registry.spec(c.name).pip_install}"
       )
+  if c.source == "random":
+    for name in ("logit_std", "residual_scale"):  # nan made every token 0, exit 0
+      v = c.get(name, 1.0)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        raise ValueError(f"config.{field}.{name} must be a finite number >= 0, got {v!r}.")
   if c.source in ("gguf", "safetensors") and not Path(c.path).exists():
     raise ValueError(f"config.{field}.path={c.path!r} does not exist.")
   if c.source == "gguf":

@@ -110,6 +110,8 @@ def read_questions(path: str) -> list[dict]:
     turns = q["turns"]
     if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)):
       raise ValueError(f"{where}: 'turns' must be a non-empty list of non-empty strings.")
+    if isinstance(q["question_id"], bool) or not isinstance(q["question_id"], (int, str)):
+      raise ValueError(f"{where}: 'question_id' must be a number or a string.")
     if q["question_id"] in seen:
       raise ValueError(f"{where} repeats question_id {q['question_id']!r}: ids must be unique.")
     seen.add(q["question_id"])
