@@ -562,6 +562,11 @@ def test_max_len_task_times_every_size_and_keeps_the_text(small_config, tmp_path
     (m, n) for m in ("ar", "draft_model") for n in (40, 300)
   }
   assert saved["greedy_texts_identical"] is True and record["runs"][0]["vs_smallest"] == 1.0
+  # --config.max_len_sweep.sizes=abc arrives as ("a", "b", "c"): int('a')'s error named no field
+  for bad in (("a", "b", "c"), (40, 1), (40.5,)):
+    c.max_len_sweep = config_dict.ConfigDict({"sizes": bad})
+    with pytest.raises(ValueError, match=r"config.max_len_sweep.sizes must be integers >= 2"):
+      max_len.run(c)
 
 
 @pytest.mark.slow

@@ -24,8 +24,9 @@ COLUMNS = ("mode", "max_len", "tokens", "tau", "steady_s", "tokens_per_s", "vs_s
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
-  sizes = tuple(config.max_len_sweep.sizes)
-  if not sizes or any(int(v) != v or v < 2 for v in sizes):
+  sizes = config.max_len_sweep.sizes
+  sizes = tuple(sizes) if isinstance(sizes, (tuple, list)) else (sizes,)
+  if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in sizes):
     raise ValueError(f"config.max_len_sweep.sizes must be integers >= 2, got {sizes}.")
   for size in sizes:
     c = copy.deepcopy(config)
