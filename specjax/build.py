@@ -185,13 +185,18 @@ def note_top_k(top_k: int, vocab_size: int) -> None:
     )
 
 
+def check_integer(value, field: str, least: int, what: str = "") -> None:
+  """``value`` is an integer >= ``least`` (not a bool); else a ValueError naming ``field``."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    said = f" ({what})" if what else ""
+    raise ValueError(f"{field} must be an integer >= {least}{said}, got {value!r}.")
+
+
 def check_lengths(config: ml_collections.ConfigDict) -> None:
   """``max_new_tokens`` and ``max_len``, which fix the compiled shapes, are positive integers."""
   for name, what in (("max_new_tokens", "new tokens per row"), ("max_len", "prompt + new "
                      "tokens per row, the KV cache's slots")):  # fmt: skip
-    v = config[name]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f"config.{name} must be an integer >= 1 ({what}), got {v!r}.")
+    check_integer(config[name], f"config.{name}", 1, what)
 
 
 def header_config(c: ml_collections.ConfigDict):

@@ -117,11 +117,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for field, least, what in (("context", 0, "cached tokens behind each timed forward"),
                              ("max_k", 1, "the longest chain replayed"),
                              ("repeats", 1, "timed runs of each forward")):  # fmt: skip
-    v = cm.get(field, least)
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-      raise ValueError(
-        f"config.cost_model.{field} must be an integer >= {least} ({what}), got {v!r}."
-      )
+    build.check_integer(cm.get(field, least), f"config.cost_model.{field}", least, what)
   if config.temperature != 0 or tuple(config.sweep.get("temperatures") or (0,)) != (0,):
     raise ValueError("task=cost_model simulates greedy decoding: set temperature = 0.")
   if config.sweep.get("resume") and not cm.get("reuse_sweep"):  # every AR row is replayed

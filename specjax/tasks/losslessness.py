@@ -126,9 +126,7 @@ JOINT_ROWS = 4000  # generate() rows per call of the joint-distribution check
 def _check(lc: ml_collections.ConfigDict) -> None:
   """The section's sizes and corpus, before anything is computed."""
   for field, least in (("pairs", 1), ("rows", 1), ("vocab", 2), ("tokens", 2), ("bins", 1)):
-    v = lc[field]
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-      raise ValueError(f"config.losslessness.{field} must be an integer >= {least}, got {v!r}.")
+    build.check_integer(lc[field], f"config.losslessness.{field}", least)
   s = lc.samples
   if isinstance(s, bool) or not isinstance(s, int) or s < JOINT_ROWS or s % JOINT_ROWS:
     raise ValueError(

@@ -82,11 +82,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
     )
   sizes = (("ranks", 1, "candidates per head measured"), ("context", 0, "cached tokens"))
   for field, least, what in sizes:
-    v = t[field]
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-      raise ValueError(
-        f"config.medusa_tree.{field} must be an integer >= {least} ({what}), got {v!r}."
-      )
+    build.check_integer(t[field], f"config.medusa_tree.{field}", least, what)
   if config.data.eval_examples < 1:
     raise ValueError("config.data.eval_examples must be >= 1: the held-out rows measured here.")
   from specjax.drafters.medusa import formats as layouts

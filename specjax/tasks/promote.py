@@ -66,12 +66,13 @@ def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
   if not p.to:
     raise ValueError(f"{FIELD}.to is empty: name the directory the drafter is decoded from.")
   to = Path(p.to)
-  if to.resolve() == run.resolve() or run.resolve() in to.resolve().parents:
+  dest, source = to.resolve(), run.resolve()
+  if dest == source or source in dest.parents:
     raise ValueError(
       f"{FIELD}.to={p.to!r} is inside {FIELD}.run: promoting there would replace the run's own "
       "files (draft_final's weights among them); promote to a directory outside the run."
     )
-  if any(q.exists() and not q.is_dir() for q in to.resolve().parents):
+  if any(q.exists() and not q.is_dir() for q in dest.parents):
     raise ValueError(f"{FIELD}.to={p.to!r} lies under a file: choose a directory path.")
   if to.exists():
     held = sorted(q.name for q in to.iterdir()) if to.is_dir() else [to.name]
