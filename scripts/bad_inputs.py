@@ -352,6 +352,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
       "--config.drafter.dflash.path=experiments/block_smollm2/drafter_peagle"]),
     ("DFlash drafter for another target",
      [*dflash, "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
+    ("DFlash block_size beside a saved drafter", [*dflash, "--config.drafter.dflash.block_size=0"]),
     ("P-EAGLE drafter for another target",
      [*peagle, "--config.target.name=qwen2.5-coder-0.5b-instruct"]),
     ("published DFlash drafter of another hidden size",

@@ -96,11 +96,19 @@ def test_a_damaged_or_altered_drafter_file_is_refused_naming_it(saved, tmp_path)
 def test_a_drafter_of_the_other_kind_or_target_is_named_before_the_target_loads(saved, monkeypatch):
   """A directory of the other kind names the drafter.name to use; Medusa heads of another
   target are refused from the target's header (as EAGLE's are), naming both targets and the
-  fix; medusa.num_heads=0 is named as such."""
+  fix; medusa.num_heads=0 is named as such, and so is a num_heads beside saved heads that is
+  neither the default nor theirs."""
   with pytest.raises(ValueError, match=r"holds medusa.json, not eagle.json: .*drafter.name=medusa"):
     _check("eagle", saved["medusa"])
   with pytest.raises(ValueError, match=r"holds eagle.json, not medusa.json: .*drafter.name=eagle"):
     _check("medusa", saved["eagle"])
+  for num_heads in (4, 2):  # the default, or the saved heads' own: the saved heads decode
+    c = _config("medusa", path=str(saved["medusa"]), num_heads=num_heads)
+    medusa.Medusa.check(c.drafter.medusa, c)
+  c = _config("medusa", path=str(saved["medusa"]), num_heads=7)  # was ignored (exit 0)
+  message = r"medusa.num_heads=7 is for random weights .* own \(num_heads=2, from its files\)"
+  with pytest.raises(ValueError, match=message):
+    medusa.Medusa.check(c.drafter.medusa, c)
   wide = tiny.tiny_config(vocab_size=64, dim=48, num_layers=3, name="wide-target")
   monkeypatch.setattr(source, "peek", lambda c: SimpleNamespace(cfg=wide, tokenizer=None))
   message = (

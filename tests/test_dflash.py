@@ -338,6 +338,35 @@ def test_a_drafter_for_another_target_fails_the_config_check(target, tmp_path, f
     build.check(c)
 
 
+@pytest.mark.parametrize("layout", ["specjax", "speculators"])
+def test_a_shape_field_beside_a_saved_drafter_is_its_own_or_an_error(target, tmp_path, layout):
+  """block_size, num_layers, feature_layers and mask_id shape random weights; beside a path
+  the saved drafter's own shape decodes, so a field set to another value (it was ignored, exit
+  0) is one error naming each such field and the saved value; the default, or the saved value
+  itself, passes."""
+  from configs import tiny as tiny_config
+
+  _saved_block_drafter("dflash", layout, target, tmp_path / "saved", verifier=None)
+  c = tiny_config.get_config()
+  c.drafter.name = "dflash"
+  c.drafter.dflash.path = str(tmp_path / "saved")
+  d = c.drafter.dflash
+  dflash.DFlash.check(d, c)  # every shape field at its default
+  d.update(block_size=3, feature_layers=(1,))  # the saved drafter's own
+  dflash.DFlash.check(d, c)
+  for fields, message in (
+    ({"block_size": 0}, r"config.drafter.dflash.block_size=0 is .* \(block_size=3, from"),
+    ({"feature_layers": (99,), "num_layers": 2},
+     r"num_layers=2, config.drafter.dflash.feature_layers=\[99\] are .* own \(num_layers=1, "
+     r"feature_layers=\[1\], from its files\): remove the setting"),
+    ({"mask_id": 7}, r"mask_id=7 is for random weights \(path = ''\)"),
+  ):  # fmt: skip
+    bad = c.copy_and_resolve_references()
+    bad.drafter.dflash.update(fields)
+    with pytest.raises(ValueError, match=message):
+      dflash.DFlash.check(bad.drafter.dflash, bad)
+
+
 def test_the_training_config_check_names_each_bad_shape_field():
   """The objective's check, run before the data and the target load, names the field of
   ``config.objective.dflash`` that is out of range."""

@@ -246,6 +246,22 @@ def check_sizes(meta: dict, dim: int, vocab_size: int, cfg: ModelConfig, field: 
     )
 
 
+def check_random_only(c, defaults, saved: dict, field: str) -> None:
+  """A drafter loaded from ``c.path`` has its own shapes (``saved``: field -> the value its
+  files give); a shape field of ``c`` set to another value than its default (``defaults``, the
+  subsection's own config) and the saved one would be ignored, so it is one error naming each."""
+  plain = lambda v: list(v) if isinstance(v, tuple | list) else v  # noqa: E731
+  wrong = {k: c[k] for k, v in saved.items() if plain(c[k]) not in (plain(defaults[k]), plain(v))}
+  if wrong:
+    given = ", ".join(f"{field}.{k}={plain(v)!r}" for k, v in wrong.items())
+    own = ", ".join(f"{k}={plain(saved[k])!r}" for k in wrong)
+    raise ValueError(
+      f"{given} {'is' if len(wrong) == 1 else 'are'} for random weights (path = ''), but the "
+      f"drafter at {field}.path={c.path!r} has its own ({own}, from its files): remove the "
+      "setting, or set path = '' for random weights of that shape."
+    )
+
+
 def check_vocab(vocab_ids, target, field: str) -> None:
   """The draft vocabulary must be distinct target ids and hold every stop token."""
   ids = np.asarray(vocab_ids)

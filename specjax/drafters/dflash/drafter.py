@@ -78,7 +78,9 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
     c = ml_collections.ConfigDict()
     c.path = ""  # a drafter saved by specjax or speculators' dflash layout; "" = random weights
     c.format = "auto"  # auto | specjax | speculators
-    c.block_size = 8  # random weights only (path = ""): B, and the next three
+    # Random weights' shape (path = ""): B, and the next three; with a path, the saved drafter's
+    # own (each left as it is here, or equal to the saved one)
+    c.block_size = 8
     c.num_layers = 1
     c.feature_layers = (0,)  # target layers fused (specjax indices: after that layer)
     c.mask_id = 0  # the token at masked positions
@@ -91,6 +93,8 @@ class DFlash(static_tree.OnStaticTree, DrafterBase):
     prompt_lookup.check_branch_fields(c, FIELD)
     num_draft = layouts.peek_num_draft(c)
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
+    if c.path:
+      layouts.check_shape(c, cls.config())
     if c.path and target is not None:
       layouts.check_sizes(c, target.cfg)
     tree = parse_tree(c, num_draft)

@@ -97,6 +97,17 @@ def peek(directory, field: str = f"{FIELD}.path") -> dict:
   return config
 
 
+def shape_of(config: dict) -> dict:
+  """The DFlashConfig fields a speculators config sets that a random drafter's config also
+  sets (speculators' defaults where it is silent)."""
+  return {
+    "block_size": config.get("block_size", 8),
+    "num_layers": config["transformer_layer_config"]["num_hidden_layers"],
+    "feature_layers": tuple(a - 1 for a in config["aux_hidden_state_layer_ids"]),
+    "mask_id": config.get("mask_token_id") or 0,
+  }
+
+
 def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfig:
   """The speculators config as a DFlashConfig for ``target_cfg``: its layer must have the
   target's widths (heads, hidden size, vocabulary), one clear error otherwise."""
@@ -110,7 +121,8 @@ def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfi
       f"{field}: this DFlash drafter's layers have {wrong}, but the target {target_cfg.name!r} "
       f"has { ({k: want[k] for k in wrong}) }: it was trained for another target."
     )
-  features = tuple(a - 1 for a in config["aux_hidden_state_layer_ids"])
+  shape = shape_of(config)
+  features = shape["feature_layers"]
   ffn = layer.get("intermediate_size", target_cfg.ffn_dim)
   if max(features) >= target_cfg.num_layers:
     raise ValueError(
@@ -121,8 +133,8 @@ def config_for(config: dict, target_cfg: ModelConfig, field: str) -> DFlashConfi
   dspark = config["speculators_model_type"] == "dspark"  # speculators' defaults where unsaid
   try:
     return DFlashConfig(
-      target_cfg, features, layer["num_hidden_layers"], config.get("block_size", 8),
-      config.get("mask_token_id") or 0, ffn if ffn != target_cfg.ffn_dim else 0,
+      target_cfg, features, shape["num_layers"], shape["block_size"], shape["mask_id"],
+      ffn if ffn != target_cfg.ffn_dim else 0,
       draft_vocab if draft_vocab < target_cfg.vocab_size else 0,
       sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
       markov_rank=int(config.get("markov_rank", 256)) if dspark else 0,

@@ -59,6 +59,17 @@ def peek_num_draft(c) -> int:
   return config.get("block_size", 8) - (0 if anchor else 1)
 
 
+def check_shape(c, defaults) -> None:
+  """The subsection's shape fields (``defaults``: its own config) shape random weights only:
+  beside a path each must be left at its default or equal the saved drafter's."""
+  if detect(c.path, c.format) == "specjax":
+    meta = read_meta(c.path)["dflash"]
+    saved = {k: meta[k] for k in ("block_size", "num_layers", "feature_layers", "mask_id")}
+  else:
+    saved = formats.shape_of(formats.peek(c.path))
+  artifact.check_random_only(c, defaults, saved, FIELD)
+
+
 def check_sizes(c, target_cfg, field: str = f"{FIELD}.path") -> None:
   """The drafter at ``c.path`` must read ``target_cfg``'s widths: checked from its files'
   headers and the target's, before either's weights load."""

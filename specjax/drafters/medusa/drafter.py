@@ -81,7 +81,7 @@ class Medusa(static_tree.OnStaticTree, DrafterBase):
     c.path = ""  # heads saved by training (task=train, objective medusa) or a published Medusa
     # directory (FasterDecoding's medusa_lm_head.*, vLLM's Medusa); "" = untrained heads
     c.format = "auto"  # layout: auto | specjax | medusa | vllm_medusa (medusa/formats)
-    c.num_heads = 4  # untrained heads only (path = ""): how many
+    c.num_heads = 4  # untrained heads (path = ""): how many; with a path, the saved heads' own
     c.tree_spec = (4, 2, 2, 1)  # top-k per depth (the full tree), unless tree_paths is given
     c.tree_paths = ()  # Medusa's path list, e.g. ((0,), (1,), (0, 0)); overrides tree_spec
     c.saved_tree = True  # with path: use the tree saved with the heads, if any
@@ -119,6 +119,8 @@ class Medusa(static_tree.OnStaticTree, DrafterBase):
         raise ValueError(
           f"{FIELD}.num_heads must be an integer >= 1 (head k drafts depth k), got {num_heads!r}."
         )
+    if c.path:
+      artifact.check_random_only(c, cls.config(), {"num_heads": num_heads}, FIELD)
     if tree.max_depth > num_heads:
       raise ValueError(
         f"{FIELD}: the tree is {tree.max_depth} deep but the heads number {num_heads} (head k "
