@@ -69,17 +69,31 @@ def section(title: str, intro: str, rows: Sequence[dict[str, Any]], columns=None
   return [f"## {title}", "", intro, "", table_, ""]
 
 
-def check_writable(directory, field: str) -> None:
-  """Raises a ValueError naming ``field`` unless ``directory`` is (or can be made) a writable
-  directory: checked before a run starts, so its results are never lost at the end."""
-  text = str(directory)
+def check_path_text(
+  path, field: str, what: str = "the directory to write to (e.g. results/NAME)"
+) -> None:
+  """A path as typed: empty, starting with ~ (which the shell expands only at a word's start,
+  not after ``--flag=``) or with a space at either end (a quoting slip) is one error naming
+  ``field``, before anything is made there."""
+  text = str(path)
   if not text.strip():
-    raise ValueError(f"{field} is empty: name the directory to write to (e.g. results/NAME).")
+    raise ValueError(f"{field} is empty: name {what}.")
   if text.startswith("~"):
     raise ValueError(
       f"{field}={text!r} starts with ~, which the shell leaves as it is after '=': give the "
       f"full path (e.g. {field}=$HOME{text[1:]})."
     )
+  if text != text.strip():
+    raise ValueError(
+      f"{field}={text!r} starts or ends with a space, which would be part of the name: "
+      f"remove it ({field}={text.strip()!r})."
+    )
+
+
+def check_writable(directory, field: str) -> None:
+  """Raises a ValueError naming ``field`` unless ``directory`` is (or can be made) a writable
+  directory: checked before a run starts, so its results are never lost at the end."""
+  check_path_text(directory, field)
   path = Path(directory)
   if path.exists() and not path.is_dir():
     raise ValueError(f"{field}={str(directory)!r} is a file, not a directory: choose another path.")

@@ -3,6 +3,7 @@ one gives, checked from its files before any target loads."""
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import jax.numpy as jnp
@@ -189,12 +190,16 @@ def test_promote_in_bfloat16_halves_the_weights_and_loads_them_as_float32(tmp_pa
 
 
 @pytest.mark.parametrize(
-  "case", ["unfinished", "damaged", "foreign_to", "other_kind", "own_draft_final", "under_a_file"]
-)
+  "case",
+  ["unfinished", "damaged", "foreign_to", "other_kind", "own_draft_final", "under_a_file",
+   "other_runs_draft_final", "trailing_space"],
+)  # fmt: skip
 def test_promote_refuses_before_writing(tmp_path, saved, case):
   """An unfinished run, a drafter whose tensors changed since saved, a destination that is not
   a drafter of the same kind, inside the run itself (its draft_final: in bfloat16 the float32
-  weights were replaced, exit 0) or under a file: one error, and the destination untouched."""
+  weights were replaced, exit 0), under a file, another training run's draft_final (its
+  trained weights were replaced, exit 0) or a path ending in a space (a directory named so was
+  made): one error, and the destination untouched."""
   run, to = _run_dir(tmp_path, saved), tmp_path / "to"
   message = {
     "unfinished": "has no train.json: the run has not finished",
@@ -203,12 +208,20 @@ def test_promote_refuses_before_writing(tmp_path, saved, case):
     "other_kind": r"exists and holds \['heads.safetensors', 'medusa.json'\], not a eagle drafter",
     "own_draft_final": r"promote.to=.*draft_final' is inside config.promote.run: promoting there",
     "under_a_file": r"promote.to=.*a_file/drafter' lies under a file",
+    "other_runs_draft_final": r"lies in another training run's workdir .*: promoting there",
+    "trailing_space": r"promote.to=.*/to ' starts or ends with a space",
   }[case]
   if case == "own_draft_final":
     to = run / "draft_final"
   elif case == "under_a_file":
     (tmp_path / "a_file").write_text("keep me")
     to = tmp_path / "a_file" / "drafter"
+  elif case == "other_runs_draft_final":
+    other = _run_dir(tmp_path / "other", saved)
+    (other / "checkpoints").mkdir()
+    to = other / "draft_final"
+  elif case == "trailing_space":
+    to = Path(f"{to} ")
   if case == "unfinished":
     (run / "train.json").unlink()
   elif case == "damaged":
@@ -229,8 +242,6 @@ def test_promote_refuses_before_writing(tmp_path, saved, case):
 def test_every_committed_promoted_drafter_matches_its_manifest():
   """A drafter committed by task=promote (experiments/*/*/manifest.json) holds exactly the
   files its manifest names, each with the SHA-256 recorded when it was promoted."""
-  from pathlib import Path
-
   manifests = sorted((Path(__file__).parents[1] / "experiments").glob("*/*/manifest.json"))
   assert manifests, "no promoted drafter is committed"
   for path in manifests:

@@ -108,6 +108,14 @@ def _bad(tmp_path):
       dict(path=heads, format="medusa", out=f"{heads}/export"),
     ),
     "no output": ("export.out is empty", dict(path=heads, format="medusa")),
+    "output a space": (  # a directory 'out ' was made, and ' ' in the working directory
+      "/out ' starts or ends with a space, which would be part of the name",
+      dict(path=heads, format="medusa", out=f"{out} "),
+    ),
+    "output starting with ~": (  # a directory named '~' was made in the working directory
+      "export.out='~/exp' starts with ~, which the shell leaves as it is",
+      dict(path=heads, format="medusa", out="~/exp"),
+    ),
     "output in a folder that cannot be written": (  # was named as export.out='/proc'
       "export.out='/proc/specjax-out': its folder '/proc' is not a directory this run can write",
       dict(path=heads, format="medusa", out="/proc/specjax-out"),
@@ -138,7 +146,7 @@ def _bad(tmp_path):
 BAD = [
   "specjax's EAGLE architecture for vLLM", "unknown format", "unknown dtype", "no drafter there",
   "an EAGLE format for Medusa heads", "output inside the drafter", "no output",
-  "output in a folder that cannot be written",
+  "output a space", "output starting with ~", "output in a folder that cannot be written",
   "speculators without a verifier", "a verifier for a format without one",
   "a verifier that is no model",
   "a verifier that is no HF id",

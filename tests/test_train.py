@@ -483,6 +483,36 @@ def test_a_workdir_holding_other_files_is_refused(tmp_path):
     train_task.check_workdir(str(tmp_path), "")
 
 
+def test_record_to_never_replaces_another_runs_record_or_the_users_files(tmp_path):
+  """``record_to`` receives train.json and metrics.jsonl: another run's workdir (its record
+  no longer matched its checkpoints) or files of those names that are not a training record
+  (the user's own) were overwritten, exit 0; now each is refused before anything loads,
+  untouched, while an earlier run's record there (an experiment's results folder) is replaced."""
+  work = str(tmp_path / "work")
+  other = tmp_path / "other_run"
+  (other / "checkpoints").mkdir(parents=True)
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "train.json").write_text('{"my": "notes"}')
+  loose = tmp_path / "loose"
+  loose.mkdir()
+  (loose / "metrics.jsonl").write_text("mine\n")
+  cases = ((other, "another training run's workdir"),
+           (mine, "holds a train.json that is not a training run's record"),
+           (loose, "holds a metrics.jsonl that is not a training run's record"))  # fmt: skip
+  for record_to, message in cases:
+    before = {q.name: q.is_dir() or q.read_text() for q in record_to.iterdir()}
+    c = _tiny_config(work)
+    c.record_to = str(record_to)
+    with pytest.raises(ValueError, match=f"config.record_to=.* {message}"):
+      train_task.run(c)
+    assert {q.name: q.is_dir() or q.read_text() for q in record_to.iterdir()} == before
+  (mine / "train.json").write_text('{"config": {}, "train_s": 1.0}')  # an earlier run's record
+  (mine / "metrics.jsonl").write_text("{}\n")
+  train_task.check_record_to(str(mine), work)
+  train_task.check_record_to(work, work)  # the run's own workdir
+
+
 def test_unfinished_self_distillation_is_rejected(tmp_path):
   (tmp_path / "shards").mkdir()
   c = _tiny_config(tmp_path / "run")

@@ -87,8 +87,7 @@ def check(config: ml_collections.ConfigDict) -> drafters.Family:
       )
   if record.saved.check_export is not None:
     record.saved.check_export(e.path, e.format, e.dtype, _given(e, record), FIELD)
-  if not e.out:
-    raise ValueError(f"{FIELD}.out is empty: name the directory to write.")
+  results.check_path_text(e.out, f"{FIELD}.out", "the directory to write")
   out, src = Path(e.out).resolve(), Path(e.path).resolve()
   if out == src or src in out.parents:
     raise ValueError(f"{FIELD}.out={e.out!r} is inside {FIELD}.path: write it elsewhere.")

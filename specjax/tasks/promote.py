@@ -24,7 +24,9 @@ from pathlib import Path
 
 import ml_collections
 
+from specjax import results
 from specjax.drafters import artifact
+from specjax.tasks import train
 
 FIELD = "config.promote"
 MANIFEST = "manifest.json"
@@ -63,8 +65,7 @@ def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
     artifact.check_tensors(draft / name, digest, f"{FIELD}.run")
   if p.get("dtype", "") not in ("", "bfloat16"):
     raise ValueError(f"{FIELD}.dtype={p.dtype!r} is unknown; choose '' (as saved) or 'bfloat16'.")
-  if not p.to:
-    raise ValueError(f"{FIELD}.to is empty: name the directory the drafter is decoded from.")
+  results.check_path_text(p.to, f"{FIELD}.to", "the directory the drafter is decoded from")
   to = Path(p.to)
   dest, source = to.resolve(), run.resolve()
   if dest == source or source in dest.parents:
@@ -74,6 +75,12 @@ def check(config: ml_collections.ConfigDict) -> tuple[Path, str, dict]:
     )
   if any(q.exists() and not q.is_dir() for q in dest.parents):
     raise ValueError(f"{FIELD}.to={p.to!r} lies under a file: choose a directory path.")
+  if train.is_run(dest.parent):
+    raise ValueError(
+      f"{FIELD}.to={p.to!r} lies in another training run's workdir ({str(to.parent)!r}): "
+      "promoting there would replace that run's own drafter; promote to a directory outside "
+      "any run (e.g. an experiment's drafter folder)."
+    )
   if to.exists():
     held = sorted(q.name for q in to.iterdir()) if to.is_dir() else [to.name]
     if held and (not to.is_dir() or _kind(to, f"{FIELD}.to", strict=False) != kind):

@@ -17,6 +17,7 @@ writes ``workdir/train.json``; with ``config.record_to`` set (an experiment's co
 """
 
 import dataclasses
+import json
 import logging
 import re
 import time
@@ -321,6 +322,37 @@ def check_workdir(workdir: str, *also: str) -> None:
 _DATA_STATE = re.compile(r"data_state\.\d+\.jsonl")  # a streamed run's position per process
 
 
+def is_run(directory) -> bool:
+  """Whether ``directory`` is a training run's workdir (its checkpoints or initial drafter)."""
+  return any((Path(directory) / name).is_dir() for name in ("checkpoints", "draft_init"))
+
+
+def check_record_to(record_to: str, workdir: str) -> None:
+  """``record_to`` receives the run's ``train.json`` and ``metrics.jsonl`` (an experiment's
+  committed results/<variant>/ that an earlier run recorded to is replaced): another run's
+  workdir, or files of those names that are not a training record, are refused, untouched."""
+  path = Path(record_to)
+  if not record_to or path.resolve() == Path(workdir).resolve() or not path.is_dir():
+    return
+  field = f"config.record_to={record_to!r}"
+  if is_run(path):
+    raise ValueError(
+      f"{field} is another training run's workdir: its train.json and metrics.jsonl would be "
+      "replaced; record to a new directory or an experiment's results folder."
+    )
+  record = path / "train.json"
+  try:
+    ours = not record.exists() or {"config", "train_s"} <= set(json.loads(record.read_text()))
+  except (OSError, ValueError, TypeError):
+    ours = False
+  if not ours or ((path / "metrics.jsonl").exists() and not record.exists()):
+    theirs = "train.json" if not ours else "metrics.jsonl"
+    raise ValueError(
+      f"{field} holds a {theirs} that is not a training run's record: it would be replaced; "
+      "record to a new directory (nothing there was touched)."
+    )
+
+
 def run(config: ml_collections.ConfigDict) -> dict:
   absl_logging.get_absl_handler().addFilter(_quiet_orbax)
   p = plan(config)
@@ -329,6 +361,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
   check_workdir(config.workdir, config.get("record_to") or "", config.get("profile") or "")
+  check_record_to(config.get("record_to") or "", config.workdir)
   with loop.workdir_lock(Path(config.workdir) if config.workdir else None):
     pass  # another run on this workdir is refused now, not after the set-up; train holds it
 
