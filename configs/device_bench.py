@@ -58,8 +58,7 @@ def get_config(arg: str = "full"):
   c.task = "device_bench"
   c.output_dir = "results/device_bench"
   c.drafter.draft_model.num_layers = 8
-  c.drafter.medusa.path = MEDUSA_HEADS
-  c.drafter.medusa.tree_spec = (3, 2, 2, 1)
+  c.drafter.medusa.path = MEDUSA_HEADS  # with the 4-node tree saved beside them
   c.drafter.eagle.path = EAGLE_DRAFTER
   c.drafter.eagle.update(top_k=4, depth=5, total=16)
   c.drafter.dflash.path = DFLASH_DRAFTER  # a 7-chain from blocks of 8 (experiments/block_smollm2)

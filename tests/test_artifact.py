@@ -97,8 +97,9 @@ def test_a_damaged_or_altered_drafter_file_is_refused_naming_it(saved, tmp_path)
 def test_a_drafter_of_the_other_kind_or_target_is_named_before_the_target_loads(saved, monkeypatch):
   """A directory of the other kind names the drafter.name to use; Medusa heads of another
   target are refused from the target's header (as EAGLE's are), naming both targets and the
-  fix; medusa.num_heads=0 is named as such, and so is a num_heads beside saved heads that is
-  neither the default nor theirs."""
+  fix; medusa.num_heads=0 is named as such, and so are a num_heads beside saved heads that is
+  neither the default nor theirs, and a tree_spec beside the tree saved with them (both were
+  ignored, exit 0)."""
   with pytest.raises(ValueError, match=r"holds medusa.json, not eagle.json: .*drafter.name=medusa"):
     _check("eagle", saved["medusa"])
   with pytest.raises(ValueError, match=r"holds eagle.json, not medusa.json: .*drafter.name=eagle"):
@@ -110,6 +111,15 @@ def test_a_drafter_of_the_other_kind_or_target_is_named_before_the_target_loads(
   message = r"medusa.num_heads=7 is for random weights .* own \(num_heads=2, from its files\)"
   with pytest.raises(ValueError, match=message):
     medusa.Medusa.check(c.drafter.medusa, c)
+  c = _config("medusa", path=str(saved["medusa"]), tree_spec=(1, 1))  # the saved tree decoded
+  message = (
+    r"medusa.tree_spec=\(1, 1\) would not decode: the heads at .* carry their own tree "
+    r"\(4 nodes\), .*set config.drafter.medusa.saved_tree=False to decode yours"
+  )
+  with pytest.raises(ValueError, match=message):
+    medusa.Medusa.check(c.drafter.medusa, c)
+  c.drafter.medusa.saved_tree = False
+  medusa.Medusa.check(c.drafter.medusa, c)
   wide = tiny.tiny_config(vocab_size=64, dim=48, num_layers=3, name="wide-target")
   monkeypatch.setattr(source, "peek", lambda c: SimpleNamespace(cfg=wide, tokenizer=None))
   message = (

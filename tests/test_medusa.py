@@ -273,5 +273,8 @@ def test_training_heads_raises_tau(tmp_path):
   acc = np.asarray(got["rank_accuracy"])
   assert acc.shape == (4, 3) and acc[0, 0] > acc[0, 2] and got["held_out_positions"] > 500
   chosen = next(r for r in got["budgets"] if r["nodes"] == got["chosen"])
+  with pytest.raises(ValueError, match=r"tree_spec=\(2, 2, 1\) would not decode: the heads"):
+    build.drafter(c, target)  # the config's tree beside the saved one (was ignored unsaid)
+  c.drafter.medusa.tree_spec = medusa.Medusa.config().tree_spec
   drafter, _ = build.drafter(c, target)
   assert drafter.tree.parents == tuple(chosen["parents"]) and drafter.num_nodes == got["chosen"]

@@ -9,7 +9,8 @@ task=specbench over Spec-Bench's subset of 65 (the first five questions of each 
 categories, first turns), 256 new tokens, greedy, batch 1, float32 (``dtype = auto`` on a CPU).
 Each question is answered by AR and by the three drafters one after the other, every drafter's
 tokens checked equal to AR's: prompt lookup (K = 4); the committed Medusa heads
-(experiments/medusa_smollm2/heads, tree (3, 2, 2, 1) plus prompt lookup's 4-token branch); the
+(experiments/medusa_smollm2/heads, their saved 4-node tree plus prompt lookup's 4-token branch;
+the recorded runs' config also gave tree_spec (3, 2, 2, 1), which the saved tree overrode); the
 committed EAGLE drafter (experiments/eagle_smollm2/drafter) with the tree budget the cost model
 picks for this machine (``total = auto`` over experiments/cost_model's measured grid: a 16-node
 tree reaches a higher τ, but verifying 16 float32 rows costs about 5 one-token forwards here,
@@ -37,7 +38,7 @@ VARIANTS = {  # name -> config.drafter overrides
   "prompt_lookup": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
   "medusa": {
     "name": "medusa",
-    "medusa": {"path": MEDUSA_HEADS, "tree_spec": (3, 2, 2, 1), "lookup": 4},
+    "medusa": {"path": MEDUSA_HEADS, "lookup": 4},  # the heads' saved tree
   },  # fmt: skip
   "eagle": {
     "name": "eagle",

@@ -7,10 +7,12 @@
 
 The config (task=sweep) decodes the training_free prompts (12, four categories), 64 new
 tokens, batch 1, greedy, with bfloat16 weights and caches: AR, prompt lookup (K = 4), the
-committed Medusa heads (tree (3, 2, 2, 1) + the 4-token lookup branch) and the committed EAGLE
-drafter (a 16-node EAGLE-2 tree of top-4, depth 6, + the lookup branch), each text compared with
-bfloat16 AR's. The same EAGLE and lookup variants in float32 are experiments/eagle_smollm2's
-``:sweep_lookup``. About 10 minutes here.
+committed Medusa heads (their saved 4-node tree + the 4-token lookup branch: the variant's name,
+medusa_3221_lookup4, is from a config that also gave tree_spec (3, 2, 2, 1), which the saved
+tree overrode unsaid, an error now; the recorded runs decoded the saved tree) and the committed
+EAGLE drafter (a 16-node EAGLE-2 tree of top-4, depth 6, + the lookup branch), each text
+compared with bfloat16 AR's. The same EAGLE and lookup variants in float32 are
+experiments/eagle_smollm2's ``:sweep_lookup``. About 10 minutes here.
 
     python -m specjax.run --config=experiments/verify_cost/config.py:one_shape
 
@@ -38,7 +40,7 @@ BF16_VARIANTS = {  # name -> config.drafter overrides; the EAGLE and lookup name
   "lookup_k4": {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 4}},
   "medusa_3221_lookup4": {
     "name": "medusa",
-    "medusa": {"path": MEDUSA_HEADS, "tree_spec": (3, 2, 2, 1), "lookup": 4},
+    "medusa": {"path": MEDUSA_HEADS, "lookup": 4},  # the heads' saved tree
   },
   "eagle_tree_4x6_16_lookup4": {
     "name": "eagle",

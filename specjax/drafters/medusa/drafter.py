@@ -48,6 +48,23 @@ def parse_tree(c: ml_collections.ConfigDict, field: str = FIELD) -> Tree:
     raise ValueError(f"{field}.{which}: {e}") from None
 
 
+def saved_tree(c: ml_collections.ConfigDict, meta: dict, field: str = FIELD) -> Tree | None:
+  """The tree saved with the heads (task=medusa_tree), when ``saved_tree`` picks it; a
+  ``tree_spec`` or ``tree_paths`` set beside it would not be what decodes: one error."""
+  if not (c.saved_tree and meta.get("tree")):
+    return None
+  tree, defaults = Tree(tuple(meta["tree"])), Medusa.config()
+  given = [f"{field}.{k}={tuple(c[k])}" for k in ("tree_spec", "tree_paths")
+           if tuple(c[k]) != tuple(defaults[k])]  # fmt: skip
+  if given:
+    raise ValueError(
+      f"{' and '.join(given)} would not decode: the heads at {field}.path={c.path!r} carry "
+      f"their own tree ({tree.num_nodes} nodes), used while saved_tree = True; "
+      f"set {field}.saved_tree=False to decode yours, or remove it to decode theirs."
+    )
+  return tree
+
+
 @dataclasses.dataclass(frozen=True)
 class Medusa(static_tree.OnStaticTree, DrafterBase):
   """Medusa heads drafting a static tree; params from ``load`` or ``init_heads`` plus
@@ -105,8 +122,7 @@ class Medusa(static_tree.OnStaticTree, DrafterBase):
     elif c.path:
       meta = read_meta(c.path)
       num_heads = meta["heads"]["num_heads"]
-      if c.saved_tree and meta.get("tree"):
-        tree = Tree(tuple(meta["tree"]))
+      tree = saved_tree(c, meta) or tree
       target = source.peek(config.target)  # its header: a mismatch shows before weights load
       if target is not None:
         heads = meta["heads"]
@@ -136,8 +152,7 @@ class Medusa(static_tree.OnStaticTree, DrafterBase):
     tree = parse_tree(c)
     if c.path:
       heads, params, meta = load(c.path, target, c.get("format", "auto"))
-      if c.saved_tree and meta.get("tree"):
-        tree = Tree(tuple(meta["tree"]))
+      tree = saved_tree(c, meta) or tree
     else:
       heads = HeadsConfig(target.cfg.dim, c.num_heads, target.cfg.vocab_size, target.cfg.vocab_size)
       vocab_ids = np.arange(target.cfg.vocab_size, dtype=np.int32)
