@@ -72,6 +72,7 @@ from experiments.medusa_smollm2.variants import (
   WORKDIR_SD,
   grown_paths,
 )
+from specjax.drafters import medusa
 from specjax.tasks import promote
 from specjax.train import objectives
 
@@ -115,18 +116,26 @@ def _promote(c, name: str) -> None:
   c.promote.run, c.promote.to = PROMOTE[name]
 
 
+def _saved_tree(c) -> None:
+  """Decode ``HEADS`` with the tree saved beside them (step 3's): the training run's tree_spec
+  set beside it would be an error."""
+  c.drafter.medusa.tree_spec = medusa.Medusa.config().tree_spec
+
+
 def _tree(c, name: str) -> None:
   """Step 3: the tree grown from ``HEADS``' accuracy on step 2's held-out rows."""
   _continued_data(c, "self_distilled")
   c.task = "medusa_tree"
   c.output_dir = RESULTS
   c.drafter.medusa.path = HEADS
+  _saved_tree(c)
 
 
 def _benchmark(c, name: str) -> None:
   c.task = "benchmark"
   c.output_dir = f"{RESULTS}/benchmark"
   c.drafter.medusa.path = HEADS
+  _saved_tree(c)
 
 
 def _sweep(c, name: str) -> None:
