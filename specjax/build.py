@@ -19,6 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import decode, drafters, parallel, placement, precision, results, sampling, verify
+from specjax.drafters.base import is_integer
 from specjax.models import llama, source, tiny
 from specjax.models.source import Model
 
@@ -71,12 +72,30 @@ def check(config: ml_collections.ConfigDict) -> None:
   rows = config.get("forward_rows", "auto")
   if rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
     raise ValueError(f"config.forward_rows must be auto or an integer >= 0 (0: off), got {rows!r}.")
+  most = config.drafter.max_nodes + 1  # the root and a step's nodes and extras at most
+  if rows != "auto" and rows > most:
+    raise ValueError(
+      f"config.forward_rows={rows} is more than the most rows a step's target forward verifies, "
+      f"config.drafter.max_nodes + 1 = {most} (root, nodes, extras): rows past those are only "
+      f"padding. Use at most {most} (or raise config.drafter.max_nodes), 0, or auto."
+    )
   for i, p in enumerate(config.get("prompts", ())):
+    if not isinstance(p, (str, int, float, list, tuple)):  # e.g. --config.prompts='(None,)'
+      raise ValueError(
+        f"config.prompts[{i}] is {p!r}: each prompt is a text or a list of token ids, e.g. "
+        "--config.prompts='(\"Hello\",)' or --config.prompts='((1, 2, 3),)'."
+      )
     if isinstance(p, (int, float)):  # --config.prompts=(1,2,3): three "prompts" of one id
       raise ValueError(
         f"config.prompts[{i}] is the number {p!r}: each prompt is a text or a list of token "
         f"ids, so one prompt of ids is a tuple inside the tuple, e.g. --config.prompts='(({p}, "
         "2, 3),)'."
+      )
+    bad = [] if isinstance(p, str) else [t for t in p if not is_integer(t)]
+    if bad:
+      raise ValueError(
+        f"config.prompts[{i}] has an entry {bad[0]!r} that is not a token id: a prompt of ids "
+        "lists integers, e.g. --config.prompts='((1, 2, 3),)'."
       )
     if isinstance(p, str):
       try:
@@ -100,6 +119,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     results.check_writable(config.record_to, "config.record_to")
   _check_text_prompts_have_a_tokenizer(config)
   check_request(config)
+  if config.get("task") == "generate" and config.get("output_dir") and mesh(config) is not None:
+    results.check_writable(config.output_dir, "config.output_dir")  # its rows go there
 
 
 OWN_PROMPTS = ("self_distill", "specbench")  # tasks with prompts of their own, not config.prompts
@@ -187,7 +208,7 @@ def note_top_k(top_k: int, vocab_size: int) -> None:
 
 def check_integer(value, field: str, least: int, what: str = "") -> None:
   """``value`` is an integer >= ``least`` (not a bool); else a ValueError naming ``field``."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < least:
+  if not is_integer(value) or value < least:
     said = f" ({what})" if what else ""
     raise ValueError(f"{field} must be an integer >= {least}{said}, got {value!r}.")
 
@@ -199,16 +220,17 @@ def check_lengths(config: ml_collections.ConfigDict) -> None:
     check_integer(config[name], f"config.{name}", 1, what)
 
 
-def header_config(c: ml_collections.ConfigDict):
-  """The target's sizes without its weights: the file's header, or a random model's fields."""
+def header_config(c: ml_collections.ConfigDict, field: str = "config.target"):
+  """The sizes of the model section ``c`` (``field``: the target's, or a draft model's) without
+  its weights: the file's header, or a random model's fields."""
   model = source.peek(c)
   if model is not None:
     return model.cfg
   keys = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim", "name")
   try:
     return tiny.tiny_config(**{k: c[k] for k in keys})
-  except ValueError as e:  # a random target's sizes are the config's fields: name them so
-    raise ValueError(str(e).replace("ModelConfig.", "config.target.")) from None
+  except ValueError as e:  # a random model's sizes are the config's fields: name them so
+    raise ValueError(str(e).replace("ModelConfig.", f"{field}.")) from None
 
 
 def mesh(config: ml_collections.ConfigDict):
@@ -309,6 +331,11 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
     from specjax import costmodel  # times forwards on this machine
 
     d = costmodel.auto(config, target, d, params, forward_rows=lambda o: forward_rows(config, o))
+  rows = config.get("forward_rows", "auto")
+  try:
+    decode.check_forward_rows(0 if rows == "auto" else rows, d)
+  except ValueError as e:  # named as the config's field, before anything compiles
+    raise ValueError(f"config.{e}") from None
   return d, params
 
 

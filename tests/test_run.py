@@ -346,6 +346,56 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"target.logit_std": float("nan")}, r"target.logit_std must be a finite number >= 0, got"),
     # A random target's sizes are named as the config's fields (were ModelConfig's).
     ({"target.num_kv_heads": 3}, r"^config.target.num_heads \(2\) must be a multiple of num_kv"),
+    # An integer field given a float or a bool (was a TypeError after the target loaded, or a
+    # bool decoded as 1).
+    (
+      {"drafter.name": "prompt_lookup", "drafter.prompt_lookup.num_draft": 4.0},
+      r"config.drafter.prompt_lookup.num_draft \(K\) must be an integer >= 1, got 4.0",
+    ),
+    (
+      {"drafter.name": "prompt_lookup", "drafter.prompt_lookup.num_draft": True},
+      r"config.drafter.prompt_lookup.num_draft \(K\) must be an integer >= 1, got True",
+    ),
+    (
+      {"drafter.draft_model.num_draft": 4.0},
+      r"config.drafter.draft_model.num_draft \(K\) must be an integer >= 1, got 4.0",
+    ),
+    ({"drafter.draft_model.num_draft": True}, r"draft_model.num_draft \(K\) must .* got True"),
+    (
+      {"drafter.name": "eagle", "drafter.eagle.total": 12.0},
+      r"config.drafter.eagle.total must be an integer >= 1 .*, got 12.0",
+    ),
+    (
+      {
+        "drafter.name": "eagle",
+        "drafter.eagle.total": True,
+        "drafter.eagle.depth": 1,
+        "drafter.eagle.top_k": 1,
+      },
+      r"config.drafter.eagle.total must be an integer >= 1 .*, got True",
+    ),  # fmt: skip
+    ({"prompts": (None,)}, r"config.prompts\[0\] is None: each prompt is a text or a list of"),
+    ({"prompts": ((1, None),)}, r"config.prompts\[0\] has an entry None that is not a token id"),
+    # A trained drafter's path, before the target loads.
+    ({"drafter.name": "eagle"}, r"config.drafter.eagle.path is empty: EAGLE decodes with a"),
+    ({"drafter.name": "peagle"}, r"config.drafter.peagle.path is empty: P-EAGLE decodes with"),
+    # The draft model's own sizes and its budget, before the target loads.
+    (
+      {"drafter.draft_model.source": "model", "drafter.draft_model.model.num_heads": 0},
+      r"config.drafter.draft_model.model.num_heads",
+    ),
+    (
+      {"drafter.draft_model.source": "model", "drafter.draft_model.model.vocab_size": 256},
+      r"config.drafter.draft_model.model.vocab_size=256 differs from the target's 64",
+    ),
+    (
+      {"drafter.draft_model.num_draft": 40},
+      r"config.drafter.draft_model.num_draft=40 is more than config.drafter.max_depth=16",
+    ),
+    (
+      {"forward_rows": 1_000_000},
+      r"config.forward_rows=1000000 is more than .* config.drafter.max_nodes \+ 1 = 65",
+    ),
   ],
 )
 def test_bad_config_fails_before_anything_loads(small_config, tmp_path, override, message):
@@ -376,6 +426,79 @@ def test_a_batch_too_large_for_memory_is_refused_before_its_prompts_are_made(
   small_config.batch_size = 2  # and a batch that fits makes its prompts, checked
   build.check(small_config)
   assert made
+
+
+@pytest.mark.parametrize(
+  "output_dir, message",
+  [("FILE", r"config.output_dir=.*' is a file"), ("/proc/specjax-out", "is not writable"),
+   ("~/gen", r"starts with ~, .*config.output_dir=\$HOME/gen")],
+)  # fmt: skip
+def test_generate_on_a_mesh_checks_the_output_dir_it_writes(
+  small_config, tmp_path, monkeypatch, output_dir, message
+):
+  """task=generate on a mesh writes its rows to output_dir: checked first (a file there was a
+  FileExistsError after decoding, and ~ a literal directory); without a mesh it writes nothing
+  there, so nothing is checked."""
+  (tmp_path / "file").write_text("")
+  c = small_config
+  c.update(
+    task="generate", output_dir=str(tmp_path / "file") if output_dir == "FILE" else output_dir
+  )
+  build.check(c)  # one device: no rows written
+  two = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "tensor": 1})
+  monkeypatch.setattr(build, "mesh", lambda config: two)
+  with pytest.raises(ValueError, match=message):
+    build.check(c)
+
+
+def test_forward_rows_below_the_drafters_rows_is_named_before_compiling(small_config):
+  c = small_config
+  c.update(forward_rows=3)
+  c.drafter.name = "prompt_lookup"  # K = 4: 5 rows per step
+  build.check(c)
+  with pytest.raises(ValueError, match=r"^config.forward_rows=3 is fewer than the 5 rows"):
+    build.drafter(c, build.target(c))
+
+
+@pytest.mark.parametrize(
+  "num_draft, message",
+  [(-1, r"^config.peers.num_draft must be an integer >= 1 .*got -1"),
+   (0, r"^config.peers.num_draft must be an integer >= 1 .*got 0"),
+   (20, r"^config.peers.num_draft=20 is more than config.drafter.max_depth=16")],
+)  # fmt: skip
+def test_peers_num_draft_is_checked_before_anything_loads(num_draft, message):
+  """(-1 failed after loading the HF models, with transformers' own message.)"""
+  from experiments.peers import config as peers_config
+  from specjax.tasks import peers
+
+  c = peers_config.get_config()
+  c.peers.num_draft = num_draft
+  with pytest.raises(ValueError, match=message):
+    peers.check(c)
+
+
+def test_verify_sizes_beyond_memory_are_refused_before_the_target_loads(
+  small_config, tmp_path, monkeypatch
+):
+  """(1, 1e9) was an out-of-memory traceback after compiling."""
+  monkeypatch.setattr(build, "target", lambda config: 1 / 0)  # nothing may load
+  c = small_config
+  c.update(task="verify_cost", output_dir=str(tmp_path))
+  c.sweep = config_dict.ConfigDict({"verify_sizes": (1, 1_000_000_000)})
+  with pytest.raises(ValueError, match=r"verify forward .* \(config.sweep.verify_sizes"):
+    sweep.run_verify_cost(c)
+  c.sweep.update(
+    categories={"code": ((1, 2, 3),)}, variants={"l": {"name": "prompt_lookup"}}, batch_sizes=(1,)
+  )
+  with pytest.raises(ValueError, match=r"verify forward .* \(config.sweep.verify_sizes"):
+    sweep.check(c)
+
+
+def test_max_len_sizes_listed_twice_are_refused(small_config, monkeypatch):
+  monkeypatch.setattr(build, "target", lambda config: 1 / 0)  # nothing may load
+  small_config.max_len_sweep = config_dict.ConfigDict({"sizes": (40, 40)})
+  with pytest.raises(ValueError, match=r"config.max_len_sweep.sizes=\(40, 40\) lists 40 twice"):
+    max_len.run(small_config)
 
 
 def test_sweep_resumed_over_a_damaged_sweep_json_names_it(small_config, tmp_path):
@@ -437,6 +560,9 @@ def test_sweep_variant_with_a_misspelt_field_is_named(small_config, variant, fie
     ("batch_sizes", (), r"config.sweep.batch_sizes=\(\) must list"),  # failed after measuring
     ("draft_ar", "lookupp", r"config.sweep.draft_ar='lookupp' must name a draft_model variant"),
     ("draft_ar", "lookup", r"draft_ar='lookup' must name a draft_model variant .*\(k2, lookup\)"),
+    ("temperatures", (1e999,), r"config.sweep.temperatures=\(inf,\) must be finite numbers >= 0"),
+    ("temperatures", (True,), r"config.sweep.temperatures=\(True,\) must be finite numbers"),
+    ("temperatures", (0.0, 0.5, 0.0), r"config.sweep.temperatures=.* lists 0.0 twice"),
   ],
 )
 def test_sweep_sizes_and_draft_ar_are_checked_first(small_config, field, value, message):
@@ -448,6 +574,27 @@ def test_sweep_sizes_and_draft_ar_are_checked_first(small_config, field, value, 
   c.sweep.draft_ar = "k2"
   sweep.check(c)
   c.sweep[field] = value
+  with pytest.raises(ValueError, match=message):
+    sweep.check(c)
+
+
+@pytest.mark.parametrize(
+  "variant, message",
+  [
+    ({"name": "hydra"}, r"^config.sweep.variants\['l'\].name='hydra' is unknown"),
+    (
+      {"name": "prompt_lookup", "prompt_lookup": {"num_draft": 0}},
+      r"^config.sweep.variants\['l'\].prompt_lookup.num_draft \(K\) must be an integer >= 1",
+    ),
+    ({"name": "prompt_lookup", "verifier": "lenient"}, r"^config.sweep.variants\['l'\].verifier="),
+  ],
+)
+def test_a_bad_sweep_variant_is_named_as_the_variant(small_config, variant, message):
+  c = small_config
+  c.sweep = config_dict.ConfigDict()
+  c.sweep.categories = {"code": ((1, 2, 3),)}
+  c.sweep.batch_sizes = (1,)
+  c.sweep.variants = {"l": variant}
   with pytest.raises(ValueError, match=message):
     sweep.check(c)
 
@@ -536,6 +683,10 @@ def test_locked_config_rejects_new_keys():
     (dict(name="prompt_lookup", prompt_lookup=dict(max_ngram=64)), "max_ngram=64"),
     (dict(name="lookahead", lookahead=dict(num_candidates=0)), "num_candidates"),
     (dict(name="lookahead", lookahead=dict(pool_size=2)), "pool_size=2"),
+    (  # was an out-of-memory traceback after compiling
+      dict(name="lookahead", lookahead=dict(pool_size=1_000_000_000)),
+      "config.drafter.lookahead.pool_size=1000000000: the n-gram pools of config.batch_size=2",
+    ),
   ],
 )
 def test_bad_tree_drafter_config(small_config, overrides, message):

@@ -140,6 +140,7 @@ def _benchmark(c, name: str) -> None:
 
 def _sweep(c, name: str) -> None:
   pick, categories, how = SWEEPS[name]
+  _saved_tree(c)  # variants that give only a path decode the heads' saved tree
   c.temperature = how.get("temperature", c.temperature)
   held_out.sweep_on(c, f"{RESULTS}/{name}", categories, pick(), how.get("batch_sizes", (1,)),
                     log_likelihood=how.get("log_likelihood", False))  # fmt: skip

@@ -32,12 +32,14 @@ drafter and its params once the target is loaded. ``specjax.drafters`` keeps the
 """
 
 import dataclasses
+import numbers
 from pathlib import Path
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import struct
 
 from specjax.drafters.curves import read_cost_model
@@ -315,7 +317,18 @@ def check_auto_from(c, field: str, holds: str, config, knob: str = "num_draft") 
   return target.cfg.name if target is not None else config.target.get("name", "")
 
 
+# Tasks that decode with ``config.drafter`` itself (the others decode their own variants, train
+# the drafter, or do not decode): there a trained drafter's empty path is an error up front.
+DECODES_CONFIG_DRAFTER = ("generate", "benchmark", "max_len", "feature_cost", "losslessness")
+
+
+def is_integer(value) -> bool:
+  """An integer (numpy's too), not a bool or a float: a float (4.0) fails where it is a shape,
+  and a bool (True) would be taken as 1."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
-  if not isinstance(num_draft, (int, float)) or int(num_draft) != num_draft or num_draft < low:
+  if not is_integer(num_draft) or num_draft < low:
     hint = "; use K = 0 for autoregressive decoding" if low == 0 else ""
     raise ValueError(f"{field} (K) must be an integer >= {low}, got {num_draft}{hint}.")

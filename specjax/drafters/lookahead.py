@@ -72,6 +72,29 @@ class Lookahead(TokensOnly):
     return c
 
   @classmethod
+  def check(cls, c, config):
+    """Also the pool every row holds against a device's memory (a huge pool_size ran out of
+    memory after compiling)."""
+    from specjax import placement
+
+    d = super().check(c, config)
+    pool = 4 * config.batch_size * d.pool_size * d.ngram  # int32 keys and continuations
+    try:
+      placement.check_fits(placement.footprint({"lookahead pools": pool}, {}),
+                           config.get("device_memory_gib", 0.0))  # fmt: skip
+    except ValueError as e:
+      most = d.window * config.max_len  # each step adds at most W n-grams, a row < max_len steps
+      text = str(e)  # "... total X MiB, more than Y GiB (...): lower ..."
+      over = text[text.find("more than") :].split(": lower")[0] if "more than" in text else text
+      raise ValueError(
+        f"config.drafter.lookahead.pool_size={d.pool_size}: the n-gram pools of "
+        f"config.batch_size={config.batch_size} rows take {pool / 2**30:.3g} GiB, {over}. A row "
+        f"never adds more than {most} n-grams (window={d.window} per step, fewer than "
+        f"config.max_len={config.max_len} steps): lower pool_size (at most {most}) or batch_size."
+      ) from None
+    return d
+
+  @classmethod
   def build(cls, c, config, target):
     return cls(c.window, c.ngram, c.num_candidates, c.pool_size), None
 

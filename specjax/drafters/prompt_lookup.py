@@ -40,6 +40,7 @@ from specjax.drafters.base import (
   TokensOnly,
   check_auto_from,
   check_num_draft,
+  is_integer,
   verify_forward,
 )
 from specjax.models.cache import gather_rows
@@ -63,7 +64,7 @@ class PromptLookup(TokensOnly):
         f"prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
         f"max_ngram={self.max_ngram}."
       )
-    if int(self.num_branches) != self.num_branches or self.num_branches < 1:
+    if not is_integer(self.num_branches) or self.num_branches < 1:
       raise ValueError(f"num_branches must be an integer >= 1, got {self.num_branches}.")
 
   @staticmethod
@@ -80,6 +81,10 @@ class PromptLookup(TokensOnly):
 
   @classmethod
   def check(cls, c, config):
+    from specjax import build  # imports the drafters
+
+    for f in ("max_ngram", "min_ngram", "num_branches"):
+      build.check_integer(c[f], f"{FIELD}.{f}", 1)
     if c.num_draft == "auto":
       if c.num_branches != 1:
         raise ValueError(f"{FIELD}.num_draft='auto' picks a chain: set num_branches = 1.")
@@ -111,6 +116,8 @@ class PromptLookup(TokensOnly):
         f"{FIELD}.num_draft={c.num_draft!r}: an integer K >= 1, or 'auto' (with auto_from) to "
         "pick K and min_ngram for this machine."
       )
+    else:
+      check_num_draft(c.num_draft, f"{FIELD}.num_draft", low=1)
     return super().check(c, config)
 
   @classmethod
@@ -200,8 +207,10 @@ def add_branch_fields(c: ml_collections.ConfigDict) -> None:
 
 
 def check_branch_fields(c: ml_collections.ConfigDict, field: str) -> None:
-  if int(c.lookup) != c.lookup or c.lookup < 0:
-    raise ValueError(f"{field}.lookup must be an integer >= 0 (0 = no lookup branch).")
+  if not is_integer(c.lookup) or c.lookup < 0:
+    raise ValueError(
+      f"{field}.lookup must be an integer >= 0 (0 = no lookup branch), got {c.lookup!r}."
+    )
   if c.lookup and not 1 <= c.lookup_min_ngram <= BRANCH_MAX_NGRAM:
     raise ValueError(
       f"{field}.lookup_min_ngram={c.lookup_min_ngram} must be in [1, {BRANCH_MAX_NGRAM}]."

@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from specjax import build, costmodel, metrics, results
+from specjax import build, costmodel, decode, metrics, placement, results
 from specjax.decode import generate
 from specjax.drafters import default_config as drafter_defaults
 from specjax.measure import timing
@@ -58,6 +58,7 @@ SAME_DECODING = ("target", "drafter", "sweep", "max_new_tokens", "max_len", "tem
                  "typical", "benchmark", "forward_rows")  # fmt: skip
 # Their values in records written before the field existed.
 BEFORE_FIELD = {"forward_rows": 0}
+VERIFY_CONTEXT = 128  # cached tokens before each timed verify forward (verify_cost)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -182,6 +183,22 @@ def check_sizes(sizes, field: str, verify: bool = False) -> None:
     raise ValueError(f"{field}={sizes} must list one or more batch sizes >= 1, e.g. (1, 4).")
 
 
+def check_verify_fits(config: ml_collections.ConfigDict, sizes, context: int = VERIFY_CONTEXT):
+  """``verify_cost``'s largest forward against a device's memory, from the target's header:
+  its weights, a cache of the slots it times (``verify_cost``), and the forward's logits and
+  attention scores."""
+  cfg = build.header_config(config.target)
+  t, slots = max(sizes), max(config.max_len, context) + max(sizes) + 1
+  one = {"data": 1, "fsdp": 1, "tensor": 1}
+  weights = llama.param_shapes(cfg, build.dtype(config))
+  fp = decode.footprint(cfg, weights, decode.AUTOREGRESSIVE, None, 1, slots, one)
+  fp.parts["verify forward's logits and scores"] = 4 * t * (cfg.vocab_size + cfg.num_heads * slots)
+  try:
+    placement.check_fits(fp, config.get("device_memory_gib", 0.0))
+  except ValueError as e:
+    raise ValueError(f"a verify forward of {t} tokens: {e} (config.sweep.verify_sizes)") from None
+
+
 def check(config: ml_collections.ConfigDict) -> dict:
   """The variants' configs (name -> config), every field checked before any model loads."""
   variants = {
@@ -197,18 +214,43 @@ def check(config: ml_collections.ConfigDict) -> dict:
   check_sizes(config.sweep.get("batch_sizes"), "config.sweep.batch_sizes")
   if config.sweep.get("verify_sizes"):
     check_sizes(config.sweep.verify_sizes, "config.sweep.verify_sizes", verify=True)
+    check_verify_fits(config, config.sweep.verify_sizes)
   draft_ar = config.sweep.get("draft_ar")
   if draft_ar and (draft_ar not in variants or variants[draft_ar].drafter.name != "draft_model"):
     raise ValueError(
       f"config.sweep.draft_ar={draft_ar!r} must name a draft_model variant of config.sweep."
       f"variants ({', '.join(variants)}), or be empty."
     )
-  for c in variants.values():
-    build.check(c)
   temperatures = tuple(config.sweep.get("temperatures") or (config.temperature,))
-  if any(not isinstance(t, (int, float)) or t < 0 for t in temperatures):
-    raise ValueError(f"config.sweep.temperatures={temperatures} must be numbers >= 0 (0 = greedy).")
+  if any(isinstance(t, bool) or not isinstance(t, (int, float)) for t in temperatures) or not all(
+    0 <= t < float("inf") for t in temperatures
+  ):
+    raise ValueError(
+      f"config.sweep.temperatures={temperatures} must be finite numbers >= 0 (0 = greedy)."
+    )
+  if twice := [t for i, t in enumerate(temperatures) if t in temperatures[:i]]:
+    raise ValueError(
+      f"config.sweep.temperatures={temperatures} lists {twice[0]} twice (every job would run "
+      "twice): list each temperature once."
+    )
+  for name, c in variants.items():
+    try:
+      build.check(c)
+    except ValueError as e:
+      raise ValueError(_variants_error(str(e), name, config.sweep.variants[name])) from None
   return variants
+
+
+def _variants_error(message: str, name: str, overrides) -> str:
+  """A variant's error naming the variant's field: a variant's keys are config.drafter's, so
+  config.drafter.X is config.sweep.variants[name].X; config.verifier and config.typical are the
+  variant's where it sets them. Errors of the rest of the config are left as they are."""
+  where = f"config.sweep.variants[{name!r}]"
+  message = message.replace("config.drafter.", f"{where}.")
+  for key in VERIFIER_KEYS:
+    if key in overrides:
+      message = message.replace(f"config.{key}", f"{where}.{key}")
+  return message
 
 
 def run(config: ml_collections.ConfigDict) -> dict:
@@ -455,7 +497,12 @@ def _summary(runs: list[dict]) -> list[dict]:
 
 
 def verify_cost(
-  target, sizes, max_len: int, context: int = 128, repeats: int = 9, mask: str = "causal"
+  target,
+  sizes,
+  max_len: int,
+  context: int = VERIFY_CONTEXT,
+  repeats: int = 9,
+  mask: str = "causal",
 ) -> list[dict]:
   """Milliseconds for one batch-1 target forward over T new tokens after ``context`` cached
   ones, per T in ``sizes``: what a T-node chain (``mask="causal"``) or tree (``"tree"``) costs
@@ -476,6 +523,7 @@ def run_verify_cost(config: ml_collections.ConfigDict) -> list[dict]:
   """task=verify_cost: only the forward-cost table of ``sweep.verify_sizes``; writes JSON."""
   build.check(config)  # the output directory and lengths too, before the timing
   check_sizes(config.sweep.get("verify_sizes"), "config.sweep.verify_sizes", verify=True)
+  check_verify_fits(config, config.sweep.verify_sizes)
   target = build.target(config)
   rows = verify_cost(target, config.sweep.verify_sizes, config.max_len)
   print(results.table(rows, ("tokens", "ms", "vs_1_token")))

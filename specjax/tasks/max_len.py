@@ -28,6 +28,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   sizes = tuple(sizes) if isinstance(sizes, (tuple, list)) else (sizes,)
   if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in sizes):
     raise ValueError(f"config.max_len_sweep.sizes must be integers >= 2, got {sizes}.")
+  if twice := [v for i, v in enumerate(sizes) if v in sizes[:i]]:
+    raise ValueError(f"config.max_len_sweep.sizes={sizes} lists {twice[0]} twice: list each once.")
   for size in sizes:
     c = copy.deepcopy(config)
     with c.unlocked():

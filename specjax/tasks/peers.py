@@ -49,7 +49,14 @@ def chosen_modes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-  d = config.drafter.draft_model
+  d, k = config.drafter.draft_model, config.peers.num_draft
+  build.check_integer(k, "config.peers.num_draft", 1, "K, the tokens every drafting mode drafts")
+  if k > config.drafter.max_depth:
+    raise ValueError(
+      f"config.peers.num_draft={k} is more than config.drafter.max_depth="
+      f"{config.drafter.max_depth} (the most draft tokens a step may accept): lower num_draft "
+      "or raise max_depth."
+    )
   unknown = set(config.peers.get("modes", MODES)) - set(MODES)
   if unknown:
     raise ValueError(

@@ -77,12 +77,32 @@ class DraftModel(DrafterBase):
       except ValueError as e:
         raise ValueError(f"{e} Or 'auto' (with auto_from) to pick K for this machine.") from None
     source.choice(c.source, ("truncate", "model"), "drafter.draft_model.source")
+    from specjax import build  # imports the drafters
+
+    # The sizes from the files' headers (or a random model's fields), before any weights load.
+    target = build.header_config(config.target)
     if c.source == "model":
       source.check(c.model, "drafter.draft_model.model")
-    else:  # the target's layer count from its file's header (or a random target's field)
-      target = source.peek(config.target)
-      _check_truncation(c.num_layers, (target.cfg if target else config.target).num_layers)
-    return None  # its sizes are known once the model is loaded
+      dcfg = build.header_config(c.model, f"{FIELD}.model")
+      if dcfg.vocab_size != target.vocab_size:
+        given = f".vocab_size={dcfg.vocab_size}" if c.model.source == "random" else (
+          f" ({dcfg.name!r}) has a vocab_size of {dcfg.vocab_size}, which")  # fmt: skip
+        raise ValueError(
+          f"{FIELD}.model{given} differs from the target's {target.vocab_size}: a draft model "
+          "must share the target's tokenizer; pick one of the target's model family."
+        )
+    else:
+      _check_truncation(c.num_layers, target.num_layers)
+      dcfg = dataclasses.replace(target, num_layers=c.num_layers)
+    if c.num_draft == "auto":
+      return None  # K is picked once the models load
+    if c.num_draft > config.drafter.max_depth:
+      raise ValueError(
+        f"{FIELD}.num_draft={c.num_draft} is more than config.drafter.max_depth="
+        f"{config.drafter.max_depth} (the most draft tokens a step may accept): lower num_draft "
+        "or raise max_depth."
+      )
+    return cls(dcfg, c.num_draft)  # its step budget is checked too
 
   @classmethod
   def build(cls, c, config, target: source.Model):

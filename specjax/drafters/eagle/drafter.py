@@ -16,6 +16,7 @@ from ml_collections import config_dict
 from specjax import indexing, sampling
 from specjax.drafters import curves, prompt_lookup
 from specjax.drafters.base import (
+  DECODES_CONFIG_DRAFTER,
   Draft,
   DraftContext,
   DrafterBase,
@@ -48,6 +49,11 @@ from specjax.models.config import ModelConfig
 from specjax.trees import Tree
 
 # --- the drafter ------------------------------------------------------------------------------
+
+_NO_PATH = (
+  f"{FIELD}.path is empty: EAGLE decodes with a trained drafter (task=train with "
+  "objective.name=eagle writes one into workdir/draft_final); set path to its directory."
+)
 
 
 @struct.dataclass
@@ -139,11 +145,17 @@ class Eagle(DrafterBase):
         "pick the tree budget for this machine."
       )
     else:
+      from specjax import build  # imports the drafters
+
+      for f in ("top_k", "depth", "total"):  # a float fails in the compile, True is taken as 1
+        build.check_integer(c[f], f"{FIELD}.{f}", 1, "nodes" if f == "total" else "")
       check_shape(c.top_k, c.depth, c.total)
     from specjax.drafters.eagle import formats
 
     fmt = c.get("format", "auto")
-    if not c.path:  # task=train decodes with the drafter it trains
+    if not c.path:
+      if config.get("task") in DECODES_CONFIG_DRAFTER:  # train decodes the drafter it trains
+        raise ValueError(_NO_PATH)
       if fmt not in formats.FORMATS:
         raise ValueError(f"{FIELD}.format={fmt!r} is unknown; choose one of {formats.FORMATS}.")
       return None
@@ -163,10 +175,7 @@ class Eagle(DrafterBase):
   @classmethod
   def build(cls, c, config, target):
     if not c.path:
-      raise ValueError(
-        f"{FIELD}.path is empty: EAGLE decodes with a trained drafter (task=train with "
-        "objective.name=eagle writes one into workdir/draft_final)."
-      )
+      raise ValueError(_NO_PATH)
     cfg, params, _ = load(c.path, target, c.get("format", "auto"))
     sampled = sampled_candidates(c, FIELD)
     # total = "auto": set by build.drafter

@@ -14,6 +14,7 @@ from flax import struct
 from specjax import indexing
 from specjax.drafters import prompt_lookup, static_tree
 from specjax.drafters.base import (
+  DECODES_CONFIG_DRAFTER,
   DraftContext,
   DrafterBase,
   Forward,
@@ -33,6 +34,11 @@ from specjax.models.cache import KVCache, gather_rows
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingParams
 from specjax.trees import Tree
+
+_NO_PATH = (
+  f"{FIELD}.path is empty: P-EAGLE decodes with a trained drafter (task=train with "
+  "objective.name=peagle writes one into workdir/draft_final); set path to its directory."
+)
 
 
 def parse_tree(c: ml_collections.ConfigDict, num_depths: int, field: str = FIELD) -> Tree:
@@ -89,6 +95,8 @@ class PEagle(static_tree.OnStaticTree, DrafterBase):
     prompt_lookup.check_branch_fields(c, FIELD)
     static_tree.check_auto(c, config, FIELD, "peagle")
     if not c.path:  # task=train decodes with the drafter it trains (its depth checks the tree)
+      if config.get("task") in DECODES_CONFIG_DRAFTER:
+        raise ValueError(_NO_PATH)
       return
     target = source.peek(config.target)  # its header: a mismatch shows before the weights load
     if target is not None:
@@ -102,10 +110,7 @@ class PEagle(static_tree.OnStaticTree, DrafterBase):
   @classmethod
   def build(cls, c, config, target):
     if not c.path:
-      raise ValueError(
-        f"{FIELD}.path is empty: P-EAGLE decodes with a trained drafter (task=train with "
-        "objective.name=peagle writes one into workdir/draft_final)."
-      )
+      raise ValueError(_NO_PATH)
     cfg, params, _ = layouts.load(c.path, target, c.format)
     d = cls(cfg, parse_tree(c, cfg.num_depths), sampled_candidates(c, FIELD),
             prompt_lookup.branch(c))  # fmt: skip
