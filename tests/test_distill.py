@@ -366,6 +366,37 @@ def test_bad_directory_and_config_are_clear_errors(model, prompts, tmp_path):
     self_distill_smollm2.get_config("huge")
 
 
+@pytest.mark.parametrize(
+  "variant, change, message",
+  [
+    (  # said "prompt 0 has 15 tokens + max_new_tokens 16 > max_len 20", of generated prompts
+      "tiny",
+      {"max_len": 20},
+      r"^config.distill.prompt_max_tokens=16 \+ config.max_new_tokens=16 > config.max_len=20",
+    ),
+    ("tiny", {"distill.capture_layers": (99,)}, r"^config.distill.capture_layers=\(99,\) .*\[0, "),
+    (
+      "greedy",
+      {"distill.sources": ("nosuch",)},
+      r"^config.distill.sources: unknown corpus 'nosuch'",
+    ),
+  ],
+)
+def test_self_distill_config_errors_name_the_field_before_the_target_loads(
+  tmp_path, monkeypatch, variant, change, message
+):
+  from specjax import build
+
+  monkeypatch.setattr(build, "target", lambda config: pytest.fail("the target loaded"))
+  config = self_distill_smollm2.get_config(variant)
+  config.output_dir = str(tmp_path / "out")
+  for field, value in change.items():
+    section, _, name = field.rpartition(".")
+    (config[section] if section else config)[name] = value
+  with pytest.raises(ValueError, match=message):
+    task.run(config)
+
+
 def test_a_directory_that_is_not_the_runs_is_refused_before_the_target_loads(tmp_path, monkeypatch):
   """task=self_distill into a directory holding the user's own files, or a finished run: one
   error naming it, before the target is read (the model of a real config takes minutes to

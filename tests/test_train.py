@@ -451,9 +451,86 @@ def _tiny_config(tmp_path, **train):
       {"data.eval_examples": 4096},
       r"data.eval_examples=4096 leaves no rows to train on: a random target samples config.data",
     ),
+    ({"train.steps": 0}, r"^config.train.steps must be >= 1, got 0"),
+    (
+      {"train.seed": 2**32},
+      r"config.train.seed must be an integer in \[0, 2\*\*32\), got 4294967296",
+    ),
+    (  # ignored with files, but not a value
+      {"data.files": ("x.jsonl",), "data.max_examples": -1},
+      r"config.data.max_examples must be an integer >= 0 .*, got -1",
+    ),
+    # Sizes an objective's rows cannot hold: trained on nothing (loss 0), or a raw JAX error.
+    (
+      {"objective.name": "dflash", "objective.dflash.block_size": 40},
+      r"config.objective.dflash.block_size=40 .* config.data.seq_len=32",
+    ),
+    (
+      {"objective.name": "dflash", "objective.dflash.anchors": 100},
+      r"dflash.anchors=100 exceeds the 25 anchor positions .*config.data.seq_len=32",
+    ),
+    (
+      {"objective.name": "medusa", "objective.medusa.num_heads": 40},
+      r"config.objective.medusa.num_heads=40 .* config.data.seq_len=32",
+    ),
+    (
+      {"objective.name": "peagle", "objective.peagle.num_depths": 40},
+      r"config.objective.peagle.num_depths=40 .* config.data.seq_len=32",
+    ),
+    (
+      {"objective.name": "peagle", "objective.peagle.anchors": 100},
+      r"config.objective.peagle.anchors=100 exceeds the 30 anchor pairs .*config.data.seq_len=32",
+    ),
+    (
+      {"objective.name": "eagle", "objective.eagle.rollout": 8, "data.seq_len": 8},
+      r"config.objective.eagle.rollout=8 .* config.data.seq_len=8",
+    ),
+    # Not finite: trained, then "grad_norm = nan ... lower optim.learning_rate".
+    ({"optim.weight_decay": float("nan")}, r"config.optim.weight_decay must be .*, got nan"),
+    ({"optim.grad_clip": float("nan")}, r"config.optim.grad_clip must be .*, got nan"),
+    ({"optim.learning_rate": float("inf")}, r"config.optim.learning_rate must be .*, got inf"),
+    (
+      {"objective.name": "eagle", "objective.eagle.noise": float("inf")},
+      r"config.objective.eagle.noise must be .*, got inf",
+    ),
+    (
+      {"objective.draft_distill.temperature": float("inf")},
+      r"config.objective.draft_distill.temperature must be .*, got inf",
+    ),
+    (
+      {"objective.draft_distill.temperature": 0.0},
+      r"config.objective.draft_distill.temperature must be .*, got 0.0",
+    ),
+    (
+      {"objective.draft_distill.num_layers": 0},
+      r"config.objective.draft_distill.num_layers must be an integer >= 1",
+    ),
+    (
+      {"objective.draft_distill.num_kv_heads": 3},
+      r"config.objective.draft_distill.num_heads \(4\) must be a multiple of num_kv_heads \(3\)",
+    ),
+    # Named as the objective's fields, not the drafter's.
+    (
+      {"objective.name": "dflash", "objective.dflash.mask_id": -1},
+      r"^config.objective.dflash.mask_id=-1",
+    ),
+    (
+      {"objective.name": "peagle", "objective.peagle.num_depths": 0},
+      r"^config.objective.peagle.num_depths must be an integer >= 1",
+    ),
+    (
+      {"objective.name": "eagle", "objective.eagle.feature_layers": ()},
+      r"^config.objective.eagle.feature_layers is empty: .* e.g. \('final',\)",
+    ),
+    (
+      {"objective.name": "eagle", "objective.eagle.feature_layers": (99,)},
+      r"^config.objective.eagle.feature_layers: feature 99 is unknown .* \[0, 4\)",
+    ),
   ],
 )
-def test_train_task_rejects_bad_config(tmp_path, override, message):
+def test_train_task_rejects_bad_config(tmp_path, monkeypatch, override, message):
+  """Each refused by one error naming the field, before the target loads."""
+  monkeypatch.setattr(train_task.source, "load", lambda *a: pytest.fail("the target loaded"))
   c = _tiny_config(tmp_path)
   for key, value in override.items():
     *sections, field = key.split(".")

@@ -58,7 +58,10 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"config.distill.sources is empty: name corpora from {', '.join(corpora.CORPORA)}."
     )
   for name in d.sources:
-    corpora.corpus_path(name)
+    try:
+      corpora.corpus_path(name)
+    except ValueError as e:
+      raise ValueError(f"config.distill.sources: {e}") from None
   for flag in ("tasks", "requests"):
     if d[flag] and not config.chat:
       raise ValueError(f"config.distill.{flag}=True writes user messages: set config.chat=True.")
@@ -77,6 +80,33 @@ def check(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"config.distill.shard_size={d.shard_size} must be a positive multiple of "
       f"config.batch_size={config.batch_size}."
+    )
+  # A random target's prompts are random tokens, at most prompt_max_tokens of them: whether they
+  # fit in max_len is known before any is made (text prompts are measured once tokenized).
+  if (
+    config.target.source == "random"
+    and d.prompt_max_tokens + config.max_new_tokens > config.max_len
+  ):
+    raise ValueError(
+      f"config.distill.prompt_max_tokens={d.prompt_max_tokens} + config.max_new_tokens="
+      f"{config.max_new_tokens} > config.max_len={config.max_len}: a prompt of the longest "
+      "length would not fit with its reply; raise max_len, or lower prompt_max_tokens or "
+      "max_new_tokens."
+    )
+  _check_capture_layers(config)
+
+
+def _check_capture_layers(config: ml_collections.ConfigDict) -> None:
+  """``distill.capture_layers`` are layers of the target (its header's count)."""
+  layers = tuple(config.distill.capture_layers)
+  if not layers:
+    return
+  n = build.header_config(config.target).num_layers
+  bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n]
+  if bad:
+    raise ValueError(
+      f"config.distill.capture_layers={layers!r} has {bad}, outside the target's layers [0, "
+      f"{n}): name layer indices in that range (the residual stream after each), or () for none."
     )
 
 
@@ -105,6 +135,7 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
       f"config.distill.shard_size={d.shard_size} must be a positive multiple of "
       f"config.batch_size={config.batch_size}."
     )
+  _check_capture_layers(config)
   paths = conversations.expand(d.prompts_from, field="config.distill.prompts_from")
   conversations.scan(
     paths,

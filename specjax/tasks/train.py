@@ -60,6 +60,12 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   seed = d.get("seed", 0)
   if not (isinstance(seed, int) and 0 <= seed < 2**32):
     raise ValueError(f"config.data.seed must be an integer in [0, 2**32), got {seed}.")
+  build.check_integer(
+    d.max_examples,
+    "config.data.max_examples",
+    0,
+    "rows read or sampled, 0 = all; with config.data.files it does not apply",
+  )
   objectives.check(config)
   profiling.check(config)
   if d.eval_examples < 0:
@@ -360,6 +366,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
+  objectives.check_target(config, build.header_config(config.target))
   check_workdir(config.workdir, config.get("record_to") or "", config.get("profile") or "")
   check_record_to(config.get("record_to") or "", config.workdir)
   with loop.workdir_lock(Path(config.workdir) if config.workdir else None):

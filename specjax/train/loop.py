@@ -58,10 +58,12 @@ class LoopConfig:
   def __post_init__(self):
     for field in ("steps", "global_batch", "log_every", "eval_batches", "keep"):
       if getattr(self, field) < 1:
-        raise ValueError(f"train.{field} must be >= 1, got {getattr(self, field)}.")
-    for field in ("seed", "eval_every", "checkpoint_every", "probe_every"):
+        raise ValueError(f"config.train.{field} must be >= 1, got {getattr(self, field)}.")
+    if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):  # as config.data.seed
+      raise ValueError(f"config.train.seed must be an integer in [0, 2**32), got {self.seed}.")
+    for field in ("eval_every", "checkpoint_every", "probe_every"):
       if getattr(self, field) < 0:
-        raise ValueError(f"train.{field} must be >= 0, got {getattr(self, field)}.")
+        raise ValueError(f"config.train.{field} must be >= 0, got {getattr(self, field)}.")
 
 
 @dataclasses.dataclass

@@ -15,6 +15,11 @@ heads train by supplying another objective, not another loop:
     cached_features() -> tuple                target features its loss can read from the batch
                                               (``config.data.feature_cache``; () = none)
 
+and as classmethods ``config()`` (its subsection's defaults), ``check(c)`` (the subsection's
+fields, before anything loads), ``build(c, target_cfg)``, and optionally
+``check_seq_len(c, seq_len)``: its sizes against ``config.data.seq_len``, whose rows must hold
+a label for each (a head or depth that never sees one trains on nothing).
+
 ``frozen`` is the target's params: sharded like the trainable ones, never differentiated.
 Objectives are chosen by name (``config.objective.name``) from ``registry()``: the
 ``objective`` of every drafter family record (``drafters/family.py``), so a drafter package
@@ -40,7 +45,8 @@ from specjax.models.config import ModelConfig
 from specjax.typing import Params
 
 __all__ = [
-  "DraftDistill", "Objective", "build", "check", "default_config", "registry", "run_output",
+  "DraftDistill", "Objective", "build", "check", "check_target", "default_config", "registry",
+  "run_output",
 ]  # fmt: skip
 
 
@@ -95,13 +101,25 @@ def _cls(config: ml_collections.ConfigDict) -> type:
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-  """The chosen objective's own checks, before anything is loaded; an ``init_from`` naming a
-  run (``"<experiment>:<variant>"``) is replaced by that run's output first."""
+  """The chosen objective's own checks, before anything is loaded: its fields, and its sizes
+  against the rows' ``config.data.seq_len`` (when the config has data) that its labels must fit
+  in; an ``init_from`` naming a run (``"<experiment>:<variant>"``) is replaced by that run's
+  output first."""
   name = config.objective.get("name")
   sub = config.objective.get(name) if name in registry() else None
   if sub is not None and sub.get("init_from"):
     sub.init_from = run_output(sub.init_from, f"config.objective.{name}.init_from")
-  _cls(config).check(config.objective[config.objective.name])
+  cls, c = _cls(config), config.objective[config.objective.name]
+  cls.check(c)
+  seq_len = config.get("data", {}).get("seq_len")
+  if seq_len is not None and hasattr(cls, "check_seq_len"):
+    cls.check_seq_len(c, seq_len)
+
+
+def check_target(config: ml_collections.ConfigDict, target: ModelConfig) -> None:
+  """The objective's checks against the target's sizes (``target``: from its header, see
+  ``build.header_config``), before its weights load: the objective built and dropped."""
+  build(config, target)
 
 
 RUN = re.compile(r"([A-Za-z0-9_]+):([A-Za-z0-9_]+)")

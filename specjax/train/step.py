@@ -13,6 +13,7 @@ params and optimiser state are updated in place.
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -49,17 +50,24 @@ class OptimConfig:
   grad_clip: float = 1.0  # max global gradient norm; 0 = off
 
   def __post_init__(self):
-    if not self.learning_rate > 0:
-      raise ValueError(f"optim.learning_rate must be > 0, got {self.learning_rate}.")
+    # Not finite (nan passes no comparison but fails none either): NaN gradients after training
+    # steps, blamed on the learning rate.
+    if not 0 < self.learning_rate < math.inf:
+      raise ValueError(
+        f"config.optim.learning_rate must be finite and > 0, got {self.learning_rate}."
+      )
     for field in ("warmup_steps", "decay_steps", "grad_clip", "weight_decay"):
-      if getattr(self, field) < 0:
-        raise ValueError(f"optim.{field} must be >= 0, got {getattr(self, field)}.")
+      if not 0 <= getattr(self, field) < math.inf:
+        raise ValueError(
+          f"config.optim.{field} must be finite and >= 0, got {getattr(self, field)}."
+        )
     for field in ("b1", "b2"):  # Adam's moment decays: 1 never forgets, past it they diverge
       if not 0 <= getattr(self, field) < 1:
-        raise ValueError(f"optim.{field} must be in [0, 1), got {getattr(self, field)}.")
+        raise ValueError(f"config.optim.{field} must be in [0, 1), got {getattr(self, field)}.")
     if not 0 <= self.end_lr_fraction <= 1:  # below 0 the cosine ends in gradient ascent
       raise ValueError(
-        f"optim.end_lr_fraction must be in [0, 1] (of learning_rate), got {self.end_lr_fraction}."
+        f"config.optim.end_lr_fraction must be in [0, 1] (of learning_rate), got "
+        f"{self.end_lr_fraction}."
       )
 
   def schedule(self) -> optax.Schedule:

@@ -101,15 +101,37 @@ class DFlashBlocks:
       model.read_meta(c.init_from, f"{FIELD}.init_from")
 
   @classmethod
+  def check_seq_len(cls, c: ml_collections.ConfigDict, seq_len: int) -> None:
+    """A block lies inside its row, and a row has ``anchors`` positions whose block does."""
+    b, a, row = c.block_size, c.anchors, f"config.data.seq_len={seq_len}"
+    if b > seq_len:
+      raise ValueError(
+        f"{FIELD}.block_size={b} does not fit in a row of {row} tokens (a block is its anchor "
+        "and the drafted positions after it, all in one row: no block would train): lower "
+        "block_size or raise seq_len."
+      )
+    if a > seq_len - b + 1:
+      raise ValueError(
+        f"{FIELD}.anchors={a} exceeds the {seq_len - b + 1} anchor positions of a row "
+        f"({row} - block_size={b} + 1, those whose block fits): lower anchors to at most "
+        f"{seq_len - b + 1} or raise seq_len."
+      )
+
+  @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "DFlashBlocks":
+    try:
+      llama.check_features(target, tuple(c.feature_layers))
+    except ValueError as e:
+      raise ValueError(f"{FIELD}.feature_layers: {e}") from None
     try:
       cfg = DFlashConfig(
         target, tuple(c.feature_layers), c.num_layers, c.block_size, c.mask_id, c.ffn_dim,
         c.vocab_size, bool(c.sample_from_anchor), c.markov_rank, c.markov_head,
         bool(c.confidence), confidence_with_markov=bool(c.markov_rank),
       )  # fmt: skip
-    except ValueError as e:
-      raise ValueError(f"{FIELD}: {e}") from None
+    except ValueError as e:  # DFlashConfig names the drafter's fields: these are the objective's
+      said = str(e).replace(model.FIELD, FIELD)
+      raise ValueError(said if said.startswith(FIELD) else f"{FIELD}: {said}") from None
     if c.init_from:
       saved = DFlashConfig.fromdict(model.read_meta(c.init_from, f"{FIELD}.init_from")["dflash"])
       if _backbone(dataclasses.replace(saved, target=target)) != _backbone(cfg):

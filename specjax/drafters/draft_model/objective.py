@@ -3,6 +3,7 @@ loss over every counted position of target-written text (DistillSpec), ``config.
 = "draft_distill"`` (the interface is ``train/objectives.py``'s ``Objective``)."""
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,10 @@ from specjax.models.config import ModelConfig
 from specjax.typing import Params
 
 EMBED_MODES = ("random", "copy", "frozen")
+FIELD = "config.objective.draft_distill"
+# The draft's integer sizes, their least values and what 0 means.
+SIZES = (("num_layers", 1, ""), ("num_heads", 1, ""), ("num_kv_heads", 1, ""), ("ffn_dim", 1, ""),
+         ("dim", 0, "0 = the target's"), ("head_dim", 0, "0 = dim // num_heads"))  # fmt: skip
 
 
 def full_logits(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array) -> jax.Array:
@@ -63,23 +68,40 @@ class DraftDistill:
   def check(cls, c: ml_collections.ConfigDict) -> None:
     if c.embed not in EMBED_MODES:
       raise ValueError(
-        f"config.objective.draft_distill.embed={c.embed!r} is unknown; choose one of "
-        f"{', '.join(EMBED_MODES)}."
+        f"{FIELD}.embed={c.embed!r} is unknown; choose one of {', '.join(EMBED_MODES)}."
       )
-    losses.check_token_loss(c.loss, "config.objective.draft_distill.loss")
+    losses.check_token_loss(c.loss, f"{FIELD}.loss")
+    for name, low, what in SIZES:
+      value = c[name]
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        said = f" ({what})" if what else ""
+        raise ValueError(f"{FIELD}.{name} must be an integer >= {low}{said}, got {value!r}.")
+    if c.num_heads % c.num_kv_heads:
+      raise ValueError(
+        f"{FIELD}.num_heads ({c.num_heads}) must be a multiple of num_kv_heads "
+        f"({c.num_kv_heads}) for grouped-query attention."
+      )
+    if not 0 < c.temperature < math.inf:
+      raise ValueError(
+        f"{FIELD}.temperature must be finite and > 0 (the loss's softmax temperature; 1 = the "
+        f"distributions as they are), got {c.temperature}."
+      )
 
   @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "DraftDistill":
-    draft_cfg = dataclasses.replace(
-      target,
-      dim=c.dim or target.dim,
-      num_layers=c.num_layers,
-      num_heads=c.num_heads,
-      num_kv_heads=c.num_kv_heads,
-      ffn_dim=c.ffn_dim,
-      head_dim=c.head_dim,
-      name=c.name,
-    )
+    try:
+      draft_cfg = dataclasses.replace(
+        target,
+        dim=c.dim or target.dim,
+        num_layers=c.num_layers,
+        num_heads=c.num_heads,
+        num_kv_heads=c.num_kv_heads,
+        ffn_dim=c.ffn_dim,
+        head_dim=c.head_dim,
+        name=c.name,
+      )
+    except ValueError as e:  # the draft's sizes are the section's fields: name them so
+      raise ValueError(str(e).replace("ModelConfig.", f"{FIELD}.")) from None
     return cls(target, draft_cfg, temperature=c.temperature, embed=c.embed, token_loss=c.loss)
 
   def describe(self) -> str:
@@ -118,7 +140,7 @@ class DraftDistill:
         f"{self.target_cfg.tie_embeddings} like the target's."
       )
     if not self.temperature > 0:
-      raise ValueError(f"distill temperature must be > 0, got {self.temperature}.")
+      raise ValueError(f"{FIELD}.temperature must be > 0, got {self.temperature}.")
 
   def _shared(self, frozen: Params) -> Params:
     """The target's embedding (and untied head), in the draft's layout."""

@@ -105,9 +105,14 @@ class EagleFeatures:
     f = "config.objective.eagle"
     if int(c.vocab_size) != c.vocab_size or c.vocab_size < 0:
       raise ValueError(f"{f}.vocab_size must be an integer >= 0 (0 = the target's).")
+    if not tuple(c.feature_layers):
+      raise ValueError(
+        f"{f}.feature_layers is empty: an EAGLE drafter reads at least one target feature; "
+        "name them, e.g. ('final',) (EAGLE-1) or layer indices (EAGLE-3)."
+      )
     for key in ("noise", "feature_weight", "token_weight"):
-      if not c[key] >= 0:
-        raise ValueError(f"{f}.{key} must be >= 0, got {c[key]}.")
+      if not 0 <= c[key] < math.inf:
+        raise ValueError(f"{f}.{key} must be finite and >= 0, got {c[key]}.")
     if int(c.ffn_dim) != c.ffn_dim or c.ffn_dim < 0:
       raise ValueError(f"{f}.ffn_dim must be an integer >= 0 (0 = the target's MLP width).")
     if int(c.rollout) != c.rollout or c.rollout < 1:
@@ -124,19 +129,35 @@ class EagleFeatures:
     losses.check_token_loss(c.loss, f"{f}.loss")
     if int(c.hass_top_k) != c.hass_top_k or c.hass_top_k < 0:
       raise ValueError(f"{f}.hass_top_k must be an integer >= 0 (0 = off), got {c.hass_top_k}.")
-    if not c.hass_weight >= 0:
-      raise ValueError(f"{f}.hass_weight must be >= 0, got {c.hass_weight}.")
+    if not 0 <= c.hass_weight < math.inf:
+      raise ValueError(f"{f}.hass_weight must be finite and >= 0, got {c.hass_weight}.")
     if c.init_from:
       eagle.read_meta(c.init_from, f"{f}.init_from")
+
+  @classmethod
+  def check_seq_len(cls, c: ml_collections.ConfigDict, seq_len: int) -> None:
+    """Rollout step j at position t learns the target at t + j (its next token, t + j + 1):
+    the first step's labels need 3 tokens a row, each further step one more."""
+    if c.rollout + 2 > seq_len:
+      raise ValueError(
+        f"config.objective.eagle.rollout={c.rollout} needs rows of at least {c.rollout + 2} "
+        f"tokens (a pair, its label's token, then one more per rollout step), but "
+        f"config.data.seq_len={seq_len}: no position would train; raise seq_len or lower rollout."
+      )
 
   @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "EagleFeatures":
     f = "config.objective.eagle"
     layers = tuple(c.feature_layers)
     try:
-      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs, c.ffn_dim, architecture(c, f))
+      llama.check_features(target, layers)
     except ValueError as e:
-      raise ValueError(f"{f}: {e}") from None
+      raise ValueError(f"{f}.feature_layers: {e}") from None
+    try:
+      cfg = eagle.EagleConfig(target, layers, c.vocab_size, c.inputs, c.ffn_dim, architecture(c, f))
+    except ValueError as e:  # EagleConfig names the drafter's fields: these are the objective's
+      said = str(e).replace(eagle.FIELD, f)
+      raise ValueError(said if said.startswith(f) else f"{f}: {said}") from None
     if not -1 <= c.copy_layer < target.num_layers:
       raise ValueError(f"{f}.copy_layer={c.copy_layer} must be -1 or in [0, {target.num_layers}).")
     if c.copy_layer >= 0 and cfg.architecture == "eagle3":

@@ -80,6 +80,18 @@ class MedusaHeads:
         )
 
   @classmethod
+  def check_seq_len(cls, c: ml_collections.ConfigDict, seq_len: int) -> None:
+    """Head k at position t learns the target's prediction at t + k, of token t + k + 1: a row
+    of T tokens labels heads 1 .. T - 2."""
+    if c.num_heads > seq_len - 2:
+      raise ValueError(
+        f"config.objective.medusa.num_heads={c.num_heads} exceeds what a row of "
+        f"config.data.seq_len={seq_len} tokens can label (head k learns the token k + 1 ahead: "
+        f"at most seq_len - 2 = {seq_len - 2} heads; the others would never train but be saved "
+        "as trained): lower num_heads or raise seq_len."
+      )
+
+  @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "MedusaHeads":
     if c.vocab_size > target.vocab_size:
       raise ValueError(

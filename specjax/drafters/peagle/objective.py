@@ -92,8 +92,30 @@ class PEagleBlocks:
       )
     if int(c.vocab_size) != c.vocab_size or c.vocab_size < 0:
       raise ValueError(f"{FIELD}.vocab_size must be an integer >= 0 (0 = the target's).")
+    if isinstance(c.num_depths, bool) or not isinstance(c.num_depths, int) or c.num_depths < 1:
+      raise ValueError(
+        f"{FIELD}.num_depths must be an integer >= 1 (tokens drafted per forward), got "
+        f"{c.num_depths!r}."
+      )
     if c.init_from:
       _saved(c.init_from)
+
+  @classmethod
+  def check_seq_len(cls, c: ml_collections.ConfigDict, seq_len: int) -> None:
+    """Depth d of anchor pair a learns the token at a + 2 + d: a row of T tokens has T - 2
+    anchor pairs, and depths up to T - 3."""
+    row = f"config.data.seq_len={seq_len}"
+    if c.num_depths > seq_len - 2:
+      raise ValueError(
+        f"{FIELD}.num_depths={c.num_depths} exceeds what a row of {row} tokens can label "
+        f"(depth d learns the token 2 + d after its anchor: at most seq_len - 2 = "
+        f"{seq_len - 2} depths; the others would never train): lower num_depths or raise seq_len."
+      )
+    if c.anchors > seq_len - 2:
+      raise ValueError(
+        f"{FIELD}.anchors={c.anchors} exceeds the {seq_len - 2} anchor pairs of a row ({row} "
+        f"- 2): lower anchors to at most {seq_len - 2} or raise seq_len."
+      )
 
   @classmethod
   def build(cls, c: ml_collections.ConfigDict, target: ModelConfig) -> "PEagleBlocks":
@@ -110,10 +132,15 @@ class PEagleBlocks:
         )
       layers, vocab, ffn = saved.feature_layers, saved.vocab_size, saved.ffn_dim
     try:
+      llama.check_features(target, layers)
+    except ValueError as e:
+      raise ValueError(f"{FIELD}.feature_layers: {e}") from None
+    try:
       ecfg = eagle.EagleConfig(target, layers, vocab, ffn_dim=ffn, architecture="eagle3")
       cfg = PEagleConfig(ecfg, c.num_depths, c.mask_id)
-    except ValueError as e:
-      raise ValueError(f"{FIELD}: {e}") from None
+    except ValueError as e:  # the configs name the drafter's fields: these are the objective's
+      said = str(e).replace(model.FIELD, FIELD).replace(eagle.FIELD, FIELD)
+      raise ValueError(said if said.startswith(FIELD) else f"{FIELD}: {said}") from None
     return cls(target, cfg, None, c.anchors, c.cod_ratio, c.cod_min, c.loss, c.init_from)
 
   def describe(self) -> str:
