@@ -560,6 +560,19 @@ def test_a_workdir_holding_other_files_is_refused(tmp_path):
     train_task.check_workdir(str(tmp_path), "")
 
 
+def test_a_warmup_longer_than_the_run_is_said():
+  """optim.warmup_steps past train.steps never reaches the learning rate set (it trained at a
+  fraction of it, unsaid): the run says so and what it reaches."""
+  c = _tiny_config("")
+  c.train.steps, c.optim.warmup_steps = 4, 1000
+  note = train_task.warmup_note(train_task.plan(c))
+  lr = c.optim.learning_rate
+  assert note.startswith("note: config.optim.warmup_steps=1000 is longer than config.train.steps")
+  assert f"reaches {lr * 4 / 1000:.3g}, not config.optim.learning_rate={lr}" in note
+  c.optim.warmup_steps = 4
+  assert train_task.warmup_note(train_task.plan(c)) is None
+
+
 def test_record_to_never_replaces_another_runs_record_or_the_users_files(tmp_path):
   """``record_to`` receives train.json and metrics.jsonl: another run's workdir (its record
   no longer matched its checkpoints) or files of those names that are not a training record

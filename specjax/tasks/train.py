@@ -120,6 +120,19 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   )
 
 
+def warmup_note(p: _Plan) -> str | None:
+  """A warmup longer than the run never reaches the learning rate set: said, not refused (a
+  short smoke run of a long recipe's optimiser is common)."""
+  o, steps = p.optim, p.loop.steps
+  if o.warmup_steps <= steps:
+    return None
+  peak = float(o.schedule()(steps))
+  return (
+    f"note: config.optim.warmup_steps={o.warmup_steps} is longer than config.train.steps={steps}: "
+    f"the learning rate reaches {peak:.3g}, not config.optim.learning_rate={o.learning_rate}."
+  )
+
+
 def _check_files(config: ml_collections.ConfigDict) -> None:
   """``config.data.files``: every record of this process's shard, with the target's tokenizer
   (from its header), before any weight loads."""
@@ -363,6 +376,8 @@ def run(config: ml_collections.ConfigDict) -> dict:
   absl_logging.get_absl_handler().addFilter(_quiet_orbax)
   p = plan(config)
   parallel.initialize(p.distributed)
+  if (note := warmup_note(p)) and jax.process_index() == 0:
+    print(note)
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
