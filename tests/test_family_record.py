@@ -197,7 +197,8 @@ def _train_config(workdir) -> ml_collections.ConfigDict:
   c.workdir = str(workdir)
   c.data.max_examples = 96
   c.data.eval_examples = 16
-  c.train.update(steps=40, log_every=20, eval_every=40, checkpoint_every=40, progress=False)
+  c.train.update(steps=40, log_every=20, eval_every=40, checkpoint_every=40, eval_batches=1,
+                 progress=False)  # fmt: skip
   c.optim.update(learning_rate=0.3, warmup_steps=0, decay_steps=0)
   c.evaluate.tau_every = 20  # the simulator replays it during training
   return c

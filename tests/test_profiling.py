@@ -27,7 +27,7 @@ def test_train_steps_after_the_first_are_traced(tmp_path, capsys):
   c = train_tiny.get_config()
   c.workdir, c.profile, c.profile_steps = str(tmp_path / "w"), str(tmp_path / "p"), 2
   c.data.max_examples, c.data.eval_examples = 32, 8
-  c.train.update(progress=False, steps=4, global_batch=8)
+  c.train.update(progress=False, steps=4, global_batch=8, eval_batches=1)
   train.run(c)
   (found,) = _traces(tmp_path / "p")
   assert found.stat().st_size > 0

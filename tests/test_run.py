@@ -363,7 +363,7 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
     ({"drafter.draft_model.num_draft": True}, r"draft_model.num_draft \(K\) must .* got True"),
     (
       {"drafter.name": "eagle", "drafter.eagle.total": 12.0},
-      r"config.drafter.eagle.total must be an integer >= 1 .*, got 12.0",
+      r"config.drafter.eagle.total must be an integer >= 1, got 12.0",
     ),
     (
       {
@@ -372,7 +372,7 @@ def test_only_the_recipe_writes_the_experiments_record(overrides, written):
         "drafter.eagle.depth": 1,
         "drafter.eagle.top_k": 1,
       },
-      r"config.drafter.eagle.total must be an integer >= 1 .*, got True",
+      r"config.drafter.eagle.total must be an integer >= 1, got True",
     ),  # fmt: skip
     ({"prompts": (None,)}, r"config.prompts\[0\] is None: each prompt is a text or a list of"),
     ({"prompts": ((1, None),)}, r"config.prompts\[0\] has an entry None that is not a token id"),

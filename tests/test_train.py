@@ -417,7 +417,8 @@ def _tiny_config(tmp_path, **train):
   c = train_tiny.get_config()
   c.workdir = str(tmp_path)
   c.data.max_examples, c.data.eval_examples = 96, 16
-  c.train.update(progress=False, **train)
+  c.train.update(progress=False, eval_batches=1)  # 16 eval rows: one global batch
+  c.train.update(**train)
   return c
 
 
@@ -447,6 +448,11 @@ def _tiny_config(tmp_path, **train):
     ({"optim.end_lr_fraction": -5.0}, r"optim.end_lr_fraction must be in \[0, 1\]"),  # ascent
     ({"record_to": __file__}, "config.record_to=.* is a file, not a directory"),
     ({"data.eval_examples": 8}, r"eval_examples=8 is fewer than train.global_batch=16: .* >= 16"),
+    (  # evaluated the same rows 6 times over, unsaid
+      {"train.eval_batches": 6},
+      r"config.train.eval_batches=6 global batches of 16 take 96 rows, more than config.data."
+      r"eval_examples=16: an evaluation would repeat rows; lower eval_batches \(at most 1\)",
+    ),
     (  # was refused by the split, after the target sampled every row
       {"data.eval_examples": 4096},
       r"data.eval_examples=4096 leaves no rows to train on: a random target samples config.data",

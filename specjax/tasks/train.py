@@ -76,6 +76,13 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
       f"{t.global_batch}: an evaluation takes whole global batches; set eval_examples >= "
       f"{t.global_batch} (or 0: no eval set)."
     )
+  if d.eval_examples and t.eval_batches * t.global_batch > d.eval_examples:
+    raise ValueError(
+      f"config.train.eval_batches={t.eval_batches} global batches of {t.global_batch} take "
+      f"{t.eval_batches * t.global_batch} rows, more than config.data.eval_examples="
+      f"{d.eval_examples}: an evaluation would repeat rows; lower eval_batches (at most "
+      f"{d.eval_examples // t.global_batch}) or raise eval_examples."
+    )
   if d.get("files"):
     _check_files(config)
   for src in d.sources:

@@ -145,10 +145,6 @@ class Eagle(DrafterBase):
         "pick the tree budget for this machine."
       )
     else:
-      from specjax import build  # imports the drafters
-
-      for f in ("top_k", "depth", "total"):  # a float fails in the compile, True is taken as 1
-        build.check_integer(c[f], f"{FIELD}.{f}", 1, "nodes" if f == "total" else "")
       check_shape(c.top_k, c.depth, c.total)
     from specjax.drafters.eagle import formats
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import indexing
+from specjax.drafters.base import is_integer
 from specjax.drafters.eagle.model import FIELD
 
 
@@ -19,7 +20,7 @@ def pool_size(top_k: int, depth: int) -> int:
 def check_shape(top_k, depth, total) -> None:
   """The tree budget ``(top_k, depth, total)``: one clear error naming the field."""
   for f, value in (("top_k", top_k), ("depth", depth), ("total", total)):
-    if int(value) != value or value < 1:
+    if not is_integer(value) or value < 1:  # 12.0 failed in the compile; True was 1
       raise ValueError(f"{FIELD}.{f} must be an integer >= 1, got {value}.")
   if total < depth:
     raise ValueError(
