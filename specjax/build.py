@@ -19,8 +19,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import decode, drafters, parallel, placement, precision, results, sampling, verify
-from specjax.drafters.base import is_integer
-from specjax.models import llama, source, tiny
+from specjax.drafters.base import check_integer, is_integer
+from specjax.models import llama, source
 from specjax.models.source import Model
 
 VERIFIERS = ("rejection", "typical")
@@ -150,7 +150,7 @@ def check_request(config: ml_collections.ConfigDict) -> None:
   and the weights and KV cache against a device's memory, from the target's header and
   tokenizer: before its weights load."""
   model = source.peek(config.target)
-  cfg = header_config(config.target) if model is None else model.cfg
+  cfg = source.header_config(config.target) if model is None else model.cfg
   try:
     llama.check_context(cfg, config.max_len)  # a sliding window shorter than max_len
   except ValueError as e:
@@ -206,31 +206,11 @@ def note_top_k(top_k: int, vocab_size: int) -> None:
     )
 
 
-def check_integer(value, field: str, least: int, what: str = "") -> None:
-  """``value`` is an integer >= ``least`` (not a bool); else a ValueError naming ``field``."""
-  if not is_integer(value) or value < least:
-    said = f" ({what})" if what else ""
-    raise ValueError(f"{field} must be an integer >= {least}{said}, got {value!r}.")
-
-
 def check_lengths(config: ml_collections.ConfigDict) -> None:
   """``max_new_tokens`` and ``max_len``, which fix the compiled shapes, are positive integers."""
   for name, what in (("max_new_tokens", "new tokens per row"), ("max_len", "prompt + new "
                      "tokens per row, the KV cache's slots")):  # fmt: skip
     check_integer(config[name], f"config.{name}", 1, what)
-
-
-def header_config(c: ml_collections.ConfigDict, field: str = "config.target"):
-  """The sizes of the model section ``c`` (``field``: the target's, or a draft model's) without
-  its weights: the file's header, or a random model's fields."""
-  model = source.peek(c)
-  if model is not None:
-    return model.cfg
-  keys = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim", "name")
-  try:
-    return tiny.tiny_config(**{k: c[k] for k in keys})
-  except ValueError as e:  # a random model's sizes are the config's fields: name them so
-    raise ValueError(str(e).replace("ModelConfig.", f"{field}.")) from None
 
 
 def mesh(config: ml_collections.ConfigDict):
@@ -292,7 +272,7 @@ def dtype_choice(config: ml_collections.ConfigDict) -> dict:
   name = source.choice(config.get("dtype", "auto"), DTYPES, "dtype")
   if name in ("auto", "measure"):
     speculative, greedy = config.drafter.name != "none", config.temperature == 0
-    return precision.choice(header_config(config.target), speculative, greedy)
+    return precision.choice(source.header_config(config.target), speculative, greedy)
   return {"dtype": name, "how": "config.dtype", "ratios": {}}
 
 

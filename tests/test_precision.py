@@ -13,7 +13,7 @@ import pytest
 from configs import tiny as tiny_config
 from specjax import build, decode, loop, precision, testing, verify
 from specjax.drafters.base import Draft, TokensOnly
-from specjax.models import llama, tiny
+from specjax.models import llama, source, tiny
 from specjax.tasks import benchmark
 
 
@@ -92,7 +92,7 @@ def test_auto_in_bfloat16_decodes_greedy_at_one_shape_beside_the_faster_ars(
   over the fastest of the three, and the record says how the dtype was chosen. Explicit
   forward_rows = 0 turns it off (and then no one-row AR is needed)."""
   c, path = measuring
-  path.write_text(json.dumps({precision.key(build.header_config(c.target)):
+  path.write_text(json.dumps({precision.key(source.header_config(c.target)):
                               {"1": 0.9, "2": 0.5, "8": 0.6, "8_one_shape": 0.7}}))  # fmt: skip
   c.update(max_new_tokens=24, max_len=64, output_dir=str(tmp_path / "bench"))
   c.benchmark.repeats = 1
@@ -118,7 +118,7 @@ def test_auto_in_bfloat16_decodes_greedy_at_one_shape_beside_the_faster_ars(
 def test_another_model_shape_is_timed_anew(measuring, monkeypatch):
   c, path = measuring
   slow = dict.fromkeys(precision.CELLS, 2.0)  # bfloat16 twice float32's time
-  path.write_text(json.dumps({precision.key(build.header_config(c.target)): slow}))
+  path.write_text(json.dumps({precision.key(source.header_config(c.target)): slow}))
   assert build.dtype(c) == "float32"
   timed = []
   monkeypatch.setattr(

@@ -328,6 +328,13 @@ def is_integer(value) -> bool:
   return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+def check_integer(value, field: str, least: int, what: str = "") -> None:
+  """``value`` is an integer >= ``least`` (not a bool); else a ValueError naming ``field``."""
+  if not is_integer(value) or value < least:
+    said = f" ({what})" if what else ""
+    raise ValueError(f"{field} must be an integer >= {least}{said}, got {value!r}.")
+
+
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
   if not is_integer(num_draft) or num_draft < low:
     hint = "; use K = 0 for autoregressive decoding" if low == 0 else ""

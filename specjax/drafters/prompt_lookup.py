@@ -39,6 +39,7 @@ from specjax.drafters.base import (
   Forward,
   TokensOnly,
   check_auto_from,
+  check_integer,
   check_num_draft,
   is_integer,
   verify_forward,
@@ -81,10 +82,8 @@ class PromptLookup(TokensOnly):
 
   @classmethod
   def check(cls, c, config):
-    from specjax import build  # imports the drafters
-
     for f in ("max_ngram", "min_ngram", "num_branches"):
-      build.check_integer(c[f], f"{FIELD}.{f}", 1)
+      check_integer(c[f], f"{FIELD}.{f}", 1)
     if c.num_draft == "auto":
       if c.num_branches != 1:
         raise ValueError(f"{FIELD}.num_draft='auto' picks a chain: set num_branches = 1.")

@@ -34,7 +34,7 @@ from specjax.decode import generate
 from specjax.drafters import default_config as drafter_defaults
 from specjax.measure import timing
 from specjax.measure.machine import machine
-from specjax.models import llama
+from specjax.models import llama, source
 
 COLUMNS = (
   "batch",
@@ -187,7 +187,7 @@ def check_verify_fits(config: ml_collections.ConfigDict, sizes, context: int = V
   """``verify_cost``'s largest forward against a device's memory, from the target's header:
   its weights, a cache of the slots it times (``verify_cost``), and the forward's logits and
   attention scores."""
-  cfg = build.header_config(config.target)
+  cfg = source.header_config(config.target)
   t, slots = max(sizes), max(config.max_len, context) + max(sizes) + 1
   one = {"data": 1, "fsdp": 1, "tensor": 1}
   weights = llama.param_shapes(cfg, build.dtype(config))

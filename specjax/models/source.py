@@ -198,6 +198,19 @@ def peek(c: ml_collections.ConfigDict) -> Model | None:
   return _peek(c.source, c.get("name", ""), c.get("path", ""))
 
 
+def header_config(c: ml_collections.ConfigDict, field: str = "config.target"):
+  """The sizes of the model section ``c`` (``field``: the target's, or a draft model's) without
+  its weights: the file's header, or a random model's fields."""
+  model = peek(c)
+  if model is not None:
+    return model.cfg
+  keys = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "ffn_dim", "name")
+  try:
+    return tiny.tiny_config(**{k: c[k] for k in keys})
+  except ValueError as e:  # a random model's sizes are the config's fields: name them so
+    raise ValueError(str(e).replace("ModelConfig.", f"{field}.")) from None
+
+
 def check_same_tokenizer(target: Model, draft: Model) -> None:
   if (target.tokenizer is None) != (draft.tokenizer is None) or (
     target.tokenizer and target.tokenizer.fingerprint() != draft.tokenizer.fingerprint()

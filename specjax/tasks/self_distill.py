@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from specjax import build
+from specjax.models import source
 from specjax.train import conversations, corpora, data, distill, distill_prompts
 
 
@@ -101,7 +102,7 @@ def _check_capture_layers(config: ml_collections.ConfigDict) -> None:
   layers = tuple(config.distill.capture_layers)
   if not layers:
     return
-  n = build.header_config(config.target).num_layers
+  n = source.header_config(config.target).num_layers
   bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n]
   if bad:
     raise ValueError(

@@ -170,7 +170,7 @@ def check(config: ml_collections.ConfigDict) -> list[dict]:
   questions = select(config, read_questions(s.question_file))
   for c in variants(config).values():
     build.check(c)
-  encoder = Encoder(source.peek(config.target), build.header_config(config.target).vocab_size)
+  encoder = Encoder(source.peek(config.target), source.header_config(config.target).vocab_size)
   longest = max(questions, key=lambda q: len(encoder.prompt(q["turns"][:1], [])))
   encoder.check_fits(longest, encoder.prompt(longest["turns"][:1], []), config)
   return questions
@@ -308,7 +308,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   questions = check(config)
   out_dir = Path(config.output_dir)
   record_path = out_dir / "specbench.json"
-  name = build.header_config(config.target).name
+  name = source.header_config(config.target).name
   methods = {
     m: f"{name}-{m}-{build.dtype(config)}-temp-{float(config.temperature):.1f}"
     for m in (AR, *variants(config))

@@ -173,7 +173,7 @@ def check_shards_target(config: ml_collections.ConfigDict, src: str, manifest: d
     "tokenizer_fingerprint": manifest.get("tokenizer_fingerprint"),
   }
   model = source.peek(config.target)
-  cfg = build.header_config(config.target)
+  cfg = source.header_config(config.target)
   fp = model.tokenizer.fingerprint() if model is not None and model.tokenizer else None
   vocab, made_fp = made.get("vocab_size"), made.get("tokenizer_fingerprint")
   if (vocab is not None and vocab != cfg.vocab_size) or (fp and made_fp and fp != made_fp):
@@ -388,7 +388,7 @@ def run(config: ml_collections.ConfigDict) -> dict:
   mesh = parallel.make_mesh(p.mesh)
   parallel.batch_size_per_shard(p.loop.global_batch, mesh)
   build.check(config)
-  objectives.check_target(config, build.header_config(config.target))
+  objectives.check_target(config, source.header_config(config.target))
   check_workdir(config.workdir, config.get("record_to") or "", config.get("profile") or "")
   check_record_to(config.get("record_to") or "", config.workdir)
   with loop.workdir_lock(Path(config.workdir) if config.workdir else None):

@@ -118,7 +118,7 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 def check_target(config: ml_collections.ConfigDict, target: ModelConfig) -> None:
   """The objective's checks against the target's sizes (``target``: from its header, see
-  ``build.header_config``), before its weights load: the objective built and dropped."""
+  ``source.header_config``), before its weights load: the objective built and dropped."""
   build(config, target)
 
 

@@ -77,13 +77,11 @@ class DraftModel(DrafterBase):
       except ValueError as e:
         raise ValueError(f"{e} Or 'auto' (with auto_from) to pick K for this machine.") from None
     source.choice(c.source, ("truncate", "model"), "drafter.draft_model.source")
-    from specjax import build  # imports the drafters
-
     # The sizes from the files' headers (or a random model's fields), before any weights load.
-    target = build.header_config(config.target)
+    target = source.header_config(config.target)
     if c.source == "model":
       source.check(c.model, "drafter.draft_model.model")
-      dcfg = build.header_config(c.model, f"{FIELD}.model")
+      dcfg = source.header_config(c.model, f"{FIELD}.model")
       if dcfg.vocab_size != target.vocab_size:
         given = f".vocab_size={dcfg.vocab_size}" if c.model.source == "random" else (
           f" ({dcfg.name!r}) has a vocab_size of {dcfg.vocab_size}, which")  # fmt: skip
