@@ -62,7 +62,7 @@ class Request:
 def check(config: ml_collections.ConfigDict) -> None:
   """All cheap checks, run before anything is loaded."""
   source.check(config.target, "target")
-  drafters.check(config)
+  drafter = drafters.check(config)
   source.choice(config.verifier, VERIFIERS, "verifier")
   source.choice(config.get("dtype", "auto"), DTYPES, "dtype")  # resolved once the target is known
   verifier(config)
@@ -79,6 +79,8 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"config.drafter.max_nodes + 1 = {most} (root, nodes, extras): rows past those are only "
       f"padding. Use at most {most} (or raise config.drafter.max_nodes), 0, or auto."
     )
+  if rows != "auto" and drafter is not None:  # other drafters: once built, before compiling
+    _check_forward_rows(rows, drafter)
   for i, p in enumerate(config.get("prompts", ())):
     if not isinstance(p, (str, int, float, list, tuple)):  # e.g. --config.prompts='(None,)'
       raise ValueError(
@@ -312,11 +314,16 @@ def drafter(config: ml_collections.ConfigDict, target: Model):
 
     d = costmodel.auto(config, target, d, params, forward_rows=lambda o: forward_rows(config, o))
   rows = config.get("forward_rows", "auto")
-  try:
-    decode.check_forward_rows(0 if rows == "auto" else rows, d)
-  except ValueError as e:  # named as the config's field, before anything compiles
-    raise ValueError(f"config.{e}") from None
+  _check_forward_rows(0 if rows == "auto" else rows, d)
   return d, params
+
+
+def _check_forward_rows(rows: int, drafter) -> None:
+  """``decode.check_forward_rows`` named as the config's field."""
+  try:
+    decode.check_forward_rows(rows, drafter)
+  except ValueError as e:
+    raise ValueError(f"config.{e}") from None
 
 
 def placed(config: ml_collections.ConfigDict, target: Model, drafter, dparams):

@@ -452,11 +452,18 @@ def test_generate_on_a_mesh_checks_the_output_dir_it_writes(
 
 
 def test_forward_rows_below_the_drafters_rows_is_named_before_compiling(small_config):
+  """A drafter its config makes (prompt lookup's K = 4: 5 rows a step) is checked before
+  anything loads; one that needs its weights (random Medusa heads: 9 nodes), once built, before
+  compiling (both were refused inside generate, naming forward_rows without config.)."""
   c = small_config
   c.update(forward_rows=3)
-  c.drafter.name = "prompt_lookup"  # K = 4: 5 rows per step
-  build.check(c)
+  c.drafter.name = "prompt_lookup"
   with pytest.raises(ValueError, match=r"^config.forward_rows=3 is fewer than the 5 rows"):
+    build.check(c)
+  c.drafter.name = "medusa"
+  c.drafter.medusa.tree_spec = (3, 2)
+  build.check(c)
+  with pytest.raises(ValueError, match=r"^config.forward_rows=3 is fewer than the 10 rows"):
     build.drafter(c, build.target(c))
 
 

@@ -89,11 +89,13 @@ def _section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config.drafter[name] if name in config.drafter else ml_collections.ConfigDict()
 
 
-def check(config: ml_collections.ConfigDict) -> None:
-  """The drafter's own checks and the step budgets, before anything is loaded."""
+def check(config: ml_collections.ConfigDict) -> Drafter | None:
+  """The drafter's own checks and the step budgets, before anything is loaded; the drafter
+  where its config alone makes it (None where it needs its weights or the target's sizes)."""
   drafter = _cls(config).check(_section(config), config)
-  if drafter is not None:  # e.g. a draft model's sizes are known only once it is loaded
+  if drafter is not None:
     check_budget(drafter, config.drafter)
+  return drafter
 
 
 def build(config: ml_collections.ConfigDict, target) -> tuple[Drafter, object]:
