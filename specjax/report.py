@@ -12,6 +12,7 @@ both are checked, and both blocks rendered, before either is written.
 """
 
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -53,13 +54,28 @@ def render(experiment: str | Path) -> list[Path]:
 
 def _rendered(folder: Path, blocks: dict) -> dict:
   """Each file's block as its report renders it from ``folder/results``; a results file the
-  report reads and does not find is one error naming it."""
+  report reads and does not find, that is not JSON, or that lacks what the report reads, is one
+  error naming it (``$SPECJAX_TRACEBACK`` set: the traceback of the last)."""
+  rerun = f"run the experiment again ({folder / 'config.py'}); nothing was written"
+  for path in sorted((folder / "results").rglob("*.json")):
+    try:
+      json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path} is not valid JSON ({e}): {rerun}.") from None
   try:
     return {path: fn(folder / "results") for path, fn in blocks.items()}
   except FileNotFoundError as e:
     raise ValueError(
       f"{e.filename} is missing: run the experiment first ({folder / 'config.py'}); "
       "nothing was written."
+    ) from None
+  except (KeyError, IndexError, TypeError) as e:
+    if os.environ.get("SPECJAX_TRACEBACK"):
+      raise
+    raise ValueError(
+      f"{folder / 'report.py'} could not read {folder / 'results'}: {type(e).__name__} {e} "
+      f"(a results file lacks what the report reads: a run not finished, or of another config?): "
+      f"{rerun}."
     ) from None
 
 

@@ -1,6 +1,7 @@
 """The entry point: python -m specjax.run, its tasks, and its config errors."""
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -984,3 +985,103 @@ def test_timed_sizes_are_checked_before_anything_is_timed(small_config, tmp_path
   d.device_bench.verify_sizes = (1, -4)
   with pytest.raises(ValueError, match=r"config.device_bench.verify_sizes=\(1, -4\) must list"):
     device_bench.run(d)
+
+
+def _sweep_record(c, runs_of=("ar", "lookup"), dtype="float32"):
+  """A finished sweep.json of ``c`` (two categories), written by hand: no model runs."""
+  rows = [
+    {"temperature": 0.0, "batch": 1, "category": cat, "variant": v, "tau": 1.0 + i,
+     "target_calls_per_token": 1.0, "tokens_per_s": 10.0 * (1 + i), "speedup": 1.0 + i,
+     "identical": True, "steady_s": 1.0, "target_calls": 10, "tokens": 10}
+    for cat in c.sweep.categories for i, v in enumerate(runs_of)
+  ]  # fmt: skip
+  record = {"config": c.to_dict(), "machine": {}, "runs": rows, "summary": sweep._summary(rows)}
+  record["dtype"] = {"dtype": dtype, "how": "config.dtype", "ratios": {}}
+  return record
+
+
+@pytest.fixture
+def resumed_sweep(small_config, tmp_path, monkeypatch):
+  c = small_config
+  c.update(output_dir=str(tmp_path), temperature=0.0, dtype="auto")
+  c.sweep = sweep.default_config()
+  c.sweep.categories = {"a": ((1, 2, 3),), "b": ((5, 6, 7),)}
+  c.sweep.variants = {"lookup": {"name": "prompt_lookup"}}
+  c.sweep.resume = True
+  monkeypatch.setenv("SPECJAX_CPU_DTYPE", "float32")
+  monkeypatch.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
+  return c
+
+
+def test_sweep_resume_measures_a_job_whose_row_is_missing_again(resumed_sweep, tmp_path, capsys):
+  """A job with a row deleted from sweep.json is not done: it is measured again whole (its
+  speedups are ratios within it); a complete file's summary is computed from its rows."""
+  c = resumed_sweep
+  record = _sweep_record(c)
+  record["runs"] = [r for r in record["runs"] if (r["category"], r["variant"]) != ("b", "lookup")]
+  (tmp_path / "sweep.json").write_text(json.dumps(record))
+  kept = sweep._resumed(c)
+  assert list(kept["jobs"]) == [(0.0, 1, "a")] and not sweep._nothing_left(c, kept)
+  record = _sweep_record(c)
+  record["summary"] = [{"temperature": 0.0, "batch": 1, "variant": "lookup", "mean_speedup": 9.0,
+                        "mean_tau": 9.0}]  # fmt: skip
+  (tmp_path / "sweep.json").write_text(json.dumps(record))
+  again = sweep.run(c)
+  assert again["summary"] == sweep._summary(record["runs"])
+  assert "9.000" not in capsys.readouterr().out
+
+
+def test_sweep_resume_refuses_rows_of_another_resolved_dtype(resumed_sweep, tmp_path, monkeypatch):
+  """dtype auto chose float32 for the kept rows; now it chooses bfloat16: mixing them is
+  refused before any model loads, naming both."""
+  c = resumed_sweep
+  (tmp_path / "sweep.json").write_text(json.dumps(_sweep_record(c, dtype="float32")))
+  monkeypatch.setenv("SPECJAX_CPU_DTYPE", "bfloat16")
+  with pytest.raises(ValueError, match=r"sweep.resume: .*config.dtype \(auto chose float32 then, "
+                     r"bfloat16 now\)"):  # fmt: skip
+    sweep.run(c)
+
+
+def test_cost_model_reuse_sweep_is_checked_before_the_target_loads(resumed_sweep, tmp_path):
+  """A truncated sweep.json, or one lacking a category's AR row: one error naming the field
+  and the file, before any model loads; an AR step timed otherwise now is a ValueError."""
+  from specjax.tasks import cost_model
+
+  c = resumed_sweep
+  c.sweep.resume = False
+  path = tmp_path / "reused.json"
+  c.cost_model = config_dict.ConfigDict({"chips": (), "context": 8, "max_k": 2, "repeats": 1,
+                                         "reuse_sweep": str(path)})  # fmt: skip
+  path.write_text('{"config": {"a": 1,\n')
+  with pytest.raises(ValueError, match=r"reuse_sweep: .*reused.json is not valid JSON"):
+    cost_model.run(c)
+  record = _sweep_record(c)
+  record["runs"] = [r for r in record["runs"] if (r["category"], r["variant"]) != ("b", "ar")]
+  path.write_text(json.dumps(record))
+  with pytest.raises(ValueError, match=r"reuse_sweep=.*reused.json' has no 'ar' row of 'b'"):
+    cost_model.run(c)
+  with pytest.raises(ValueError, match=r"reuse_sweep: an AR step takes"):
+    cost_model._check_same_speed(_sweep_record(c), now=0.5)
+
+
+@pytest.mark.parametrize(
+  "text,message",
+  [('{"columns": {', r"results/specbench.json is not valid JSON \(Expecting"),
+   ("{}", r"report.py could not read .*results: KeyError 'columns'")],
+)  # fmt: skip
+def test_report_over_a_damaged_results_file_is_one_error(tmp_path, text, message):
+  folder = tmp_path / "exp"
+  (folder / "results").mkdir(parents=True)
+  (folder / "results" / "specbench.json").write_text(text)
+  (folder / "report.py").write_text(
+    "import json\n"
+    "def report(d):\n"
+    "  return json.loads((d / 'specbench.json').read_text())['columns']\n"
+  )
+  (folder / "README.md").write_text("# exp\n\n<!-- results -->\nold\n<!-- /results -->\n")
+  with pytest.raises(SystemExit) as e:
+    report.main([str(folder)])
+  line = str(e.value.code)
+  assert line.startswith("error: ") and "\n" not in line, line
+  assert re.search(message, line), line
+  assert "old" in (folder / "README.md").read_text()

@@ -16,6 +16,7 @@ from specjax.decode import generate
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import drafter as eagle_drafter
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.measure import sweep
 from specjax.models import llama, tiny
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 3, 4, 9, 2, 7, 1, 3, 3], [5, 6]]
@@ -318,12 +319,13 @@ def test_cost_model_task_predicts_greedy_tau_exactly_and_feeds_auto(tmp_path, ca
   sweep_json.write_text(json.dumps(older))
   c.cost_model.reuse_sweep = str(sweep_json)
   then = cost_model._ar_step(older)  # (a tiny model's AR step is mostly noise: fixed here)
-  monkeypatch.setattr(costmodel, "ar_step_seconds", lambda *a: then * 1.1)
+  timed = sweep.timed_ar_rows
+  monkeypatch.setattr(sweep, "timed_ar_rows", lambda *a: (timed(*a)[0], then * 1.1))
   again = cost_model.run(c)
   for a, b in zip(out["rows"], again["rows"], strict=True):
     assert (a["speedup"], a["predicted_tau"]) == (b["speedup"], b["predicted_tau"])
-  monkeypatch.setattr(costmodel, "ar_step_seconds", lambda *a: then * 1.9)  # another machine
-  with pytest.raises(RuntimeError, match="would mix two machines"):
+  monkeypatch.setattr(sweep, "timed_ar_rows", lambda *a: (timed(*a)[0], then * 1.9))  # another
+  with pytest.raises(ValueError, match="would mix two machines"):
     cost_model.run(c)
   monkeypatch.undo()
   c.max_new_tokens = 12

@@ -375,3 +375,23 @@ def test_a_bad_question_line_is_one_error_naming_the_file_and_line(tmp_path, lin
   path.write_text('{"question_id": 1, "category": "qa", "turns": ["a"]}\n' + line + "\n")
   with pytest.raises(ValueError, match=r"config.specbench.question_file=.*" + message):
     specbench.read_questions(str(path))
+
+
+def test_a_resume_over_answers_to_other_questions_is_refused(config, tmp_path, monkeypatch):
+  """The answers depend on the questions, not on the file's name: the same questions in
+  another file resume; the same ids with other turns or categories are refused before any model
+  loads; a damaged specbench.json is one error naming it."""
+  config.specbench.categories = ("translation",)
+  specbench.run(config)
+  monkeypatch.setattr(build, "target", lambda config: pytest.fail("loaded a model"))
+  config.specbench.question_file = _write(tmp_path / "copy.jsonl", QUESTIONS)
+  specbench.run(config)
+  changed = [q | {"turns": ["Bonjour."]} if q["question_id"] == 202 else q for q in QUESTIONS]
+  config.specbench.question_file = _write(tmp_path / "q2.jsonl", changed)
+  with pytest.raises(ValueError, match=r"specbench.resume: .* other questions \(202\) than "
+                     r"config.specbench.question_file=.*q2.jsonl.*resume=False"):  # fmt: skip
+    specbench.run(config)
+  record = tmp_path / "out" / "specbench.json"
+  record.write_text(record.read_text()[:100])
+  with pytest.raises(ValueError, match=r"specbench.resume: .*specbench.json is not valid JSON"):
+    specbench.run(config)

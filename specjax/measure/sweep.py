@@ -94,7 +94,13 @@ def differing_fields(record: dict, config: ml_collections.ConfigDict) -> list[st
   for c in (now, then):
     c["sweep"] = {k: v for k, v in (c.get("sweep") or {}).items() if k != "resume"}
   old = lambda c, k: c.get(k, BEFORE_FIELD.get(k))  # noqa: E731
-  return [k for k in SAME_DECODING if old(then, k) != old(now, k)]
+  differ = [k for k in SAME_DECODING if old(then, k) != old(now, k)]
+  # The dtype used, not only the one asked for: auto may choose another now (another machine,
+  # $SPECJAX_CPU_DTYPE), and rows of two dtypes would be compared as one run's.
+  was = record.get("dtype", {}).get("dtype") if isinstance(record.get("dtype"), dict) else None
+  if was and "dtype" not in differ and (used := build.dtype(config)) != was:
+    differ.append(f"dtype ({now.get('dtype', 'auto')} chose {was} then, {used} now)")
+  return differ
 
 
 def _job(temperature, batch_size: int, category: str) -> tuple:
@@ -127,7 +133,21 @@ def _resumed(config: ml_collections.ConfigDict) -> dict | None:
     job = _job(r.get("temperature", record["config"]["temperature"]), r["batch"], r["category"])
     if job in wanted:
       done.setdefault(job, []).append(r | {"temperature": job[0]})
+  for job, runs in list(done.items()):  # a job lacking a row is measured again, whole
+    if missing := sorted(_modes(config, runs) - {r["variant"] for r in runs}):
+      print(
+        f"note: T={job[0]:g} B={job[1]} {job[2]} lacks its {', '.join(missing)} row(s) in {path}: "
+        "measuring that job again (config.sweep.resume)"
+      )
+      del done[job]
   return {"record": record, "jobs": done}
+
+
+def _modes(config, runs: list[dict]) -> set[str]:
+  """The rows a finished job holds: AR, every variant (and the draft alone, with
+  ``sweep.draft_ar``), and AR at each forward rows a variant's text was checked against."""
+  modes = {"ar", *config.sweep.variants} | ({"draft_ar"} if config.sweep.get("draft_ar") else set())
+  return modes | {f"ar_rows_{r['forward_rows']}" for r in runs if r.get("forward_rows")}
 
 
 def _nothing_left(config, kept: dict | None) -> bool:
@@ -256,10 +276,15 @@ def _variants_error(message: str, name: str, overrides) -> str:
 def run(config: ml_collections.ConfigDict) -> dict:
   variants = check(config)
   kept = _resumed(config)
-  if _nothing_left(config, kept):  # its tables again; no model loads, the file stays as it is
+  if _nothing_left(config, kept):  # its tables again; no model loads
+    record = kept["record"]
     print(f"every job is in {config.output_dir}/sweep.json already (config.sweep.resume)")
-    _print_tables(config, kept["record"])
-    return kept["record"]
+    if record.get("summary") != (summary := _summary(record["runs"])):  # of the rows there
+      record["summary"] = summary
+      path = results.write_json(f"{config.output_dir}/sweep.json", record)
+      print(f"note: its summary did not match its rows: rewrote it in {path}")
+    _print_tables(config, record)
+    return record
   target = build.target(config)
   drafters = {name: build.drafter(c, target) for name, c in variants.items()}
   record, _ = measure(config, target, drafters, kept)
@@ -327,6 +352,23 @@ def ar_rows(config, target) -> dict:
     outs = [generate(target.params, target.cfg, b, **kw) for b in req.batches()]
     out[(temperature, batch_size, category)] = _rows(req.batches(), outs)
   return out
+
+
+def timed_ar_rows(config, target) -> tuple[dict, float]:
+  """``ar_rows`` and the median AR step (seconds), timed as ``measure`` times AR (each job
+  compiled, then ``benchmark.repeats`` timed passes; a step is a pass over its target calls):
+  what an earlier sweep's AR steps are compared with."""
+  out, steps = {}, []
+  for temperature, batch_size, category in _jobs(config):
+    req = _request(config, target, temperature, batch_size, category)
+    kw = req.generate_kwargs()
+    modes = {"ar": lambda b, kw=kw: generate(target.params, target.cfg, b, **kw)}
+    describe = f"{category}, batch {batch_size}, temperature {temperature:g}"
+    t = timing.run_modes(modes, req.batches(), config.benchmark.repeats, describe)["ar"]
+    out[(temperature, batch_size, category)] = _rows(req.batches(), t["outs"])
+    calls = metrics.summarize(metrics.merge([o.counts for o in t["outs"]]))["target_calls"]
+    steps.append(t["steady_s"] / calls)
+  return out, float(np.median(steps))
 
 
 def measure(config, target, drafters: dict, kept: dict | None = None) -> tuple[dict, dict]:

@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specjax import build, costmodel, results, simulate
-from specjax.drafters import FAMILIES, family
+from specjax.drafters import FAMILIES, artifact, family
 from specjax.measure import sweep
 from specjax.measure.machine import machine
 
@@ -60,13 +60,22 @@ def _reused_sweep(config, path: str) -> dict | None:
   field = "config.cost_model.reuse_sweep"
   if not Path(path).is_file():
     raise ValueError(f"{field}={path!r} is not a file: give a sweep.json of task=cost_model.")
-  record = json.loads(Path(path).read_text())
+  fix = "give a finished run's sweep.json, or run without reuse_sweep to measure this config"
+  record = artifact.read_json(Path(path), field, fix)
   differ = sweep.differing_fields(record, config)
   if differ:
     raise ValueError(
       f"{field}={path!r} was measured with other config.{', config.'.join(differ)}: run "
       "without reuse_sweep to measure this config."
     )
+  runs = record.get("runs")
+  if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+    raise ValueError(f"{field}={path!r} has no list of runs: {fix}.")
+  have = {(r.get("category"), r.get("variant")) for r in runs}
+  for category in config.sweep.categories:  # every row the prediction is set beside
+    for variant in ("ar", *config.sweep.variants):
+      if (category, variant) not in have:
+        raise ValueError(f"{field}={path!r} has no {variant!r} row of {category!r}: {fix}.")
   return record
 
 
@@ -77,16 +86,16 @@ def _ar_step(record: dict) -> float:
   )
 
 
-def _check_same_speed(config, target, record: dict, tolerance: float = 0.2) -> None:
+def _check_same_speed(record: dict, now: float, tolerance: float = 0.2) -> None:
   """A reused sweep's speedups are priced with forwards timed now: the machine must run an AR
-  step as fast as when the sweep was measured (within ``tolerance``), or the prediction mixes
-  two machines (another host, or a busy one)."""
+  step (``now``, seconds: ``sweep.timed_ar_rows``, timed as the sweep timed it) as fast as when
+  the sweep was measured (within ``tolerance``), or the prediction mixes two machines (another
+  host, or a busy one)."""
   then = _ar_step(record)
-  now = costmodel.ar_step_seconds(config, target, config.cost_model.context)
   if not 1 - tolerance <= now / then <= 1 + tolerance:
-    raise RuntimeError(
-      f"config.cost_model.reuse_sweep: an AR step takes {1e3 * now:.1f} ms here now and took "
-      f"{1e3 * then:.1f} ms when that sweep was measured; the prediction would mix two "
+    raise ValueError(
+      f"config.cost_model.reuse_sweep: an AR step takes {1e3 * now:.3g} ms here now and took "
+      f"{1e3 * then:.3g} ms when that sweep was measured; the prediction would mix two "
       "machines: run without reuse_sweep (or on an idle machine)."
     )
 
@@ -131,12 +140,12 @@ def run(config: ml_collections.ConfigDict) -> dict:
   for d, _ in drafters.values():
     simulate.check_supported(d)
   if reused:  # the decoding measured by an earlier run; the AR texts decoded again (greedy)
-    record, ar_rows = reused, sweep.ar_rows(config, target)
+    (record, (ar_rows, now)) = reused, sweep.timed_ar_rows(config, target)
     for (_, _, category), rows in ar_rows.items():
       ar = next(r for r in record["runs"] if r["category"] == category and r["variant"] == "ar")
       if sum(len(new) for _, new in rows) != ar["tokens"]:
         raise RuntimeError(f"{cm.reuse_sweep}: AR decodes {category!r} differently now.")
-    _check_same_speed(config, target, record)
+    _check_same_speed(record, now)
   else:
     record, ar_rows = sweep.measure(config, target, drafters)
   runs = {(r["category"], r["variant"]): r for r in record["runs"]}

@@ -29,6 +29,7 @@ See docs/specbench.md.
 
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 import uuid
@@ -41,6 +42,7 @@ from tqdm.auto import tqdm
 
 from specjax import build, decode, loop, results
 from specjax.decode import generate
+from specjax.drafters import artifact
 from specjax.measure import sweep
 from specjax.measure.machine import machine
 from specjax.models import llama, source
@@ -314,14 +316,19 @@ def run(config: ml_collections.ConfigDict) -> dict:
     for m in (AR, *variants(config))
   }
   files = {m: out_dir / "model_answer" / f"{model_id}.jsonl" for m, model_id in methods.items()}
-  done = _resumed(config, record_path, files, questions)
-  rows_then = json.loads(record_path.read_text()).get("forward_rows", {}) if done else {}
+  done, then = _resumed(config, record_path, files, questions)
+  rows_then = then.get("forward_rows", {}) if done else {}
+  # What each answered question asked (question_id as JSON -> digest): a resume over other
+  # questions under the same ids is refused.
+  digests = {k: v for k, v in then.get("question_digests", {}).items() if json.loads(k) in done}
+  asked = {json.dumps(q["question_id"]): digest(q, config) for q in questions}
   record = {
     "config": config.to_dict(),
     "machine": machine(),
     "dtype": build.dtype_choice(config),
     "target": name,
     "question_file": config.specbench.question_file,
+    "question_digests": digests | asked,
     "methods": {m: {"model_id": methods[m], "answer_file": str(files[m])} for m in methods},
     "forward_rows": rows_then,
   }  # fmt: skip  (each drafter's forward rows; 0: its own)
@@ -363,34 +370,54 @@ def _read_differences(path: Path, questions: list[dict]) -> list[dict]:
   return list(latest.values())
 
 
-def _resumed(config, record_path: Path, files: dict, questions: list[dict]) -> set:
-  """The question ids every answer file holds already (``specbench.resume``); each file is
-  cut to those, so an answer written just before an interrupt is made again with its pair. An
-  earlier run of another config is an error, raised before any model loads."""
+def digest(question: dict, config) -> str:
+  """What a question's answers depend on: its category and the turns asked of it."""
+  asked = {"category": question["category"], "turns": question["turns"][: config.specbench.turns]}
+  return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _resumed(config, record_path: Path, files: dict, questions: list[dict]) -> tuple[set, dict]:
+  """The question ids every answer file holds already (``specbench.resume``), and the record
+  they were made with; each file is cut to those, so an answer written just before an
+  interrupt is made again with its pair. An earlier run of another config, or of other
+  questions under the same ids, is an error, raised before any model loads."""
   if not config.specbench.resume:
     for f in (*files.values(), Path(config.output_dir) / DIFFERENCES):
       f.unlink(missing_ok=True)
-    return set()
+    return set(), {}
   answers = {m: _read_answers(f) for m, f in files.items()}
   if not any(answers.values()):
-    return set()
-  differ = []
+    return set(), {}
+  fix = "set config.specbench.resume=False to start afresh (or config.output_dir elsewhere)"
+  differ, then = [], {}
   if record_path.is_file():
-    then = json.loads(record_path.read_text())
+    then = artifact.read_json(record_path, "config.specbench.resume", fix)
     differ = sweep.differing_fields(then, config)
-    was = then["config"].get("specbench", {})
+    was = then.get("config", {}).get("specbench", {})
     now = json.loads(json.dumps(config.specbench.to_dict(), default=str))
     differ += [f"specbench.{k}" for k in ("turns", "variants") if was.get(k) != now.get(k)]
   if differ or not record_path.is_file():
     what = f"other config.{', config.'.join(differ)}" if differ else "no specbench.json beside"
     raise ValueError(
-      f"config.specbench.resume: the answers in {files[AR].parent} were made with {what}: "
-      "set config.specbench.resume=False to start afresh (or config.output_dir elsewhere)."
+      f"config.specbench.resume: the answers in {files[AR].parent} were made with {what}: {fix}."
     )
   both = set.intersection(*(set(a) for a in answers.values()))
+  was = then.get("question_digests", {})  # question_id as JSON -> digest
+  other = [  # a record of before the digests: the answers' categories at least
+    q["question_id"] for q in questions if q["question_id"] in both
+    and (was.get(json.dumps(q["question_id"]), digest(q, config)) != digest(q, config)
+         or answers[AR][q["question_id"]]["category"] != q["category"])
+  ]  # fmt: skip
+  if other:
+    raise ValueError(
+      f"config.specbench.resume: the answers in {files[AR].parent} were made for other "
+      f"questions ({', '.join(map(str, other))}) than config.specbench.question_file="
+      f"{config.specbench.question_file!r} holds under those ids (their turns or category "
+      f"differ): {fix}."
+    )
   for m, f in files.items():
     _write_answers(f, [a for qid, a in answers[m].items() if qid in both])
-  return both & {q["question_id"] for q in questions}
+  return both & {q["question_id"] for q in questions}, then
 
 
 def _decode(config, pending: list[dict], methods: dict, files: dict, total: int) -> dict:
