@@ -9,7 +9,7 @@ then propose -> verify -> accept -> commit per step; its docstring has the desig
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from specjax import indexing, placement, sampling, verify
+from specjax import indexing, parallel, placement, sampling, verify
 from specjax import metrics as metrics_lib
 from specjax.drafters import family
-from specjax.drafters.base import Drafter, NoDraft, at_temperature
+from specjax.drafters.base import Drafter, NoDraft, at_temperature, check_integer, is_integer
 from specjax.loop import Limits, Static, jitted
 from specjax.models import llama
 from specjax.models.config import ModelConfig
@@ -125,6 +125,17 @@ def _arguments(
   temperature, top_k, top_p, seed, eos_id, verifier, pad_to, mesh=None, forward_rows=0,
 ):  # fmt: skip
   """Checks ``generate``'s arguments (before anything compiles) and makes the jitted call's."""
+  if not isinstance(target_cfg, ModelConfig):
+    raise ValueError(
+      f"target_cfg must be a ModelConfig (the config loaded with target_params), got "
+      f"{type(target_cfg).__name__}: pass the cfg that models.tiny / a checkpoint load returns."
+    )
+  check_drafter(drafter, drafter_params)
+  check_verifier(verifier)
+  check_integer(max_len, "max_len", 1, "prompt plus new tokens per row")
+  check_integer(pad_to, "pad_to", 0, "0: the longest prompt of this batch")
+  check_mesh(mesh)
+  prompts = as_prompts(prompts)
   sp = SamplingParams.create(temperature, top_k, top_p)
   drafter = at_temperature(drafter, temperature)
   llama.check_params(target_cfg, target_params)
@@ -139,20 +150,16 @@ def _arguments(
     llama.check_context(cache_model, max_len)
   llama.check_features(target_cfg, drafter.feature_layers)
   b = len(prompts)
-  if b == 0:
-    raise ValueError("prompts is empty: pass at least one prompt (a list of token ids).")
-  budgets = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
-  if len(budgets) != b:
-    raise ValueError(f"max_new_tokens has {len(budgets)} entries for {b} prompts.")
+  budgets = _budgets(max_new_tokens, b)
   check_prompts(prompts, budgets, max_len, target_cfg.vocab_size)
+  stop_ids = _stop_ids(eos_id, target_cfg.vocab_size)
+  key = _key(seed)
   shape = {"data": 1, "fsdp": 1, "tensor": 1} if mesh is None else dict(mesh.shape)
   if mesh is not None:
     placement.check_batch(shape, b)
     placement.check_model(shape, target_cfg)
     if cache_model is not None:
       placement.check_model(shape, cache_model, "draft model")
-  if isinstance(seed, int) and not 0 <= seed < 2**32:
-    raise ValueError(f"seed must be an integer in [0, 2**32), got {seed}.")
   check_forward_rows(forward_rows, drafter)
   st = Static(
     target_cfg, drafter, max_len, verifier, prompt_width(max(pad_to, *map(len, prompts)), max_len),
@@ -166,9 +173,8 @@ def _arguments(
   tokens_BxS = np.zeros((b, st.num_slots), np.int32)
   for r, prompt in enumerate(prompts):
     tokens_BxS[r, : len(prompt)] = prompt
-  key = jax.random.key(seed) if isinstance(seed, int) else seed
   lengths = np.asarray([len(p) for p in prompts], np.int32)
-  limits = Limits(np.asarray(budgets, np.int32), _stop_ids(eos_id))
+  limits = Limits(np.asarray(budgets, np.int32), stop_ids)
   if mesh is None:
     args = (target_params, drafter_params, jnp.asarray(tokens_BxS), jnp.asarray(lengths), sp)
     return args + (jax.tree.map(jnp.asarray, limits), key), st
@@ -247,6 +253,111 @@ def check_forward_rows(forward_rows, drafter: Drafter) -> None:
     )
 
 
+def check_drafter(drafter, drafter_params) -> None:
+  """A drafter instance, and ``drafter_params`` only for a drafter that takes weights."""
+  if isinstance(drafter, type) or not all(
+    hasattr(drafter, a) for a in ("name", "num_draft", "check_target", "propose")
+  ):
+    what = f"the class {drafter.__name__}" if isinstance(drafter, type) else repr(drafter)[:40]
+    raise ValueError(
+      f"drafter must be a drafter instance, e.g. DraftModel(draft_cfg, num_draft=4) or "
+      f"PromptLookup(4) (specjax.drafters), got {what}."
+    )
+  record = family.FAMILIES.get(drafter.name)
+  takes_none = isinstance(drafter, NoDraft) or (
+    record is not None and record.placement.check_params is None
+  )
+  if drafter_params is not None and takes_none:
+    raise ValueError(
+      f"drafter {drafter.name!r} takes no drafter_params, got {type(drafter_params).__name__}: "
+      "pass the drafter they belong to (e.g. drafter=DraftModel(draft_cfg, 4)), or leave "
+      "drafter_params out."
+    )
+
+
+def check_verifier(verifier) -> None:
+  """A function ``(key, draft, p, sampling) -> (end, next)``: an instance, not a class."""
+  if isinstance(verifier, type):
+    raise ValueError(
+      f"verifier must be a verifier function, got the class {verifier.__name__}: pass an "
+      f"instance, e.g. {verifier.__name__}()."
+    )
+  if not callable(verifier):
+    raise ValueError(
+      "verifier must be a function (key, draft, p, sampling) -> (end, next), e.g. "
+      f"verify.verify (lossless) or verify.TypicalAcceptance() (lossy), got {verifier!r:.40}."
+    )
+
+
+def check_mesh(mesh) -> None:
+  """None (one device) or a Mesh over ``parallel.AXES`` (``placement.mesh_for`` makes one)."""
+  shape = getattr(mesh, "shape", None)
+  if mesh is not None and not (isinstance(shape, Mapping) and set(shape) == set(parallel.AXES)):
+    got = f"one with axes {tuple(shape)}" if isinstance(shape, Mapping) else f"{mesh!r:.40}"
+    raise ValueError(
+      f"mesh must be a jax.sharding.Mesh with axes {parallel.AXES} (placement.mesh_for makes "
+      f"one) or None for one device, got {got}."
+    )
+
+
+def as_prompts(prompts, field: str = "prompts") -> list:
+  """``prompts`` as a list of rows: a list or tuple of token-id lists, or a 2D numpy or jax
+  array of ids (a jax array comes to the host); each row a list, tuple or 1D array."""
+  if isinstance(prompts, jax.Array):
+    prompts = np.asarray(prompts)
+  if isinstance(prompts, np.ndarray) and prompts.ndim != 2:
+    raise ValueError(f"{field} as an array must be 2D [rows, ids], got shape {prompts.shape}.")
+  if not isinstance(prompts, (list, tuple, np.ndarray)):
+    hint = (
+      "encode text with the model's tokenizer first" if isinstance(prompts, str) else "list(...)"
+    )
+    raise ValueError(
+      f"{field} must be a list of prompts (each a list of token ids), got "
+      f"{type(prompts).__name__}: {hint}."
+    )
+  if len(prompts) == 0:
+    raise ValueError(f"{field} is empty: pass at least one prompt (a list of token ids).")
+  rows = []
+  for r, row in enumerate(prompts):
+    if isinstance(row, jax.Array):
+      row = np.asarray(row)
+    if not isinstance(row, (list, tuple, np.ndarray, str)) or getattr(row, "ndim", 1) != 1:
+      hint = f": {field} is a list of prompts, so one prompt is [[...]]" if is_integer(row) else ""
+      raise ValueError(f"{field}[{r}] is {str(row)[:40]}, not a list of token ids{hint}.")
+    rows.append(row)
+  return rows
+
+
+def _budgets(max_new_tokens, b: int) -> list[int]:
+  """One token budget per prompt: an integer for all, or a list of one each."""
+  if is_integer(max_new_tokens):
+    return [int(max_new_tokens)] * b
+  if not isinstance(max_new_tokens, (list, tuple, np.ndarray)):
+    raise ValueError(
+      f"max_new_tokens must be an integer >= 1 (or a list, one per prompt), got "
+      f"{max_new_tokens!r:.40}."
+    )
+  for r, n in enumerate(max_new_tokens):
+    if not is_integer(n):
+      raise ValueError(f"max_new_tokens[{r}] must be an integer >= 1, got {n!r:.40}.")
+  if len(max_new_tokens) != b:
+    raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {b} prompts.")
+  return [int(n) for n in max_new_tokens]
+
+
+def _key(seed) -> jax.Array:
+  """An integer seed's key, or a key given as one (new-style, or raw ``uint32[2]`` data)."""
+  if is_integer(seed) and 0 <= seed < 2**32:
+    return jax.random.key(int(seed))
+  if isinstance(seed, jax.Array) and (
+    (jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key) and seed.shape == ())
+    or (seed.dtype == jnp.uint32 and seed.shape == (2,))
+  ):
+    return seed
+  got = f"an array of shape {seed.shape}" if isinstance(seed, jax.Array) else f"{seed!r:.40}"
+  raise ValueError(f"seed must be an integer in [0, 2**32) or one jax.random.key, got {got}.")
+
+
 def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int) -> None:
   """Each prompt is non-empty, in the vocabulary, and fits ``max_len`` with its token budget."""
   for r, (prompt, budget) in enumerate(zip(prompts, budgets, strict=True)):
@@ -259,7 +370,7 @@ def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int
         f"prompt {r} has {len(prompt)} tokens + max_new_tokens {budget} > max_len {max_len}: "
         "raise max_len or shorten the prompt."
       )
-    if isinstance(prompt, str) or not all(_is_int(x) for x in prompt):
+    if isinstance(prompt, str) or not all(is_integer(x) for x in prompt):
       raise ValueError(
         f"prompts[{r}] must be a list of integer token ids, got {str(prompt)[:40]!r}: encode "
         "text with the model's tokenizer first (or pass prompts as text to a task config)."
@@ -272,19 +383,33 @@ def check_prompts(prompts, budgets: Sequence[int], max_len: int, vocab_size: int
       )
 
 
-def _is_int(x) -> bool:
-  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
 MAX_STOP_IDS = 8
 
 
-def _stop_ids(eos_id) -> jax.Array:
+def _stop_ids(eos_id, vocab_size: int) -> np.ndarray:
   """Stop ids as a fixed-size array (padded with -1), so changing them never recompiles."""
-  ids = [] if eos_id is None else [eos_id] if isinstance(eos_id, int) else sorted(set(eos_id))
+  if eos_id is None:
+    ids = []
+  elif is_integer(eos_id):
+    ids = [eos_id]
+  elif isinstance(eos_id, (list, tuple, set, frozenset, np.ndarray)) and all(
+    is_integer(x) for x in eos_id
+  ):
+    ids = sorted({int(x) for x in eos_id})
+  else:
+    raise ValueError(
+      f"eos_id must be a token id (an integer) or a list of them, got {eos_id!r:.40}: encode "
+      "a stop string with the tokenizer first."
+    )
+  for x in ids:
+    if not 0 <= x < vocab_size:
+      raise ValueError(
+        f"eos_id has {x}, outside [0, {vocab_size}) (the target's vocabulary): pass the "
+        "tokenizer's stop token ids, or None for no stop token."
+      )
   if len(ids) > MAX_STOP_IDS:
     raise ValueError(f"eos_id has {len(ids)} stop ids; at most {MAX_STOP_IDS} are supported.")
-  return jnp.asarray(ids + [-1] * (MAX_STOP_IDS - len(ids)), jnp.int32)
+  return np.asarray(ids + [-1] * (MAX_STOP_IDS - len(ids)), np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -302,13 +427,27 @@ def next_token_probs(
   temperature: float = 1.0,
   top_k: int = 0,
   top_p: float = 1.0,
+  max_len: int = 8192,
 ) -> np.ndarray:
   """``[len(prefixes), V]``: the distribution ``generate`` samples the next token from after
-  each prefix (temperature, top-k, top-p applied by ``sampling.probs``; one-hot at 0)."""
+  each prefix (temperature, top-k, top-p applied by ``sampling.probs``; one-hot at 0).
+
+  Prefixes as ``generate`` takes prompts (lists of ids, or a 2D numpy or jax array). Each
+  prefix runs through the target whole, with memory growing as its length squared:
+  ``max_len`` bounds it (raise it where memory allows)."""
+  if not isinstance(cfg, ModelConfig):
+    raise ValueError(f"cfg must be a ModelConfig (the params' config), got {type(cfg).__name__}.")
+  llama.check_params(cfg, params)
   sp = SamplingParams.create(temperature, top_k, top_p)
-  if not prefixes:
-    raise ValueError("prefixes is empty: pass at least one list of token ids.")
-  check_prompts(prefixes, [1] * len(prefixes), 1 << 30, cfg.vocab_size)
+  check_integer(max_len, "max_len", 1, "the longest prefix")
+  prefixes = as_prompts(prefixes, "prefixes")
+  for r, p in enumerate(prefixes):
+    if len(p) > max_len:
+      raise ValueError(
+        f"prefixes[{r}] has {len(p)} tokens, more than max_len={max_len}: the whole prefix "
+        "runs at once (memory grows with its length squared); shorten it or raise max_len."
+      )
+  check_prompts(prefixes, [1] * len(prefixes), max_len + 1, cfg.vocab_size)
   width = max(map(len, prefixes))
   tokens = np.zeros((len(prefixes), width), np.int32)
   for r, p in enumerate(prefixes):

@@ -13,8 +13,11 @@ distribution of a step, were 13-15% of a tiny decode loop's XLA compile). Built 
 (``greedy=None``), the temperature decides at run time.
 """
 
+import numbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specjax import indexing
@@ -61,12 +64,28 @@ def by_temperature(params: SamplingParams, greedy_fn, sampled_fn, *args):
 
 def validate(temperature: float, top_k: int, top_p: float) -> None:
   """Raises a ValueError naming the bad field and the fix."""
+  for field, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+    if not _is_number(value):
+      raise ValueError(f"{field} must be a number, got {value!r:.40}.")
   if not 0 <= temperature < float("inf"):
     raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}.")
-  if int(top_k) != top_k or top_k < 0:
-    raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k}.")
+  if int(top_k) != top_k or not 0 <= top_k < 2**31:
+    raise ValueError(f"top_k must be an integer in [0, 2**31) (0 = off), got {top_k}.")
   if not 0 < top_p <= 1:
     raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}.")
+
+
+def _is_number(value) -> bool:
+  """A real number (numpy's and a scalar jax array too), not a bool, a string or None."""
+  if isinstance(value, (bool, np.bool_)):
+    return False
+  if isinstance(value, numbers.Real):
+    return True
+  return (
+    isinstance(value, (np.ndarray, jax.Array))
+    and value.shape == ()
+    and (jnp.issubdtype(value.dtype, jnp.integer) or jnp.issubdtype(value.dtype, jnp.floating))
+  )
 
 
 def _filter(logits_xV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:

@@ -21,6 +21,8 @@ A chain of K tokens is the tree with one branch (``Tree.chain(K)``).
 
 import dataclasses
 import heapq
+import math
+import numbers
 from collections.abc import Sequence
 
 import jax
@@ -28,6 +30,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import indexing
+
+# The most draft nodes a static tree may hold: far above any drafter's budget
+# (config.drafter.max_nodes, 64 by default), low enough to refuse a typo before it builds millions.
+MAX_NODES = 4096
+
+
+def _is_int(value) -> bool:
+  """An integer (numpy's too), not a bool or a float: ``drafters.base.is_integer``, restated
+  because importing ``specjax.drafters`` from here would be circular (its drafters import
+  this module)."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_size(num_nodes: int, what: str) -> None:
+  if num_nodes > MAX_NODES:
+    raise ValueError(
+      f"{what} has {num_nodes} nodes, more than trees.MAX_NODES={MAX_NODES} (a drafter's "
+      "budget is config.drafter.max_nodes, 64 by default): use a smaller tree."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +59,7 @@ class Tree:
 
   def __post_init__(self):
     for i, p in enumerate(self.parents, start=1):
-      if not 0 <= p < i:
+      if not _is_int(p) or not 0 <= p < i:
         raise ValueError(
           f"tree node {i} has parent {p}: parents must be listed before their children "
           "(0 <= parent < node)."
@@ -112,10 +133,17 @@ class Tree:
 
   @classmethod
   def chain(cls, k: int) -> "Tree":
-    return cls(tuple(range(k)))
+    """``k`` nodes, each the child of the one before (0: the root alone)."""
+    if not _is_int(k) or k < 0:
+      raise ValueError(f"a tree chain needs an integer k >= 0 nodes, got {k!r}.")
+    _check_size(k, f"the chain of {k}")
+    return cls(tuple(range(int(k))))
 
   def with_branch(self, k: int) -> "Tree":
     """This tree, then a chain of ``k`` more nodes from the root (the root's last child)."""
+    if not _is_int(k) or k < 1:
+      raise ValueError(f"a tree's extra branch needs an integer k >= 1 nodes, got {k!r}.")
+    _check_size(self.num_nodes + k, "the tree with its branch")
     return Tree(self.parents + tuple(int(p) for p in branch_parents(self.num_nodes, k)))
 
   @classmethod
@@ -126,14 +154,24 @@ class Tree:
     A path needs its prefixes' siblings to exist: ``[0, 1]`` without ``[0, 0]`` is malformed,
     as is a negative or non-integer choice.
     """
+    if isinstance(paths, np.ndarray):
+      paths = paths.tolist()
+    if not isinstance(paths, (list, tuple)):
+      raise ValueError(f"tree paths must be a list of paths (lists of choices), got {paths!r:.40}.")
     nodes: set[tuple[int, ...]] = set()
     for i, path in enumerate(paths):
+      if not isinstance(path, (list, tuple, np.ndarray)):
+        raise ValueError(
+          f"tree path {i} is {path!r:.40}, not a list of choices: paths is a list of paths, "
+          "e.g. [[0], [0, 0]]."
+        )
       path = tuple(path)
       if not path:
         raise ValueError(f"tree path {i} is empty: every path needs at least one choice.")
       if any(not isinstance(c, int | np.integer) or c < 0 for c in path):
         raise ValueError(f"tree path {i} = {list(path)}: choices must be integers >= 0.")
       nodes.update(path[:d] for d in range(1, len(path) + 1))
+      _check_size(len(nodes), "the tree of these paths")
     if not nodes:
       raise ValueError("tree paths are empty: give at least one path, e.g. [[0]].")
     for node in nodes:
@@ -156,14 +194,20 @@ class Tree:
     the expected accepted length is the sum over nodes. Grown greedily: the next node is the
     most probable child or next sibling of a node already in, which is optimal when accuracy
     falls with the rank. Returns the tree and its expected accepted length (root excluded).
+
+    ``num_nodes`` is an upper bound: a table of D depths and R ranks holds R + R**2 + ... + R**D
+    nodes in all, and a budget above that gives the whole table's tree (fewer nodes).
     """
     acc = np.asarray(accuracy, np.float64)
-    if acc.ndim != 2 or acc.size == 0 or (acc < 0).any() or (acc > 1).any():
+    if acc.ndim != 2 or acc.size == 0 or not ((acc >= 0) & (acc <= 1)).all():
       raise ValueError(
-        f"tree accuracy must be a [depths, ranks] table of probabilities, got shape {acc.shape}."
+        f"tree accuracy must be a [depths, ranks] table of probabilities in [0, 1] (no nan), got "
+        f"shape {acc.shape}."
       )
-    if int(num_nodes) != num_nodes or num_nodes < 1:
-      raise ValueError(f"tree num_nodes must be an integer >= 1, got {num_nodes}.")
+    if not _is_int(num_nodes) or not 1 <= num_nodes <= MAX_NODES:
+      raise ValueError(
+        f"tree num_nodes must be an integer in [1, trees.MAX_NODES={MAX_NODES}], got {num_nodes!r}."
+      )
     depths, ranks = acc.shape
     prob = lambda path: float(np.prod([acc[d, c] for d, c in enumerate(path)]))  # noqa: E731
     heap, chosen, expected = [(-acc[0, 0], (0,))], [], 0.0
@@ -181,8 +225,15 @@ class Tree:
   @classmethod
   def from_spec(cls, branching: Sequence[int]) -> "Tree":
     """The full tree with ``branching[d]`` children under every node at depth d."""
-    if not branching or any(int(b) != b or b < 1 for b in branching):
-      raise ValueError(f"tree branching {list(branching)} must be a non-empty list of ints >= 1.")
+    if isinstance(branching, np.ndarray):
+      branching = branching.tolist()
+    if (
+      not isinstance(branching, (list, tuple))
+      or not branching
+      or any(not _is_int(b) or b < 1 for b in branching)
+    ):
+      raise ValueError(f"tree branching {branching!r:.40} must be a non-empty list of ints >= 1.")
+    _check_size(sum(math.prod(branching[: d + 1]) for d in range(len(branching))), "the tree")
     paths, level = [], [()]
     for b in branching:
       level = [n + (c,) for n in level for c in range(b)]

@@ -180,11 +180,106 @@ def test_bad_input_raises_before_compiling(small_target, drafts, field):
   assert loop.TRACES["generate"] == before
 
 
+# Each case: (what the one ValueError must say, generate's arguments over PROMPTS and GEN).
+BAD_ARGUMENTS = {
+  "eos_id_text": ("eos_id must be a token id", dict(eos_id="12")),
+  "eos_id_float": ("eos_id must be a token id", dict(eos_id=3.0)),
+  "eos_id_padding": (r"eos_id has -1, outside \[0, 64\)", dict(eos_id=-1)),
+  "eos_id_outside_vocab": (r"eos_id has 1000, outside \[0, 64\)", dict(eos_id=[3, 1000])),
+  "eos_id_overflow": ("eos_id has 1099511627776", dict(eos_id=2**40)),
+  "max_new_tokens_float_entry": (
+    r"max_new_tokens\[0\] must be an integer",
+    dict(prompts=[[1]], max_new_tokens=[2.5]),
+  ),
+  "max_new_tokens_float": ("max_new_tokens must be an integer", dict(max_new_tokens=4.0)),
+  "max_new_tokens_bool": ("max_new_tokens must be an integer", dict(max_new_tokens=True)),
+  "drafter_params_without_drafter": ("takes no drafter_params", dict(drafter_params={"w": 1})),
+  "drafter_params_for_lookup": (
+    "takes no drafter_params",
+    dict(drafter=PromptLookup(2), drafter_params={"w": 1}),
+  ),
+  "verifier_text": ("verifier must be", dict(drafter=PromptLookup(2), verifier="typical")),
+  "verifier_none": ("verifier must be", dict(drafter=PromptLookup(2), verifier=None)),
+  "verifier_class": (
+    "TypicalAcceptance\\(\\)",
+    dict(drafter=PromptLookup(2), verifier=verify.TypicalAcceptance, temperature=1.0),
+  ),
+  "flat_prompt": (r"prompts\[0\] is 1, not a list of token ids", dict(prompts=[1, 2, 3])),
+  "none_prompt": (r"prompts\[0\] is None", dict(prompts=[None])),
+  "generator_prompts": ("prompts must be a list", dict(prompts=([1, 2] for _ in range(2)))),
+  "max_len_float": ("max_len must be an integer", dict(max_len=64.5)),
+  "max_len_text": ("max_len must be an integer", dict(max_len="64")),
+  "max_len_negative": ("max_len must be an integer", dict(max_len=-1)),
+  "seed_float": ("seed must be an integer", dict(seed=1.5)),
+  "seed_none": ("seed must be an integer", dict(seed=None)),
+  "seed_text": ("seed must be an integer", dict(seed="0")),
+  "seed_key_batch": ("seed must be an integer", dict(seed=jax.random.split(jax.random.key(0)))),
+  "pad_to_float": ("pad_to must be an integer", dict(pad_to=3.5)),
+  "pad_to_text": ("pad_to must be an integer", dict(pad_to="32")),
+  "top_k_overflow": (
+    r"top_k must be an integer in \[0, 2\*\*31\)",
+    dict(temperature=1.0, top_k=10**12),
+  ),
+  "temperature_text": ("temperature must be a number", dict(temperature="1.0")),
+  "temperature_none": ("temperature must be a number", dict(temperature=None)),
+  "drafter_class": (r"drafter must be a drafter instance.*DraftModel\(", dict(drafter=DraftModel)),
+  "drafter_text": ("drafter must be a drafter instance", dict(drafter="draft_model")),
+  "mesh_text": ("mesh must be a jax.sharding.Mesh", dict(mesh="data")),
+  "mesh_axes": (
+    "mesh must be a jax.sharding.Mesh",
+    dict(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))),
+  ),
+  "target_cfg_dict": ("target_cfg must be a ModelConfig", dict(target_cfg={"vocab_size": 64})),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_bad_argument_is_named_before_compiling(small_target, case):
+  """A bad argument is one ValueError naming it, raised before anything is traced."""
+  cfg, params = small_target
+  match, kw = BAD_ARGUMENTS[case]
+  kw = GEN | kw
+  prompts, target_cfg = kw.pop("prompts", PROMPTS), kw.pop("target_cfg", cfg)
+  before = loop.TRACES["generate"]
+  with pytest.raises(ValueError, match=match):
+    generate(params, target_cfg, prompts, **kw)
+  assert loop.TRACES["generate"] == before
+
+
+def test_numpy_and_jax_arguments_are_taken_as_their_values(small_target):
+  """Prompts as a jax array, numpy integer budgets, seeds and stop ids: checked, not refused."""
+  cfg, params = small_target
+  args, _ = decode._arguments(
+    params, cfg, jnp.asarray([[1, 2, 3], [4, 5, 6]]), decode.AUTOREGRESSIVE, None, np.int64(4),
+    48, 0.0, 0, 1.0, np.int64(3), np.int64(5), verify.verify, 0,
+  )  # fmt: skip
+  assert args[2][:, :3].tolist() == [[1, 2, 3], [4, 5, 6]]
+  assert args[5].max_new.tolist() == [4, 4] and 5 in args[5].stop_ids.tolist()
+
+
+@pytest.mark.parametrize(
+  "prefixes, match",
+  [
+    (np.zeros((0, 3), np.int32), "prefixes is empty"),
+    ([1, 2, 3], r"prefixes\[0\] is 1, not a list of token ids"),
+    ([[1] * 100], "max_len"),
+  ],
+)
+def test_next_token_probs_bad_prefixes(small_target, prefixes, match):
+  cfg, params = small_target
+  with pytest.raises(ValueError, match=match):
+    decode.next_token_probs(params, cfg, prefixes, max_len=64)
+  with pytest.raises(ValueError, match="top_k"):
+    decode.next_token_probs(params, cfg, [[1]], temperature=1.0, top_k=10**12)
+
+
 def test_next_token_probs_is_what_generate_samples(small_target):
   """The public next-token distribution equals the enumerated target's first-token marginal."""
   cfg, params = small_target
   knobs = dict(temperature=0.8, top_k=5)
   got = decode.next_token_probs(params, cfg, [[1, 2, 3], [7]], **knobs)
+  as_array = decode.next_token_probs(params, cfg, np.array([[1, 2, 3]]), **knobs)
+  np.testing.assert_allclose(as_array, got[:1], atol=1e-6)
   for row, prefix in zip(got, ([1, 2, 3], [7]), strict=True):
     dist = testing.sequence_distribution(
       params, cfg, prefix, 1, sampling.SamplingParams.create(**knobs)

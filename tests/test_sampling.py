@@ -78,6 +78,10 @@ def test_knobs_are_traced_not_static():
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(top_k=1.5), "top_k"),
+    (dict(top_k=10**12), r"top_k must be an integer in \[0, 2\*\*31\)"),
+    (dict(temperature="1.0"), "temperature must be a number"),
+    (dict(temperature=None), "temperature must be a number"),
+    (dict(top_p="0.9"), "top_p must be a number"),
   ],
 )
 def test_bad_knobs_name_the_field(kw, field):

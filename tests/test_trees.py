@@ -68,6 +68,35 @@ def test_malformed_paths(paths, match):
     trees.Tree.from_paths(paths)
 
 
+@pytest.mark.parametrize(
+  "build, match",
+  [
+    (lambda: trees.Tree.chain(2).with_branch(0), "branch"),
+    (lambda: trees.Tree.chain(2).with_branch(-1), "branch"),
+    (lambda: trees.Tree.chain(-2), "chain"),
+    (lambda: trees.Tree.chain(2.5), "chain"),
+    (lambda: trees.Tree.from_spec((2.0, 2)), "branching"),
+    (lambda: trees.Tree.from_spec((True,)), "branching"),
+    (lambda: trees.Tree.from_spec(3), "branching"),
+    (lambda: trees.Tree((0.5,)), "parent"),
+    (lambda: trees.Tree.from_paths([0, 1]), "path 0"),
+    (lambda: trees.Tree.from_paths(None), "paths"),
+    (lambda: trees.Tree.from_spec((64, 64, 64, 16)), "nodes"),
+    (lambda: trees.Tree.from_paths([[0] * (trees.MAX_NODES + 1)]), "nodes"),
+    (lambda: trees.Tree.from_accuracy([[float("nan"), 0.5]], 2), "accuracy"),
+  ],
+)
+def test_bad_tree_arguments_are_named(build, match):
+  with pytest.raises(ValueError, match=match):
+    build()
+
+
+def test_numpy_tree_arguments_are_taken_as_their_values():
+  assert trees.Tree.from_spec(np.array([2, 2])) == trees.Tree.from_spec((2, 2))
+  assert trees.Tree.chain(np.int64(3)) == trees.Tree.chain(3)
+  assert trees.Tree.chain(0).num_nodes == 0
+
+
 def test_parents_must_precede_children():
   with pytest.raises(ValueError, match="parent"):
     trees.Tree((0, 2, 1))
