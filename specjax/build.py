@@ -19,7 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import decode, drafters, parallel, placement, precision, results, sampling, verify
-from specjax.drafters.base import check_integer, is_integer
+from specjax.drafters.base import check_integer, check_seed, is_integer
 from specjax.models import llama, source
 from specjax.models.source import Model
 
@@ -107,8 +107,7 @@ def check(config: ml_collections.ConfigDict) -> None:
           f"config.prompts[{i}] is not valid Unicode text ({e.reason} at {e.start}): fix the "
           "string."
         ) from None
-  if not (isinstance(config.seed, int) and 0 <= config.seed < 2**32):
-    raise ValueError(f"config.seed must be an integer in [0, 2**32), got {config.seed}.")
+  check_seed(config.seed, "config.seed")
   if "benchmark" in config and not config.benchmark.repeats >= 1:
     raise ValueError(
       f"config.benchmark.repeats must be >= 1 (timed runs after the compile run), got "

@@ -335,6 +335,12 @@ def check_integer(value, field: str, least: int, what: str = "") -> None:
     raise ValueError(f"{field} must be an integer >= {least}{said}, got {value!r}.")
 
 
+def check_seed(value, field: str) -> None:
+  """A seed: an integer in [0, 2**32) (numpy's too); else a ValueError naming ``field``."""
+  if not (is_integer(value) and 0 <= value < 2**32):
+    raise ValueError(f"{field} must be an integer in [0, 2**32), got {value!r}.")
+
+
 def check_num_draft(num_draft: int, field: str = "num_draft", low: int = 0) -> None:
   if not is_integer(num_draft) or num_draft < low:
     hint = "; use K = 0 for autoregressive decoding" if low == 0 else ""

@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from specjax import build, metrics, parallel, profiling, results, simulate
 from specjax.decode import generate
 from specjax.drafters import artifact
+from specjax.drafters.base import check_seed
 from specjax.models import source
 from specjax.train import corpora, data, features, files, loop, objectives, step
 
@@ -58,8 +59,7 @@ def plan(config: ml_collections.ConfigDict) -> _Plan:
   if d.seq_len < 2:
     raise ValueError(f"config.data.seq_len must be >= 2, got {d.seq_len}.")
   seed = d.get("seed", 0)
-  if not (isinstance(seed, int) and 0 <= seed < 2**32):
-    raise ValueError(f"config.data.seed must be an integer in [0, 2**32), got {seed}.")
+  check_seed(seed, "config.data.seed")
   build.check_integer(
     d.max_examples,
     "config.data.max_examples",

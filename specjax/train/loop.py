@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from specjax import parallel, profiling
+from specjax.drafters.base import check_seed
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train.metrics_log import MetricsLog
 from specjax.train.objectives import Objective
@@ -59,8 +60,7 @@ class LoopConfig:
     for field in ("steps", "global_batch", "log_every", "eval_batches", "keep"):
       if getattr(self, field) < 1:
         raise ValueError(f"config.train.{field} must be >= 1, got {getattr(self, field)}.")
-    if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):  # as config.data.seed
-      raise ValueError(f"config.train.seed must be an integer in [0, 2**32), got {self.seed}.")
+    check_seed(self.seed, "config.train.seed")
     for field in ("eval_every", "checkpoint_every", "probe_every"):
       if getattr(self, field) < 0:
         raise ValueError(f"config.train.{field} must be >= 0, got {getattr(self, field)}.")

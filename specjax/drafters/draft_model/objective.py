@@ -11,6 +11,7 @@ import jax
 import ml_collections
 
 from specjax import losses, parallel
+from specjax.drafters.base import check_integer
 from specjax.drafters.draft_model.drafter import DraftModel
 from specjax.models import export, llama
 from specjax.models.config import ModelConfig
@@ -72,10 +73,7 @@ class DraftDistill:
       )
     losses.check_token_loss(c.loss, f"{FIELD}.loss")
     for name, low, what in SIZES:
-      value = c[name]
-      if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        said = f" ({what})" if what else ""
-        raise ValueError(f"{FIELD}.{name} must be an integer >= {low}{said}, got {value!r}.")
+      check_integer(c[name], f"{FIELD}.{name}", low, what)
     if c.num_heads % c.num_kv_heads:
       raise ValueError(
         f"{FIELD}.num_heads ({c.num_heads}) must be a multiple of num_kv_heads "
