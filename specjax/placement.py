@@ -214,11 +214,17 @@ def device_memory() -> tuple[int, str] | None:
   return host // n, f"this host's memory shared by {n} device" + "s" * (n > 1)
 
 
+FIT_FIX = "lower max_len or the batch size, or spread the model over more devices (mesh.tensor)"
+
+
 def check_fits(
-  fp: Footprint | None, limit_gib: float = 0.0, field: str = "config.device_memory_gib"
+  fp: Footprint | None,
+  limit_gib: float = 0.0,
+  field: str = "config.device_memory_gib",
+  fix: str = FIT_FIX,
 ):
-  """Refuses a run whose per-device bytes exceed ``limit_gib`` (0: the device's own memory);
-  ``fp`` None checks the limit alone."""
+  """Refuses a run whose per-device bytes exceed ``limit_gib`` (0: the device's own memory),
+  saying ``fix``; ``fp`` None checks the limit alone."""
   if not 0 <= limit_gib < float("inf"):
     raise ValueError(
       f"{field}={limit_gib:g} must be a number of GiB > 0, or 0 for the device's own memory."
@@ -234,6 +240,5 @@ def check_fits(
     limit, where = known
   if fp.total > limit:
     raise ValueError(
-      f"this run needs {fp.describe()}, more than {limit / 2**30:.3g} GiB ({where}): lower "
-      "max_len or the batch size, or spread the model over more devices (mesh.tensor)."
+      f"this run needs {fp.describe()}, more than {limit / 2**30:.3g} GiB ({where}): {fix}."
     )

@@ -79,18 +79,18 @@ class Lookahead(TokensOnly):
 
     d = super().check(c, config)
     pool = 4 * config.batch_size * d.pool_size * d.ngram  # int32 keys and continuations
+    most = d.window * config.max_len  # each step adds at most W n-grams, a row < max_len steps
+    fix = (
+      f"lower pool_size (at most {most}: a row never adds more n-grams, window={d.window} per "
+      f"step in fewer than config.max_len={config.max_len} steps) or config.batch_size"
+    )
     try:
       placement.check_fits(placement.footprint({"lookahead pools": pool}, {}),
-                           config.get("device_memory_gib", 0.0))  # fmt: skip
+                           config.get("device_memory_gib", 0.0), fix=fix)  # fmt: skip
     except ValueError as e:
-      most = d.window * config.max_len  # each step adds at most W n-grams, a row < max_len steps
-      text = str(e)  # "... total X MiB, more than Y GiB (...): lower ..."
-      over = text[text.find("more than") :].split(": lower")[0] if "more than" in text else text
       raise ValueError(
         f"config.drafter.lookahead.pool_size={d.pool_size}: the n-gram pools of "
-        f"config.batch_size={config.batch_size} rows take {pool / 2**30:.3g} GiB, {over}. A row "
-        f"never adds more than {most} n-grams (window={d.window} per step, fewer than "
-        f"config.max_len={config.max_len} steps): lower pool_size (at most {most}) or batch_size."
+        f"config.batch_size={config.batch_size} rows do not fit: {e}"
       ) from None
     return d
 

@@ -214,7 +214,8 @@ def check_verify_fits(config: ml_collections.ConfigDict, sizes, context: int = V
   fp = decode.footprint(cfg, weights, decode.AUTOREGRESSIVE, None, 1, slots, one)
   fp.parts["verify forward's logits and scores"] = 4 * t * (cfg.vocab_size + cfg.num_heads * slots)
   try:
-    placement.check_fits(fp, config.get("device_memory_gib", 0.0))
+    placement.check_fits(fp, config.get("device_memory_gib", 0.0),
+                         fix="lower the largest of config.sweep.verify_sizes")  # fmt: skip
   except ValueError as e:
     raise ValueError(f"a verify forward of {t} tokens: {e} (config.sweep.verify_sizes)") from None
 
